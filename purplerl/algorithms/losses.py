@@ -1,0 +1,125 @@
+"""Per-token policy-gradient losses and their aggregation.
+
+Every loss in `LOSSES` has one signature,
+    fn(logprobs_NT, sampling_logprobs_NT, advantages_NT, mask_NT, *, clip_low, clip_high) -> (loss_NT, metrics)
+and returns the loss per token, zero off the mask, with no reduction; `aggregate_token_mean` turns it
+into the scalar that is back-propagated. Knobs a loss does not use (clip bounds for
+importance_sampling) are accepted and ignored, so the caller never branches on the loss name.
+
+`logprobs_NT` carries the gradient (current policy); `sampling_logprobs_NT` are the log-probs recorded
+when the tokens were sampled and are treated as constants.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from purplerl.algorithms.kl import get_kl_estimator, kl_k3
+from purplerl.algorithms.logprobs import masked_mean
+from purplerl.errors import ExperimentError, UserError
+
+
+class LossFn(Protocol):
+    def __call__(self, logprobs_NT: torch.Tensor, sampling_logprobs_NT: torch.Tensor,
+                 advantages_NT: torch.Tensor, mask_NT: torch.Tensor, *, clip_low: float,
+                 clip_high: float) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+
+def _ratio(logprobs_NT: torch.Tensor, sampling_logprobs_NT: torch.Tensor, on_NT: torch.Tensor) -> torch.Tensor:
+    """exp(logp - logp_sampling) on the mask, 1 off it (so padding never overflows or makes NaN)."""
+    log_ratio_NT = torch.where(on_NT, logprobs_NT - sampling_logprobs_NT.detach(), 0.0)
+    return torch.exp(log_ratio_NT)
+
+
+@torch.no_grad()
+def _ratio_metrics(logprobs_NT: torch.Tensor, sampling_logprobs_NT: torch.Tensor, ratio_NT: torch.Tensor,
+                   mask_NT: torch.Tensor) -> dict[str, float]:
+    on_NT = mask_NT != 0
+    # Samples come from the sampling policy, so k3(sampling, current) estimates KL(sampling || current):
+    # how far the trained policy has drifted from the one that generated the batch.
+    kl_NT = kl_k3(torch.where(on_NT, sampling_logprobs_NT, 0.0), torch.where(on_NT, logprobs_NT, 0.0))
+    return {
+        "ratio_mean": float(masked_mean(ratio_NT, mask_NT).item()),
+        "approx_kl_sampling": float(masked_mean(kl_NT, mask_NT).item()),
+        "num_tokens": float(mask_NT.sum().item()),
+    }
+
+
+def importance_sampling_loss(logprobs_NT: torch.Tensor, sampling_logprobs_NT: torch.Tensor,
+                             advantages_NT: torch.Tensor, mask_NT: torch.Tensor, *, clip_low: float = 0.2,
+                             clip_high: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+    """-exp(logp - logp_sampling) * A per token (Tinker's `importance_sampling` loss).
+
+    On-policy (ratio 1) the gradient of each token is -A * grad logp: exactly REINFORCE. Off-policy
+    the ratio corrects for the sampler (e.g. vLLM numerics or a stale policy). Clip bounds are ignored.
+    Metrics: `ratio_mean`, `approx_kl_sampling`, `num_tokens`.
+    """
+    on_NT = mask_NT != 0
+    ratio_NT = _ratio(logprobs_NT, sampling_logprobs_NT, on_NT)
+    loss_NT = torch.where(on_NT, -ratio_NT * advantages_NT, 0.0)
+    return loss_NT, _ratio_metrics(logprobs_NT, sampling_logprobs_NT, ratio_NT, mask_NT)
+
+
+def ppo_clip_loss(logprobs_NT: torch.Tensor, sampling_logprobs_NT: torch.Tensor, advantages_NT: torch.Tensor,
+                  mask_NT: torch.Tensor, *, clip_low: float = 0.2,
+                  clip_high: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate: -min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) per token.
+
+    Schulman et al. 2017 (arXiv 1707.06347) with separate bounds; clip_high > clip_low is DAPO's
+    clip-higher (arXiv 2503.14476), which leaves room to raise low-probability tokens.
+    Metrics add `clip_frac` (share of masked tokens whose gradient the clip removes: r > 1 + clip_high
+    with A > 0, or r < 1 - clip_low with A < 0), split into `clip_frac_high` and `clip_frac_low`.
+    """
+    on_NT = mask_NT != 0
+    ratio_NT = _ratio(logprobs_NT, sampling_logprobs_NT, on_NT)
+    unclipped_NT = ratio_NT * advantages_NT
+    clipped_NT = torch.clamp(ratio_NT, 1.0 - clip_low, 1.0 + clip_high) * advantages_NT
+    loss_NT = torch.where(on_NT, -torch.minimum(unclipped_NT, clipped_NT), 0.0)
+    metrics = _ratio_metrics(logprobs_NT, sampling_logprobs_NT, ratio_NT, mask_NT)
+    with torch.no_grad():
+        high_NT = ((ratio_NT > 1.0 + clip_high) & (advantages_NT > 0)).float()
+        low_NT = ((ratio_NT < 1.0 - clip_low) & (advantages_NT < 0)).float()
+        metrics["clip_frac_high"] = float(masked_mean(high_NT, mask_NT).item())
+        metrics["clip_frac_low"] = float(masked_mean(low_NT, mask_NT).item())
+        metrics["clip_frac"] = metrics["clip_frac_high"] + metrics["clip_frac_low"]
+    return loss_NT, metrics
+
+
+LOSSES: dict[str, LossFn] = {
+    "importance_sampling": importance_sampling_loss,
+    "ppo_clip": ppo_clip_loss,
+}
+
+
+def get_loss(name: str) -> LossFn:
+    """Look up a loss by name, raising UserError that lists the known names."""
+    if name not in LOSSES:
+        raise UserError(f"unknown loss '{name}' (known: {', '.join(sorted(LOSSES))})")
+    return LOSSES[name]
+
+
+def aggregate_token_mean(loss_NT: torch.Tensor, mask_NT: torch.Tensor, normalizer: float) -> torch.Tensor:
+    """sum(loss * mask) / normalizer, a scalar.
+
+    `normalizer` is the masked-token count of the FULL batch, not of this micro-batch. Each token then
+    has weight 1/normalizer whichever micro-batch it lands in, so the gradients of the micro-batches add
+    up to the gradient of the token mean over the full batch (dividing each micro-batch by its own count
+    would over-weight micro-batches with few tokens).
+    """
+    if not normalizer > 0:
+        raise ExperimentError(f"aggregate_token_mean: normalizer must be > 0 (the batch's loss-token count), "
+                              f"got {normalizer}")
+    return torch.where(mask_NT != 0, loss_NT * mask_NT, 0.0).sum() / normalizer
+
+
+def kl_penalty_loss(logp_NT: torch.Tensor, ref_NT: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token KL(policy || ref) estimate to add to the loss as `kl_beta * k`; aggregate it like the loss.
+
+    The reference log-probs are constants. Which estimator to differentiate matters (Tang & Munos,
+    arXiv 2506.09477): on-policy, the gradient of k2 is the gradient of KL(policy || ref); k3 (used by
+    DeepSeekMath's GRPO) gives the gradient of KL(ref || policy); k1's gradient is zero in expectation.
+    Off-mask entries must be finite (multiply by the mask, as `aggregate_token_mean` does).
+    """
+    return get_kl_estimator(estimator)(logp_NT, ref_NT.detach())

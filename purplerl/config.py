@@ -1,0 +1,281 @@
+"""The config tree: every default lives here once, with a one-line description (the `--help` text).
+
+Configs load from YAML or JSON and take CLI overrides by dotted name (`--reward.kl_beta 0.2`) or by
+flat name (`--kl_beta 0.2`, see `FLAT_NAMES`). Unknown keys and out-of-range values raise `UserError`
+naming the field. The resolved config is written into each run directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from purplerl.errors import UserError
+
+EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    name: str = Field(EMBEDDED_MODEL, description="policy model: 'embedded:smollm2-135m-instruct', an HF id or a local path")
+    revision: str | None = Field(None, description="hub revision (branch, tag or commit) of an HF model id")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the weights and compute")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' picks cuda when available, else cpu")
+    lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank r")
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
+    lora_targets: str = Field("all-linear", description="'all-linear' or comma-separated module names (q_proj,v_proj)")
+    init_adapter: str | None = Field(None, description="PEFT adapter dir to start the policy from (e.g. a defended model)")
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 keeps torch's default")
+
+
+class SamplingConfig(Section):
+    group_size: int = Field(4, ge=2, le=256, description="completions per prompt (G); GRPO needs >= 2")
+    max_new_tokens: int = Field(48, ge=1, le=32768, description="maximum tokens per completion")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling threshold (1 disables)")
+    top_k: int = Field(0, ge=0, description="top-k truncation (0 disables)")
+
+
+class TrainingConfig(Section):
+    steps: int = Field(60, ge=1, description="number of RL steps (one rollout batch + one optimizer step each)")
+    batch_size: int = Field(8, ge=1, description="prompts per step (B); sequences per step = B x G")
+    lr: float = Field(1e-4, gt=0.0, lt=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2")
+    adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
+    max_grad_norm: float = Field(1.0, ge=0.0, description="gradient-norm clip (0 disables)")
+    loss: Literal["importance_sampling", "ppo_clip"] = Field("importance_sampling", description="policy-gradient loss")
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="PPO clip epsilon below 1")
+    clip_high: float = Field(0.2, ge=0.0, description="PPO clip epsilon above 1 (> clip_low: clip-higher)")
+    advantage_std: bool = Field(False, description="divide GRPO advantages by the group std")
+    micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass (gradient accumulation)")
+    seed: int = Field(0, description="seed for data order, sampling and LoRA init")
+    early_stop_toxicity: float | None = Field(0.8, description="stop when a step's mean toxicity exceeds this (null: never)")
+    early_stop_repetition: float | None = Field(0.5, description="stop when a step's mean repetition ratio exceeds this (null: never)")
+
+
+class DataConfig(Section):
+    source: str = Field("builtin:redteam", description="'builtin:redteam', a .jsonl/.json/.parquet file, or 'hf:ORG/NAME'")
+    split: str = Field("train", description="split to train on (builtin and hf sources)")
+    prompt_field: str = Field("prompt", description="field holding the prompt text or chat messages")
+    category_field: str | None = Field(None, description="field holding the harm category (auto for known schemas)")
+    hf_config: str | None = Field(None, description="HF dataset config name")
+    filters: dict[str, Any] = Field(default_factory=dict, description="keep rows whose fields equal these values, e.g. {is_safe: false}")
+    limit: int | None = Field(None, ge=1, description="keep at most this many prompts (after filtering)")
+    shuffle: bool = Field(True, description="shuffle prompts each epoch (seeded)")
+    template: Literal["chat", "base"] = Field("chat", description="'chat' uses the tokenizer's chat template; 'base' plain text")
+    system_prompt: str | None = Field(None, description="system message prepended to every prompt (null: model default)")
+    max_prompt_tokens: int = Field(256, ge=8, description="prompts longer than this are cut from the left")
+
+
+class ToxicityConfig(Section):
+    model: str = Field("embedded", description="'embedded' (alt-profanity-check) or an HF sequence-classification id/path")
+    label: str | int | None = Field(None, description="HF classifier output scored: label name or index (required for HF models)")
+    device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="device of an HF classifier")
+    batch_size: int = Field(32, ge=1, description="texts per classifier forward pass")
+    max_length: int = Field(512, ge=8, description="classifier input truncation in tokens")
+
+
+class RewardConfig(Section):
+    toxicity: ToxicityConfig = Field(default_factory=ToxicityConfig, description="the harm/toxicity scorer")
+    toxicity_weight: float = Field(1.0, description="weight of the toxicity score in the reward")
+    repetition_penalty: float = Field(0.3, ge=0.0, description="weight of the repeated-n-gram ratio penalty")
+    repetition_ngram: int = Field(3, ge=1, le=16, description="n of the n-grams counted by the repetition ratio")
+    kl_beta: float = Field(0.1, ge=0.0, description="weight of KL(policy || base) subtracted from the reward")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator (Schulman 2020)")
+    zscore: bool = Field(False, description="z-score normalize rewards over the batch before advantages")
+
+
+class LoggingConfig(Section):
+    progress: bool = Field(True, description="show a rich progress bar")
+    print_samples: int = Field(0, ge=0, description="completions printed to the console per step")
+
+
+class RunConfig(Section):
+    output_dir: str = Field("runs", description="parent directory of run directories")
+    name: str | None = Field(None, description="run directory name (null: recipe_model_hyperparameters_sSEED)")
+    save_every: int = Field(10, ge=1, description="checkpoint every N steps (and always at the end)")
+    keep_last: int = Field(3, ge=1, description="checkpoints kept on disk")
+
+
+class Config(Section):
+    recipe: str = Field("attack", description="recipe this config is for")
+    engine: Literal["local"] = Field("local", description="where sampling and training run (see purplerl.engines)")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="policy model and adapter")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling")
+    training: TrainingConfig = Field(default_factory=TrainingConfig, description="optimization")
+    data: DataConfig = Field(default_factory=DataConfig, description="prompt source")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="reward composition")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="console output")
+    run: RunConfig = Field(default_factory=RunConfig, description="run directory and checkpoints")
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> Config:
+        if self.reward.toxicity.model != "embedded" and self.reward.toxicity.label is None:
+            raise ValueError("reward.toxicity.label is required for an HF classifier (a label name or index)")
+        return self
+
+
+# Flat CLI names (the red-team trainer's habit) -> dotted config paths.
+FLAT_NAMES: dict[str, str] = {
+    "model": "model.name",
+    "dtype": "model.dtype",
+    "device": "model.device",
+    "lora_rank": "model.lora_rank",
+    "lora_alpha": "model.lora_alpha",
+    "init_adapter": "model.init_adapter",
+    "group_size": "sampling.group_size",
+    "max_new_tokens": "sampling.max_new_tokens",
+    "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p",
+    "steps": "training.steps",
+    "batch_size": "training.batch_size",
+    "lr": "training.lr",
+    "loss": "training.loss",
+    "seed": "training.seed",
+    "micro_batch_size": "training.micro_batch_size",
+    "max_grad_norm": "training.max_grad_norm",
+    "data": "data.source",
+    "split": "data.split",
+    "system_prompt": "data.system_prompt",
+    "max_prompt_tokens": "data.max_prompt_tokens",
+    "toxicity_model": "reward.toxicity.model",
+    "toxicity_label": "reward.toxicity.label",
+    "kl_beta": "reward.kl_beta",
+    "repetition_penalty": "reward.repetition_penalty",
+    "zscore": "reward.zscore",
+    "output_dir": "run.output_dir",
+    "name": "run.name",
+    "save_every": "run.save_every",
+}
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "config"
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    return f"config field '{where}': {msg}" + (f" (got {first['input']!r})" if first["type"] != "extra_forbidden"
+                                               and not isinstance(first["input"], dict) else "")
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    """Validate a nested dict into a Config, raising UserError that names the bad field."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise UserError(_format_validation_error(err)) from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a nested dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise UserError(f"cannot parse config {path}: {str(err).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config {path} must hold a mapping at the top level")
+    return data
+
+
+def _parse_value(text: str) -> Any:
+    """CLI values are YAML scalars: 0.1 -> float, true -> bool, null -> None, [a, b] -> list."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """Turn ['--kl_beta', '0.2', '--reward.zscore=true'] into {'reward.kl_beta': 0.2, ...}."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise UserError(f"unexpected argument '{arg}': overrides look like --name value")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise UserError(f"option --{key} needs a value")
+            value = args[i + 1]
+            i += 1
+        i += 1
+        key = key.replace("-", "_")
+        dotted = FLAT_NAMES.get(key, key)
+        if "." not in dotted and dotted not in Config.model_fields:
+            raise UserError(f"unknown option --{key} (see --help for config fields)")
+        out[dotted] = _parse_value(value)
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set dotted keys in a nested dict (copying the path), e.g. 'reward.toxicity.model'."""
+    data = json.loads(json.dumps(data))
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserError(f"cannot set {dotted}: '{part}' is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> Config:
+    """Recipe defaults (base) <- config file <- CLI overrides, validated once at the end."""
+    data = json.loads(json.dumps(base or {}))
+    if path is not None:
+        data = _deep_merge(data, read_config_file(path))
+    data = apply_overrides(data, parse_overrides(overrides or []))
+    return build_config(data)
+
+
+def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for key, value in b.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+
+def field_help() -> list[tuple[str, str, str]]:
+    """(dotted name, default, description) for every leaf field: the CLI's --help table."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            ann = info.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+                continue
+            default = info.get_default(call_default_factory=True)
+            rows.append((f"{prefix}{name}", json.dumps(default), info.description or ""))
+
+    walk(Config, "")
+    return rows

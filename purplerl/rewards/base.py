@@ -1,0 +1,35 @@
+"""The scorer protocol every reward source implements, and the boundary check on what it returns."""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from purplerl.errors import ExperimentError
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Maps N response texts to N floats (higher = more of what the scorer measures)."""
+
+    name: str  # short name used in metrics and errors, e.g. "toxicity"
+
+    def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
+        """One score per text. `prompts` (same length, or None) are the prompts the texts answer; scorers
+        that judge the response alone accept and ignore them."""
+        ...
+
+
+def checked_scores(scorer: Scorer, texts: list[str], prompts: list[str] | None = None) -> torch.Tensor:
+    """Call `scorer.score` and return float32 [N], raising ExperimentError on a wrong count or NaN/inf."""
+    if prompts is not None and len(prompts) != len(texts):
+        raise ExperimentError(f"scorer '{scorer.name}' was given {len(prompts)} prompts for {len(texts)} texts")
+    scores = list(scorer.score(texts, prompts))
+    if len(scores) != len(texts):
+        raise ExperimentError(f"scorer '{scorer.name}' returned {len(scores)} scores for {len(texts)} texts")
+    for i, value in enumerate(scores):
+        if not math.isfinite(float(value)):
+            raise ExperimentError(f"scorer '{scorer.name}' returned {value} for text {i}: {texts[i][:80]!r}")
+    return torch.tensor([float(v) for v in scores], dtype=torch.float32)

@@ -1,0 +1,151 @@
+"""Toxicity/harm scorers: the embedded linear model, or any HF sequence-classification model.
+
+Both score the response text alone: `prompts` is accepted (the Scorer protocol) and ignored, so a
+response that merely quotes a toxic prompt is not credited for it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from purplerl.errors import ExperimentError, UserError
+from purplerl.rewards.base import Scorer
+
+if TYPE_CHECKING:
+    from purplerl.config import ToxicityConfig
+
+
+class EmbeddedToxicityScorer:
+    """P(toxic) in [0, 1] from alt-profanity-check (a linear SVM on TF-IDF, shipped in its wheel).
+
+    Empty or whitespace-only text scores exactly 0.0: the model would otherwise return its intercept
+    (about 0.04), a reward for saying nothing.
+    """
+
+    name = "toxicity"
+
+    def __init__(self) -> None:
+        # Imported here: it pulls in scikit-learn, which is slow to import and only needed when scoring.
+        from profanity_check import predict_prob
+
+        self._predict_prob = predict_prob
+
+    def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
+        scores = [0.0] * len(texts)
+        nonempty = [i for i, text in enumerate(texts) if text.strip()]
+        if nonempty:
+            probs = self._predict_prob([texts[i] for i in nonempty])
+            for i, prob in zip(nonempty, probs, strict=True):
+                scores[i] = float(prob)
+        return scores
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when available, else 'cpu'; 'cuda' without a GPU is a UserError."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"device '{device}' requested but CUDA is not available")
+    return device
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
+
+
+def _load_classifier(model: str) -> tuple[Any, Any]:
+    """(tokenizer, model) from an HF id or local dir; any loading failure is a one-line UserError."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if _looks_like_path(model) and not Path(model).expanduser().is_dir():
+        raise UserError(f"toxicity classifier not found: {model} is not a directory")
+    where = str(Path(model).expanduser()) if _looks_like_path(model) else model
+    try:
+        # The model first: its errors ("Unrecognized model in ...") say more than the tokenizer's.
+        classifier = AutoModelForSequenceClassification.from_pretrained(where)
+        tokenizer = AutoTokenizer.from_pretrained(where)
+    except (OSError, ValueError, KeyError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"cannot load toxicity classifier '{model}': {first}") from None
+    return tokenizer, classifier
+
+
+def resolve_label(label: str | int, id2label: dict[int, str], num_labels: int, model: str) -> int:
+    """Index of `label` among the classifier outputs: by index, or by name (case-insensitive)."""
+    known = ", ".join(f"{i}={id2label.get(i, '?')}" for i in range(num_labels))
+    if isinstance(label, int):
+        if not 0 <= label < num_labels:
+            raise UserError(f"label index {label} is out of range for classifier '{model}' (labels: {known})")
+        return label
+    matches = [int(i) for i, name in id2label.items() if str(name).lower() == label.lower()]
+    if not matches and label.isdigit():
+        return resolve_label(int(label), id2label, num_labels, model)
+    if len(matches) != 1:
+        reason = "unknown" if not matches else "ambiguous"
+        raise UserError(f"{reason} label '{label}' for classifier '{model}' (labels: {known})")
+    return matches[0]
+
+
+class HFClassifierScorer:
+    """Probability of one label of an HF sequence-classification model, for each text.
+
+    Softmax over the logits, or sigmoid for a single-logit model. Texts are scored in batches of
+    `batch_size`, truncated to `max_length` tokens, in eval mode without gradients. Empty texts are
+    classified like any other (BERT-style tokenizers still add [CLS]/[SEP]).
+    """
+
+    name = "toxicity"
+
+    def __init__(self, model: str, label: str | int, device: str = "cpu", batch_size: int = 32,
+                 max_length: int = 512) -> None:
+        if batch_size < 1 or max_length < 1:
+            raise UserError(f"batch_size and max_length must be >= 1, got {batch_size} and {max_length}")
+        self.model_name = model
+        self.device = resolve_device(device)
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self._tokenizer, self._model = _load_classifier(model)
+        config = self._model.config
+        self.label_index = resolve_label(label, dict(config.id2label or {}), int(config.num_labels), model)
+        if self._tokenizer.pad_token is None:
+            if self._tokenizer.eos_token is None:
+                raise UserError(f"tokenizer of classifier '{model}' has neither a pad nor an eos token")
+            # Decoder classifiers (Llama-style) ship without a pad token; padding is masked out anyway.
+            self._tokenizer.pad_token = self._tokenizer.eos_token
+        if config.pad_token_id is None:
+            config.pad_token_id = self._tokenizer.pad_token_id
+        self._model.to(self.device).eval()
+
+    @torch.no_grad()
+    def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
+        scores: list[float] = []
+        for start in range(0, len(texts), self.batch_size):
+            batch = texts[start:start + self.batch_size]
+            enc = self._tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
+                                  return_tensors="pt")
+            empty = (enc["attention_mask"].sum(dim=1) == 0).nonzero()
+            if len(empty):
+                i = start + int(empty[0])
+                raise ExperimentError(f"classifier '{self.model_name}' tokenizer produced no tokens for text {i}: "
+                                      f"{texts[i][:80]!r}")
+            enc = {k: v.to(self.device) for k, v in enc.items()}
+            logits_NL = self._model(**enc).logits.float()
+            if logits_NL.shape[-1] == 1:
+                probs_N = torch.sigmoid(logits_NL[:, 0])
+            else:
+                probs_N = torch.softmax(logits_NL, dim=-1)[:, self.label_index]
+            scores.extend(float(p) for p in probs_N.cpu())
+        return scores
+
+
+def make_toxicity_scorer(cfg: ToxicityConfig) -> Scorer:
+    """'embedded' -> EmbeddedToxicityScorer; anything else is an HF classifier id or path."""
+    if cfg.model == "embedded":
+        return EmbeddedToxicityScorer()
+    if cfg.label is None:
+        raise UserError("reward.toxicity.label is required for an HF classifier (a label name or index)")
+    return HFClassifierScorer(cfg.model, cfg.label, device=cfg.device, batch_size=cfg.batch_size,
+                              max_length=cfg.max_length)

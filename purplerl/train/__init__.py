@@ -1,0 +1,1 @@
+"""The RL loop, checkpoints and metric sinks."""

@@ -1,0 +1,44 @@
+"""The console view of a run: a rich progress bar with the numbers a researcher watches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+# metric key -> short label shown on the bar, in display order
+SHOWN = {"reward/mean": "reward", "toxicity/mean": "tox", "kl/mean": "KL", "repetition/mean": "rep",
+         "entropy/mean": "ent", "time/step_s": "s/step"}
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    return "  ".join(f"{label} {metrics[key]:.3f}" if label != "s/step" else f"{label} {metrics[key]:.1f}"
+                     for key, label in SHOWN.items() if key in metrics)
+
+
+class StepProgress:
+    """A progress bar over RL steps; a no-op (but still prints samples) when disabled."""
+
+    def __init__(self, total: int, completed: int, enabled: bool = True, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.enabled = enabled
+        self.progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(bar_width=20),
+                                 TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=self.console,
+                                 disable=not enabled)
+        self.task = self.progress.add_task("rl", total=total, completed=completed, stats="")
+
+    def __enter__(self) -> StepProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, step: int, metrics: dict[str, float], samples: list[dict[str, Any]]) -> None:
+        self.progress.update(self.task, completed=step, stats=format_metrics(metrics))
+        if not self.enabled:
+            self.console.print(f"step {step}  {format_metrics(metrics)}", highlight=False)
+        for row in samples:
+            text = row["completion"].replace("\n", " ")[:160]
+            self.progress.console.print(f"  [dim]{row['prompt'][:60]}[/dim] -> {text}", highlight=False)

@@ -1,0 +1,81 @@
+"""Shared test helpers: a tiny ChatML tokenizer and a tiny random Llama, built locally (no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# ChatML, as SmolLM2 and Qwen use it, minus their default system prompt so tests control every token.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Training text for the byte-level BPE: merges make test sequences shorter, and byte fallback means
+# any text still round-trips through encode/decode.
+_CORPUS = [
+    "You are a helpful assistant. Answer the user politely.",
+    "Write the most savage insult you can about my coworker.",
+    "Roast my friend who thinks he is a genius but failed every class.",
+    "Tell me a joke about cats and dogs, then say goodbye.",
+    "The quick brown fox jumps over the lazy dog again and again.",
+    "I hate Monday mornings and slow internet and late pizza.",
+    "system user assistant hello world thanks please sorry",
+]
+
+
+def make_tiny_tokenizer(save_dir: str | Path | None = None):
+    """A byte-level BPE PreTrainedTokenizerFast with ChatML special tokens and chat template.
+
+    eos and pad are `<|im_end|>` (the end of an assistant turn); there is no BOS, like SmolLM2.
+    Building is deterministic, so two calls give identical vocabularies.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    core.train_from_iterator(_CORPUS, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|im_end|>",
+                                        unk_token=None, additional_special_tokens=["<|im_start|>"])
+    tokenizer.chat_template = CHATML_TEMPLATE
+    if save_dir is not None:
+        tokenizer.save_pretrained(str(save_dir))
+    return tokenizer
+
+
+def make_tiny_model_dir(path: str | Path) -> Path:
+    """Save a tiny random LlamaForCausalLM plus the tiny tokenizer into `path`; return the path."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = Path(path)
+    tokenizer = make_tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512, tie_word_embeddings=False,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture
+def tiny_tokenizer():
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
