@@ -33,6 +33,7 @@ class ModelConfig(Section):
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
     lora_targets: str = Field("all-linear", description="'all-linear' or comma-separated module names (q_proj,v_proj)")
     init_adapter: str | None = Field(None, description="PEFT adapter dir to start the policy from (e.g. a defended model)")
+    autocast_bf16: bool = Field(False, description="run matmuls in bfloat16 under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs and GPUs)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 keeps torch's default")
 
 
@@ -194,12 +195,32 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def _parse_value(text: str) -> Any:
-    """CLI values are YAML scalars: 0.1 -> float, true -> bool, null -> None, [a, b] -> list."""
+def _leaf_annotation(dotted: str) -> Any:
+    """The type annotation of a dotted config field, or None where the path names no field."""
+    model: type[BaseModel] = Config
+    *sections, leaf = dotted.split(".")
+    for part in sections:
+        info = model.model_fields.get(part)
+        if info is None or not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)):
+            return None
+        model = info.annotation
+    info = model.model_fields.get(leaf)
+    return info.annotation if info is not None else None
+
+
+def _parse_value(text: str, dotted: str) -> Any:
+    """CLI values are YAML scalars: 0.1 -> float, true -> bool, null -> None, [a, b] -> list.
+
+    A text field keeps the text as typed (only `null` still means None): YAML would turn `--name 007`
+    into the int 7 and `--system_prompt yes` into True, which a str field then rejects.
+    """
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    if value is not None and _leaf_annotation(dotted) in (str, str | None):
+        return text
+    return value
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -221,7 +242,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
         dotted = FLAT_NAMES.get(key, key)
         if "." not in dotted and dotted not in Config.model_fields:
             raise UserError(f"unknown option --{key} (see --help for config fields)")
-        out[dotted] = _parse_value(value)
+        out[dotted] = _parse_value(value, dotted)
     return out
 
 
@@ -260,8 +281,27 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def commented_yaml(config: Config) -> str:
+    """The config as YAML with each field's description as a trailing comment (for people, loadable as-is)."""
+    descriptions = {name: desc for name, _, desc in field_help()}
+    lines: list[str] = []
+
+    def emit(node: dict[str, Any], prefix: str, indent: str) -> None:
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if isinstance(value, dict) and dotted not in descriptions:
+                lines.append(f"{indent}{key}:")
+                emit(value, dotted + ".", indent + "  ")
+                continue
+            rendered = yaml.safe_dump({key: value}, default_flow_style=True, width=10**6).strip()[1:-1]
+            lines.append(f"{indent}{rendered}  # {descriptions.get(dotted, '')}")
+
+    emit(config.model_dump(mode="json"), "", "")
+    return "\n".join(lines) + "\n"
+
+
 def save_config(config: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    Path(path).write_text(commented_yaml(config))
 
 
 def field_help() -> list[tuple[str, str, str]]:

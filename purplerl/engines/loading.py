@@ -83,7 +83,9 @@ def _build_cache(gguf: Path, target: Path) -> None:
 def resolve_model_path(name: str) -> str:
     """Turn a model name into something `from_pretrained` takes: a local dir or an HF hub id."""
     if not name.startswith(EMBEDDED_PREFIX):
-        return name
+        if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
+            raise UserError(f"cannot load model '{name}': no such path")
+        return str(Path(name).expanduser()) if name.startswith("~") else name
     short = name[len(EMBEDDED_PREFIX):]
     gguf = find_embedded_gguf(short)
     dist_name = EMBEDDED_MODELS[short][0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from purplerl.config import EMBEDDED_MODEL, Config, ModelConfig, build_config, read_config_file
+from purplerl.config import EMBEDDED_MODEL, Config, build_config, read_config_file
 from purplerl.engines import make_engine
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
@@ -31,9 +31,10 @@ def generate(prompts: list[str], *, checkpoint: Path | None, model: str | None, 
         base = model or (run_cfg.model.name if run_cfg else adapter_base)
     else:
         base = model or EMBEDDED_MODEL
-    model_cfg = ModelConfig(name=base, device=device, dtype=run_cfg.model.dtype if run_cfg else "float32",
-                            init_adapter=str(checkpoint) if checkpoint else None)
-    engine = make_engine(Config(model=model_cfg))
+    # validated like a config file, so a bad --device is a one-line UserError naming the field
+    engine = make_engine(build_config({"model": {
+        "name": base, "device": device, "dtype": run_cfg.model.dtype if run_cfg else "float32",
+        "init_adapter": str(checkpoint) if checkpoint else None}}))
     data = run_cfg.data if run_cfg else Config().data
     tokens = [render_prompt(engine.tokenizer, PromptRecord(messages=({"role": "user", "content": p},)),
                             template=data.template, system_prompt=system_prompt or data.system_prompt,

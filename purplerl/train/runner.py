@@ -31,11 +31,10 @@ def run_dir_name(config: Config) -> str:
 
 
 def new_run_dir(config: Config) -> Path:
+    """The dir of a new run, refused if it already holds a run. `execute_run` creates it once setup succeeded."""
     run_dir = Path(config.run.output_dir) / (config.run.name or run_dir_name(config))
     if (run_dir / CONFIG_FILE).exists():
         raise UserError(f"run dir {run_dir} already exists: resume it with --resume {run_dir}, or set --name")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_config(config, run_dir / CONFIG_FILE)
     return run_dir
 
 
@@ -64,6 +63,10 @@ def execute_run(config: Config, run_dir: Path, resume: bool,
     d = config.data
     render = partial(render_prompt, engine.tokenizer, template=d.template, system_prompt=d.system_prompt,
                      max_prompt_tokens=d.max_prompt_tokens)
+    if not resume:
+        # written only now: a run that failed to start (bad model, missing data) must not claim its name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(config, run_dir / CONFIG_FILE)
     summary = run_loop(config, LoopParts(engine, sampler, render, reward_fn, early_stop), run_dir, start_step)
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
     (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))

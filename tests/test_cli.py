@@ -1,0 +1,253 @@
+"""The `purplerl` command end to end, in a subprocess, on the tiny random model (no downloads)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+STEPS, BATCH, GROUP = 2, 2, 2
+SAMPLE_KEYS = {"prompt", "completion", "toxicity", "repetition", "kl", "reward", "advantage"}
+CHECKPOINT_FILES = {"adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "loop_state.json"}
+
+
+def cli_env(cache: Path) -> dict[str, str]:
+    # one torch thread: the tiny model gains nothing from more, and the commands here run side by side
+    return {**os.environ, "PURPLERL_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1"}
+
+
+def command(*args: str | Path) -> list[str]:
+    return [sys.executable, "-m", "purplerl.cli", *map(str, args)]
+
+
+def purplerl(*args: str | Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(command(*args), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+class Launched:
+    """Commands started together and collected on demand: most of a CLI call is imports, so running the
+    independent ones side by side keeps this file fast."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.done: dict[str, subprocess.CompletedProcess] = {}
+
+    def start(self, name: str, *args: str | Path) -> None:
+        self.procs[name] = subprocess.Popen(command(*args), env=self.env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)
+
+    def result(self, name: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        if name not in self.done:
+            proc = self.procs[name]
+            out, err = proc.communicate(timeout=timeout)
+            self.done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        return self.done[name]
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+def attack_args(model_dir: Path, output_dir: Path, name: str) -> list[str]:
+    return ["attack", "--model", str(model_dir), "--steps", str(STEPS), "--batch_size", str(BATCH),
+            "--group_size", str(GROUP), "--max_new_tokens", "8", "--output_dir", str(output_dir), "--name", name,
+            "--save_every", "1", "--logging.progress", "false"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    return lines[0]
+
+
+MISTAKES = {
+    "config-path": (["attack", "--config", "/nonexistent/config.yaml"], "/nonexistent/config.yaml"),
+    "lr": (["attack", "--lr", "-1"], "training.lr"),
+    "bogus": (["attack", "--bogus", "1"], "--bogus"),
+    "resume": (["attack", "--resume", "/nonexistent"], "/nonexistent"),
+    "sample-checkpoint": (["sample", "--checkpoint", "/nonexistent", "--prompt", "hi"], "/nonexistent"),
+    "sample-device": (["sample", "--prompt", "hi", "--device", "gpu"], "model.device"),
+}
+# overrides that pass config validation but name a model or data file that is not there
+BAD_INPUTS = {
+    "model": (["--model", "/nonexistent/model"], "/nonexistent/model"),
+    "data": (["--data", "/nonexistent.jsonl"], "/nonexistent.jsonl"),
+}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return cli_env(tmp_path_factory.mktemp("purplerl_cache"))
+
+
+@pytest.fixture(scope="module")
+def cli(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]):
+    """Every command of this file: one attack run (blocking), and the rest started side by side with it."""
+    runs = tmp_path_factory.mktemp("runs")
+    launched = Launched(env)
+    for name, (args, _) in MISTAKES.items():
+        launched.start(name, *args)
+    for name, (override, _) in BAD_INPUTS.items():
+        launched.start(f"bad-{name}", *attack_args(tiny_model_dir, runs, f"bad-{name}"), *override)
+    launched.start("sample-base", "sample", "--model", tiny_model_dir, "--prompt", "hello", "--prompt", "bye",
+                   "--n", "2", "--max-new-tokens", "5")
+    launched.start("attack", *attack_args(tiny_model_dir, runs, "r1"))
+    run_dir = runs / "r1"
+    if launched.result("attack").returncode == 0:
+        checkpoint = run_dir / "checkpoints" / f"step_{STEPS:06d}"
+        launched.start("attack-again", *attack_args(tiny_model_dir, runs, "r1"))
+        (runs / "c.yaml").write_text("training:\n  steps: 3\n")
+        launched.start("resume-with-config", "attack", "--resume", run_dir, "--config", runs / "c.yaml")
+        launched.start("sample-checkpoint-ok", "sample", "--checkpoint", checkpoint, "--prompt", "hello",
+                       "--max-new-tokens", "5")
+    launched.run_dir = run_dir
+    launched.runs = runs
+    yield launched
+    launched.close()
+
+
+@pytest.fixture(scope="module")
+def trained(cli: Launched) -> Path:
+    proc = cli.result("attack")
+    assert proc.returncode == 0, proc.stderr
+    return cli.run_dir
+
+
+# --------------------------------------------------------------------------------------------- attack
+
+
+def test_attack_exits_zero_and_reports(cli: Launched, trained: Path):
+    proc = cli.result("attack")
+    assert "mean toxicity" in proc.stdout
+    assert str(trained) in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_attack_saves_resolved_config(trained: Path, tiny_model_dir: Path):
+    saved = yaml.safe_load((trained / "config.yaml").read_text())
+    assert saved["model"]["name"] == str(tiny_model_dir)
+    assert saved["training"]["steps"] == STEPS
+    assert saved["sampling"]["group_size"] == GROUP
+    assert saved["run"]["name"] == "r1"
+    assert saved["reward"]["kl_beta"] == 0.1  # defaults are written out too
+    assert saved["logging"]["progress"] is False
+
+
+def test_attack_writes_metrics_and_samples(trained: Path):
+    metrics = read_jsonl(trained / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all("toxicity/mean" in m and "reward/mean" in m for m in metrics)
+    samples = read_jsonl(trained / "samples.jsonl")
+    assert len(samples) == STEPS * BATCH * GROUP
+    for row in samples:
+        assert SAMPLE_KEYS <= row.keys(), row.keys()
+        assert isinstance(row["completion"], str)
+    assert [row["step"] for row in samples] == [1] * (BATCH * GROUP) + [2] * (BATCH * GROUP)
+
+
+def test_attack_writes_checkpoint_and_summary(trained: Path):
+    final = trained / "checkpoints" / f"step_{STEPS:06d}"
+    assert CHECKPOINT_FILES <= {p.name for p in final.iterdir()}
+    assert json.loads((final / "loop_state.json").read_text())["step"] == STEPS
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["last_step"] == STEPS
+    assert not list((trained / "checkpoints").glob("*.tmp"))
+
+
+def test_attack_refuses_existing_run_dir(cli: Launched, trained: Path):
+    again = cli.result("attack-again")
+    assert again.returncode == 2
+    line = assert_one_line_error(again)
+    assert "--resume" in line and str(trained) in line
+    assert len(read_jsonl(trained / "metrics.jsonl")) == STEPS  # the finished run is left alone
+
+
+def test_resume_with_config_is_refused(cli: Launched, trained: Path):
+    proc = cli.result("resume-with-config")
+    assert proc.returncode == 2
+    assert "--resume" in assert_one_line_error(proc)
+
+
+# --------------------------------------------------------------------------------------------- sample
+
+
+def test_sample_from_checkpoint(cli: Launched, trained: Path):
+    proc = cli.result("sample-checkpoint-ok")
+    assert proc.returncode == 0, proc.stderr
+    assert "### hello" in proc.stdout
+    assert len(proc.stdout.strip().splitlines()) >= 3  # header, completion, separator
+
+
+def test_sample_from_base_model(cli: Launched):
+    proc = cli.result("sample-base")
+    assert proc.returncode == 0, proc.stderr
+    assert "### hello" in proc.stdout and "### bye" in proc.stdout
+    assert proc.stdout.count("---") == 4  # 2 prompts x n=2
+
+
+# --------------------------------------------------------------------------------------- user mistakes
+
+
+@pytest.mark.parametrize("name", MISTAKES)
+def test_user_mistake_is_one_line(name: str, cli: Launched):
+    proc = cli.result(name)
+    assert proc.returncode == 2
+    assert MISTAKES[name][1] in assert_one_line_error(proc)
+
+
+@pytest.mark.parametrize("name", BAD_INPUTS)
+def test_bad_run_input_is_one_line_and_leaves_no_run(name: str, cli: Launched):
+    proc = cli.result(f"bad-{name}")
+    assert proc.returncode == 2
+    assert BAD_INPUTS[name][1] in assert_one_line_error(proc)
+    # a run that never started must not claim its name: fixing the mistake and rerunning just works
+    assert not (cli.runs / f"bad-{name}" / "config.yaml").exists()
+
+
+# ---------------------------------------------------------------------------------------------- help
+
+
+def test_top_level_help(env: dict[str, str]):
+    proc = purplerl("--help", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "attack" in proc.stdout and "sample" in proc.stdout
+
+
+def test_attack_help_lists_config_fields(env: dict[str, str]):
+    proc = purplerl("attack", "--help", env=env)
+    assert proc.returncode == 0, proc.stderr
+    for text in ("--config", "--resume", "--reward.kl_beta", "--kl_beta", "--training.lr", "--lr",
+                 "--reward.toxicity.label", "--sampling.group_size", "--group_size", "--run.save_every"):
+        assert text in proc.stdout, text
+
+
+def test_sample_help(env: dict[str, str]):
+    proc = purplerl("sample", "--help", env=env)
+    assert proc.returncode == 0, proc.stderr
+    for text in ("--checkpoint", "--model", "--prompt", "--max-new-tokens"):
+        assert text in proc.stdout, text
+
+
+def test_console_script(env: dict[str, str]):
+    script = Path(sys.executable).parent / "purplerl"
+    if not script.is_file():
+        pytest.skip("the purplerl console script is not installed next to this python")
+    proc = subprocess.run([str(script), "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "attack" in proc.stdout

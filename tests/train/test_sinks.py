@@ -1,0 +1,44 @@
+"""JSONL sinks and the resume-time truncation of metrics.jsonl / samples.jsonl."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from purplerl.train.sinks import JsonlSink, read_jsonl, truncate_after_step
+
+
+def test_sink_appends_rows_and_stringifies_non_finite(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "metrics.jsonl"
+    sink = JsonlSink(path)  # creates the parent dir
+    sink.write([{"step": 1, "reward/mean": 0.5}])
+    sink.write([{"step": 2, "reward/mean": float("nan"), "kl/mean": float("inf")}, {"step": 2, "x": "y"}])
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3
+    assert json.loads(lines[1]) == {"step": 2, "reward/mean": "nan", "kl/mean": "inf"}
+    assert read_jsonl(path) == [{"step": 1, "reward/mean": 0.5}, {"step": 2, "reward/mean": "nan", "kl/mean": "inf"},
+                                {"step": 2, "x": "y"}]
+    assert read_jsonl(tmp_path / "missing.jsonl") == []
+
+
+def test_truncate_after_step_drops_later_steps_and_a_cut_line(tmp_path: Path) -> None:
+    path = tmp_path / "samples.jsonl"
+    rows = [{"step": s, "i": i} for s in (1, 2, 3, 4) for i in range(2)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "compl')  # killed mid-write
+    truncate_after_step(path, 2)
+    assert read_jsonl(path) == [r for r in rows if r["step"] <= 2]
+    assert path.read_text().endswith("\n")
+
+
+def test_truncate_keeps_every_complete_step_but_not_the_cut_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n\n{"step": 2}\n{"no_step": true}\n{"step": 2, "rew')
+    truncate_after_step(path, 10)
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
+    truncate_after_step(path, 0)
+    assert path.read_text() == ""
+
+
+def test_truncate_of_a_missing_file_is_a_no_op(tmp_path: Path) -> None:
+    truncate_after_step(tmp_path / "metrics.jsonl", 3)
+    assert not (tmp_path / "metrics.jsonl").exists()
