@@ -134,7 +134,12 @@ def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 
     with StepProgress(config.training.steps, start_step - 1, enabled=config.logging.progress) as progress:
         for step in range(start_step, config.training.steps + 1):
             started = time.perf_counter()
-            metrics, samples = rl_step(step, config, parts)
+            try:
+                metrics, samples = rl_step(step, config, parts)
+            except ExperimentError as err:  # every failure names the step it happened in
+                message = str(err)
+                raise ExperimentError(message if message.startswith(f"step {step}") else f"step {step}: {message}"
+                                      ) from err
             metrics["time/step_s"] = time.perf_counter() - started
             stop_reason = parts.early_stop(metrics)
             metrics_sink.write([{"step": step, **metrics, **({"early_stop": stop_reason} if stop_reason else {})}])

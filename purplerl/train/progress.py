@@ -18,11 +18,12 @@ def format_metrics(metrics: dict[str, float]) -> str:
 
 
 class StepProgress:
-    """A progress bar over RL steps; a no-op (but still prints samples) when disabled."""
+    """A progress bar over RL steps; one printed line per step when disabled or not on a terminal."""
 
     def __init__(self, total: int, completed: int, enabled: bool = True, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
-        self.enabled = enabled
+        # a live bar needs a terminal; in a log file (CI, nohup) one plain line per step reads better
+        self.enabled = enabled and self.console.is_terminal
         self.progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(bar_width=20),
                                  TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=self.console,
                                  disable=not enabled)

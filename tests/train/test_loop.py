@@ -140,6 +140,24 @@ def test_wrong_number_of_rewards_is_an_experiment_error(tiny_model_dir: Path, tm
         run_loop(config, _parts(config, reward_fn), tmp_path)
 
 
+def test_scorer_returning_too_few_scores_names_step_and_scorer(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from purplerl.rewards import checked_scores
+
+    class DropsOne:
+        name = "dropper"
+
+        def score(self, texts, prompts=None):
+            return [0.5] * (len(texts) - 1)
+
+    def reward_fn(prompts, completions, kl_N):
+        scores = checked_scores(DropsOne(), [c.text for c in completions])
+        return RewardBreakdown(total_N=scores, components={"kl": kl_N})
+
+    config = _config(tiny_model_dir)
+    with pytest.raises(ExperimentError, match=r"^step 1: scorer 'dropper' returned 3 scores for 4 texts"):
+        run_loop(config, _parts(config, reward_fn), tmp_path)
+
+
 def test_policy_learns_to_emit_rewarded_tokens(tiny_model_dir: Path, tmp_path: Path) -> None:
     # The tiny random model's logits are ~N(0, 0.1): an adapter on the hidden layers can move a logit by at
     # most |w_t| * |h| ~ 0.02 * sqrt(32) * sqrt(32) ~ 0.6, so only an adapter on lm_head can make a token
