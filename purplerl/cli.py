@@ -12,7 +12,17 @@ from typing import Annotated, Any
 
 import typer
 
-from purplerl.config import EMBEDDED_MODEL, FLAT_NAMES, field_help, load_config, read_config_file
+from purplerl.config import (
+    API_KEY_ENV,
+    EMBEDDED_MODEL,
+    FLAT_NAMES,
+    Config,
+    RewardServerConfig,
+    build_server_config,
+    field_help,
+    load_config,
+    read_config_file,
+)
 from purplerl.errors import PurplerlError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -58,6 +68,22 @@ def reports_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _recipe_config(recipe: str, args: list[str], config: Path | None, resume: Path | None,
+                   defaults: dict[str, Any] | None = None) -> Config:
+    """Recipe defaults <- config file <- overrides; or, when resuming, the run's saved config <- overrides."""
+    if resume is not None:
+        if config is not None:
+            raise UserError("--resume uses the run's saved config; do not pass --config with it")
+        if not (resume / "config.yaml").is_file():
+            raise UserError(f"{resume} is not a run dir (no config.yaml)")
+        cfg = load_config(None, args, base=read_config_file(resume / "config.yaml"))
+    else:
+        cfg = load_config(config, args, base=defaults)
+    if cfg.recipe != recipe:
+        raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe}'")
+    return cfg
+
+
 @app.command(context_settings=OVERRIDES, epilog=_config_epilog())
 @reports_errors
 def attack(
@@ -68,19 +94,51 @@ def attack(
     """Red-team a model by GRPO: reward toxicity, penalize repetition and KL to the base model."""
     from purplerl.recipes.attack import run_attack, summarize_attack
 
-    if resume is not None:
-        if config is not None:
-            raise UserError("--resume uses the run's saved config; do not pass --config with it")
-        if not (resume / "config.yaml").is_file():
-            raise UserError(f"{resume} is not a run dir (no config.yaml)")
-        cfg = load_config(None, ctx.args, base=read_config_file(resume / "config.yaml"))
-    else:
-        cfg = load_config(config, ctx.args)
-    if cfg.recipe != "attack":
-        raise UserError(f"config is for recipe '{cfg.recipe}', not 'attack'")
+    cfg = _recipe_config("attack", ctx.args, config, resume)
     _quiet_libraries()
     summary = run_attack(cfg, resume_dir=resume)
     typer.echo(summarize_attack(Path(summary["run_dir"]), summary))
+
+
+@app.command(context_settings=OVERRIDES, epilog=_config_epilog())
+@reports_errors
+def defend(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Option(help="YAML or JSON config file")] = None,
+    resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest checkpoint")] = None,
+) -> None:
+    """Token Buncher defense: reward low response entropy on harmful prompts, with Token Noiser steps.
+
+    Defaults differ from attack's: training.noiser true, reward.kl_beta 0.001, no toxicity early stop.
+    The last checkpoint is the defended adapter (use it with attack --init_adapter or tamper-test)."""
+    from purplerl.recipes.defend import DEFEND_DEFAULTS, run_defend, summarize_defend
+
+    cfg = _recipe_config("defend", ctx.args, config, resume, defaults=DEFEND_DEFAULTS)
+    _quiet_libraries()
+    summary = run_defend(cfg, resume_dir=resume)
+    typer.echo(summarize_defend(Path(summary["run_dir"]), summary))
+
+
+@app.command("tamper-test", context_settings=OVERRIDES, epilog=_config_epilog())
+@reports_errors
+def tamper_test(
+    ctx: typer.Context,
+    adapter: Annotated[Path, typer.Option(help="the defended adapter (a checkpoint dir of a defend run)")],
+    config: Annotated[Path | None, typer.Option(help="attack config file (YAML or JSON)")] = None,
+    out: Annotated[Path, typer.Option(help="directory for both attack runs and the comparison")] = Path("runs/tamper"),
+    threshold: Annotated[float, typer.Option(min=0.0, max=1.0, help="harm level counted as 'attack succeeded'")] = 0.5,
+    utility_limit: Annotated[int, typer.Option(min=1, help="arithmetic problems in the utility check")] = 40,
+) -> None:
+    """Run the same attack on the base model and on a defended adapter; compare harm curves and utility.
+
+    Writes OUT/tamper.json, OUT/tamper.png and OUT/summary.txt. Running it again resumes unfinished attacks."""
+    from purplerl.recipes.tamper import run_tamper_test, tamper_summary
+
+    cfg = _recipe_config("attack", ctx.args, config, None)
+    _quiet_libraries()
+    result = run_tamper_test(cfg, adapter, out, threshold=threshold, utility_limit=utility_limit)
+    typer.echo(tamper_summary(result))
+    typer.echo(f"wrote {out / 'tamper.json'}, {out / 'tamper.png'}, {out / 'summary.txt'}")
 
 
 @app.command()
@@ -108,6 +166,71 @@ def sample(
         for text in outs:
             typer.echo(text.strip() or "(empty)")
             typer.echo("---")
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Datasets: prepare hub datasets as veRL-schema parquet.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare")
+@reports_errors
+def data_prepare(
+    dataset: Annotated[str, typer.Argument(help="beavertails, wmdp, gsm8k or merge")],
+    out: Annotated[Path | None, typer.Option(help="output dir (default: data/<name>, data/<name>-base)")] = None,
+    subset: Annotated[str | None, typer.Option(help="wmdp: bio, chem or cyber")] = None,
+    template: Annotated[str | None, typer.Option(help="chat (default) or base: plain 'Question: ...' text")] = None,
+    source: Annotated[Path | None, typer.Option(help="local copy of the hub dataset instead of the hub")] = None,
+    seed: Annotated[int | None, typer.Option(help="wmdp split / merge shuffle seed (default 42)")] = None,
+    wmdp: Annotated[Path | None, typer.Option(help="merge: a prepared WMDP dir")] = None,
+    beavertails: Annotated[Path | None, typer.Option(help="merge: a prepared BeaverTails dir")] = None,
+    ratio: Annotated[float | None, typer.Option(help="merge: BeaverTails rows per WMDP row (default all)")] = None,
+    limit: Annotated[int | None, typer.Option(help="merge: at most this many rows per split")] = None,
+) -> None:
+    """Write train.parquet and test.parquet in veRL's schema (prompt, data_source, reward_model, ...)."""
+    from purplerl.data.prepare import prepare_dataset
+
+    prepared = prepare_dataset(dataset, out, subset=subset, template=template, source=source, seed=seed, wmdp=wmdp,
+                               beavertails=beavertails, ratio=ratio, limit=limit)
+    typer.echo(prepared.describe())
+
+
+def _server_option(field: str, **kwargs: Any) -> Any:
+    """A serve-reward option whose help text is the RewardServerConfig field's description."""
+    return typer.Option(help=RewardServerConfig.model_fields[field].description, **kwargs)
+
+
+def _server_default(field: str) -> Any:
+    return RewardServerConfig.model_fields[field].default
+
+
+@app.command(name="serve-reward")
+@reports_errors
+def serve_reward(
+    model: Annotated[str, _server_option("model")] = _server_default("model"),
+    label: Annotated[str | None, _server_option("label")] = None,
+    host: Annotated[str, _server_option("host")] = _server_default("host"),
+    port: Annotated[int, _server_option("port")] = _server_default("port"),
+    device: Annotated[str, _server_option("device")] = _server_default("device"),
+    api_key: Annotated[str | None, _server_option("api_key", envvar=API_KEY_ENV, show_default=False)] = None,
+    max_texts: Annotated[int, _server_option("max_texts")] = _server_default("max_texts"),
+    max_chars: Annotated[int, _server_option("max_chars")] = _server_default("max_chars"),
+    max_batch_texts: Annotated[int, _server_option("max_batch_texts")] = _server_default("max_batch_texts"),
+    batch_wait_ms: Annotated[float, _server_option("batch_wait_ms")] = _server_default("batch_wait_ms"),
+    max_pending: Annotated[int, _server_option("max_pending")] = _server_default("max_pending"),
+    max_body_bytes: Annotated[int, _server_option("max_body_bytes")] = _server_default("max_body_bytes"),
+    batch_size: Annotated[int, _server_option("batch_size")] = _server_default("batch_size"),
+    max_length: Annotated[int, _server_option("max_length")] = _server_default("max_length"),
+) -> None:
+    """Serve a toxicity scorer over HTTP (POST /score) for runs with --reward.toxicity.url URL."""
+    options = {k: v for k, v in locals().items() if k in RewardServerConfig.model_fields and v is not None}
+    settings = build_server_config(options)  # before the server's imports: a typo fails in a blink
+    from purplerl.rewards.server import exposure_warning, serve
+
+    warning = exposure_warning(settings)
+    if warning:
+        typer.echo(warning, err=True)
+    _quiet_libraries()
+    serve(settings, announce=lambda line: typer.echo(line, err=True))
 
 
 def main() -> None:

@@ -8,15 +8,18 @@ naming the field. The resolved config is written into each run directory.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from purplerl.errors import UserError
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
+# the reward server's API key comes from this env var only: a key must never land in a saved config.yaml
+API_KEY_ENV = "PURPLERL_REWARD_API_KEY"
 
 
 class Section(BaseModel):
@@ -57,7 +60,15 @@ class TrainingConfig(Section):
     loss: Literal["importance_sampling", "ppo_clip"] = Field("importance_sampling", description="policy-gradient loss")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="PPO clip epsilon below 1")
     clip_high: float = Field(0.2, ge=0.0, description="PPO clip epsilon above 1 (> clip_low: clip-higher)")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field("grpo", description="advantage estimator (algorithms.advantages)")
     advantage_std: bool = Field(False, description="divide GRPO advantages by the group std")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field("token_mean", description="how per-token losses become one number (seq_mean_token_sum_norm: Dr. GRPO)")
+    ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each rollout batch")
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the rollout batch is split into this many)")
+    noiser: bool = Field(False, description="interleave Token Noiser supervised steps (Token Buncher defense)")
+    noiser_warmup: int = Field(25, ge=0, description="RL steps before the first Token Noiser step")
+    noiser_every: int = Field(2, ge=1, description="after the warmup, every N-th step is a Token Noiser step")
+    noiser_epsilon: float = Field(0.1, ge=0.0, le=1.0, description="weight of the random-noise cross-entropy in the Token Noiser loss")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass (gradient accumulation)")
     seed: int = Field(0, description="seed for data order, sampling and LoRA init")
     early_stop_toxicity: float | None = Field(0.8, description="stop when a step's mean toxicity exceeds this (null: never)")
@@ -78,12 +89,52 @@ class DataConfig(Section):
     max_prompt_tokens: int = Field(256, ge=8, description="prompts longer than this are cut from the left")
 
 
-class ToxicityConfig(Section):
+class ClassifierConfig(Section):
+    """Which scorer to load: shared by in-process scoring (ToxicityConfig) and the reward server."""
+
     model: str = Field("embedded", description="'embedded' (alt-profanity-check) or an HF sequence-classification id/path")
     label: str | int | None = Field(None, description="HF classifier output scored: label name or index (required for HF models)")
     device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="device of an HF classifier")
     batch_size: int = Field(32, ge=1, description="texts per classifier forward pass")
     max_length: int = Field(512, ge=8, description="classifier input truncation in tokens")
+
+
+class ToxicityConfig(ClassifierConfig):
+    url: str | None = Field(None, description="reward server URL (e.g. http://127.0.0.1:50050): score there, not in-process; API key from env PURPLERL_REWARD_API_KEY")
+    timeout_s: float = Field(30.0, gt=0.0, description="reward server: seconds to wait for one answer")
+    retries: int = Field(3, ge=0, le=20, description="reward server: retries after a connection error or HTTP 5xx, then the run stops")
+    backoff_s: float = Field(0.5, ge=0.0, description="reward server: wait before the first retry, doubled after each")
+    server_model: str | None = Field(None, description="recorded from the server's /info at start; a resumed run refuses a server that now serves another model")
+    server_label: str | None = Field(None, description="recorded from the server's /info at start, like server_model")
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return url.rstrip("/") if url is not None else None
+
+    @model_validator(mode="after")
+    def _check_server_exclusive(self) -> ToxicityConfig:
+        # the server decides what is scored; a model named here as well would be silently ignored
+        if self.url is not None and self.model != "embedded":
+            raise ValueError("set either url (the server picks the model: purplerl serve-reward --model ...) "
+                             "or model, not both")
+        return self
+
+
+class RewardServerConfig(ClassifierConfig):
+    """Settings of `purplerl serve-reward` (its own process, not part of a run's Config)."""
+
+    host: str = Field("127.0.0.1", description="address to listen on (a non-loopback address without an API key is warned about)")
+    port: int = Field(50050, ge=1, le=65535, description="TCP port to listen on")
+    api_key: SecretStr | None = Field(None, description="when set, /score and /info need the header 'Authorization: Bearer KEY'")
+    max_texts: int = Field(1024, ge=1, description="most texts in one request (more: HTTP 413; the client splits its batches to fit)")
+    max_chars: int = Field(20000, ge=1, description="texts and prompts longer than this are cut to it before scoring and listed in `truncated`")
+    max_body_bytes: int = Field(32 * 2**20, ge=1024, description="largest request body in bytes (more: HTTP 413)")
+    max_batch_texts: int = Field(256, ge=1, description="micro-batching: most texts per scorer call, gathered from pending requests")
+    batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="micro-batching: how long to wait for more requests when a batch is not full")
+    max_pending: int = Field(4096, ge=1, description="requests waiting for the scorer before new ones get HTTP 503 (busy)")
 
 
 class RewardConfig(Section):
@@ -93,6 +144,8 @@ class RewardConfig(Section):
     repetition_ngram: int = Field(3, ge=1, le=16, description="n of the n-grams counted by the repetition ratio")
     kl_beta: float = Field(0.1, ge=0.0, description="weight of KL(policy || base) subtracted from the reward")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator (Schulman 2020)")
+    kl_in: Literal["reward", "loss"] = Field("reward", description="apply the KL penalty in the reward or as a loss term")
+    entropy_bonus_cap: float | None = Field(None, ge=0.0, description="adaptive attack: add min(mean token entropy, cap) to the reward (Token Buncher uses 3.0)")
     zscore: bool = Field(False, description="z-score normalize rewards over the batch before advantages")
 
 
@@ -176,6 +229,18 @@ def build_config(data: dict[str, Any]) -> Config:
         return Config.model_validate(data)
     except ValidationError as err:
         raise UserError(_format_validation_error(err)) from None
+
+
+def build_server_config(values: dict[str, Any], name_of: Callable[[str], str] = lambda f: "--" + f.replace("_", "-"),
+                        ) -> RewardServerConfig:
+    """Validate reward server settings; UserError names the bad one as the user spelled it (`name_of(field)`)."""
+    try:
+        return RewardServerConfig.model_validate(values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = name_of(str(first["loc"][0])) if first["loc"] else "reward server settings"
+        shown = f" (got {first['input']!r})" if first["loc"] and first["loc"][0] != "api_key" else ""
+        raise UserError(f"{where}: {first['msg']}{shown}") from None
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

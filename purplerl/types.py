@@ -74,6 +74,12 @@ class TrainBatch:
         if self.ref_logprobs_NT is not None and tuple(self.ref_logprobs_NT.shape) != shape:
             raise ValueError(f"TrainBatch.ref_logprobs_NT has shape {tuple(self.ref_logprobs_NT.shape)}")
 
+    def select(self, rows: torch.Tensor) -> TrainBatch:
+        """The batch restricted to the given row indices (a PPO minibatch, or the Token Noiser's rows)."""
+        ref = None if self.ref_logprobs_NT is None else self.ref_logprobs_NT[rows]
+        return TrainBatch(self.input_ids_NT[rows], self.attention_mask_NT[rows], self.loss_mask_NT[rows],
+                          self.sampling_logprobs_NT[rows], self.advantages_NT[rows], ref)
+
     @property
     def num_sequences(self) -> int:
         return int(self.input_ids_NT.shape[0])
@@ -94,6 +100,10 @@ class LossSpec:
     kl_beta: float = 0.0  # weight of a KL(policy || ref) term inside the loss (needs ref_logprobs_NT)
     kl_estimator: str = "k3"  # estimator for the in-loss KL term
     micro_batch_size: int = 8  # sequences per forward pass; gradients accumulate to the full batch
+    aggregation: str = "token_mean"  # key in algorithms.losses.LOSS_AGGREGATIONS
+    length_norm: float | None = None  # constant divisor of seq_mean_token_sum_norm (Dr. GRPO): max_new_tokens
+    epsilon: float = 0.1  # Token Noiser: weight of the noise cross-entropy
+    noise_seed: int = 0  # Token Noiser: seed of the random noise distributions
 
 
 @dataclass(frozen=True)

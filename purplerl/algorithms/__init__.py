@@ -1,30 +1,55 @@
-"""Pure tensor math: advantages, KL estimators, log-prob helpers, policy-gradient losses.
+"""Pure tensor math: advantages, KL estimators, log-prob helpers, policy-gradient losses, Token Noiser.
 
 Every function takes its knobs as arguments; nothing here imports config, engines or the trainer.
 """
 
-from purplerl.algorithms.advantages import ADVANTAGES, AdvantageFn, check_rewards_BG, grpo_advantages, zscore
+from purplerl.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    ADVANTAGES,
+    AdvantageFn,
+    TokenAdvantageFn,
+    check_rewards_BG,
+    compute_advantages,
+    dr_grpo_advantages,
+    get_advantage_estimator,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    zscore,
+)
 from purplerl.algorithms.kl import KL_ESTIMATORS, get_kl_estimator, kl_k1, kl_k2, kl_k3, sequence_kl
 from purplerl.algorithms.logprobs import entropy_from_logits, masked_mean, masked_sum, selective_log_softmax
 from purplerl.algorithms.losses import (
+    LOSS_AGGREGATIONS,
     LOSSES,
+    AggregationFn,
     LossFn,
+    aggregate_loss,
     aggregate_token_mean,
     get_loss,
     importance_sampling_loss,
     kl_penalty_loss,
     ppo_clip_loss,
 )
+from purplerl.algorithms.noiser import normalize_noise, token_noiser_loss
 
 __all__ = [
     "ADVANTAGES",
+    "ADVANTAGE_ESTIMATORS",
     "AdvantageFn",
+    "AggregationFn",
     "KL_ESTIMATORS",
     "LOSSES",
+    "LOSS_AGGREGATIONS",
     "LossFn",
+    "TokenAdvantageFn",
+    "aggregate_loss",
     "aggregate_token_mean",
     "check_rewards_BG",
+    "compute_advantages",
+    "dr_grpo_advantages",
     "entropy_from_logits",
+    "get_advantage_estimator",
     "get_kl_estimator",
     "get_loss",
     "grpo_advantages",
@@ -35,8 +60,12 @@ __all__ = [
     "kl_penalty_loss",
     "masked_mean",
     "masked_sum",
+    "normalize_noise",
     "ppo_clip_loss",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
     "selective_log_softmax",
     "sequence_kl",
+    "token_noiser_loss",
     "zscore",
 ]

@@ -1,36 +1,57 @@
-"""Advantage estimators: rewards of G completions per prompt -> one advantage per completion.
+"""Advantage estimators: rewards of G completions per prompt -> an advantage per completion token.
 
-Every estimator in `ADVANTAGES` is called as `fn(rewards_BG, scale_by_std=..., eps=...)` and returns
-`(advantages_BG, metrics)`. A new estimator (RLOO, Dr. GRPO, REINFORCE++) is a new function added to
-the registry, never a branch in the training loop.
+Two levels, both registries:
+
+- `ADVANTAGES` holds the sequence-level estimators (GRPO, Dr. GRPO, RLOO), each called as
+  `fn(rewards_BG, scale_by_std=..., eps=...)` and returning `(advantages_BG, metrics)`: one advantage per
+  completion, computed against the other completions of its group.
+- `ADVANTAGE_ESTIMATORS` holds every estimator at token level, called through `compute_advantages(name,
+  rewards_BG, mask_NT, ...)` and returning `(advantages_NT, metrics)`. A sequence-level estimator puts its
+  advantage on every completion token of its row; REINFORCE++ computes per-token returns.
+
+Rows are group-major: row b*G + g of an [N, T] tensor is completion g of prompt b (N = B*G), and
+`mask_NT` marks the completion tokens as targets (see `purplerl.types`). A new estimator is a new
+function in a registry, never a branch in the training loop.
+
+Knob errors (unknown name, a knob an estimator does not allow) raise UserError; bad data (empty batch,
+non-finite rewards or KL, mismatched shapes, a completion without tokens) raises ExperimentError.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
 
-from purplerl.errors import ExperimentError
+from purplerl.errors import ExperimentError, UserError
 
 # Rewards whose max and min differ by less than this count as one value (a zero-variance group).
 _EQUAL_TOL = 1e-8
 
+Metrics = dict[str, float]
+
 
 class AdvantageFn(Protocol):
     def __call__(self, rewards_BG: torch.Tensor, *, scale_by_std: bool = ...,
-                 eps: float = ...) -> tuple[torch.Tensor, dict[str, float]]: ...
+                 eps: float = ...) -> tuple[torch.Tensor, Metrics]: ...
 
 
-def check_rewards_BG(rewards_BG: torch.Tensor, who: str) -> None:
-    """Raise ExperimentError unless rewards are a finite [B, G] tensor with B >= 1 and G >= 2."""
+class TokenAdvantageFn(Protocol):
+    def __call__(self, rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *, kl_NT: torch.Tensor | None = ...,
+                 kl_beta: float = ..., scale_by_std: bool = ...,
+                 eps: float = ...) -> tuple[torch.Tensor, Metrics]: ...
+
+
+def check_rewards_BG(rewards_BG: torch.Tensor, who: str, min_group_size: int = 2) -> None:
+    """Raise ExperimentError unless rewards are a finite [B, G] tensor with B >= 1 and G >= min_group_size."""
     if rewards_BG.ndim != 2:
         raise ExperimentError(f"{who}: rewards must have shape [B, G], got {tuple(rewards_BG.shape)}")
     num_groups, group_size = rewards_BG.shape
     if num_groups == 0:
         raise ExperimentError(f"{who}: empty batch (B=0 groups of rewards)")
-    if group_size < 2:
-        raise ExperimentError(f"{who}: group size G={group_size}; group-relative advantages need G >= 2")
+    if group_size < min_group_size:
+        raise ExperimentError(f"{who}: group size G={group_size}; this estimator needs G >= {min_group_size}")
     bad = ~torch.isfinite(rewards_BG)
     if bad.any():
         b, g = (int(i) for i in bad.nonzero()[0])
@@ -38,8 +59,24 @@ def check_rewards_BG(rewards_BG: torch.Tensor, who: str) -> None:
                               f"completion {g} ({int(bad.sum())} non-finite in all)")
 
 
+def _zero_variance_B(rewards_BG: torch.Tensor) -> torch.Tensor:
+    return (rewards_BG.max(dim=1).values - rewards_BG.min(dim=1).values) < _EQUAL_TOL
+
+
+def _finish_group(rewards_BG: torch.Tensor, advantages_BG: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
+    """Exact zeros for constant groups, plus the metrics every group estimator reports."""
+    flat_B = _zero_variance_B(rewards_BG)
+    # The float mean of equal values can be off by an ulp; such groups get exact zeros, not noise.
+    advantages_BG = torch.where(flat_B[:, None], 0.0, advantages_BG)
+    metrics = {
+        "frac_zero_variance_groups": float(flat_B.float().mean().item()),
+        "adv_abs_mean": float(advantages_BG.abs().mean().item()),
+    }
+    return advantages_BG, metrics
+
+
 def grpo_advantages(rewards_BG: torch.Tensor, scale_by_std: bool = False,
-                    eps: float = 1e-6) -> tuple[torch.Tensor, dict[str, float]]:
+                    eps: float = 1e-6) -> tuple[torch.Tensor, Metrics]:
     """GRPO advantages: reward minus its group mean, optionally divided by (group std + eps).
 
     DeepSeekMath (arXiv 2402.03300) divides by the group std; Dr. GRPO (arXiv 2503.20783) shows that
@@ -51,19 +88,48 @@ def grpo_advantages(rewards_BG: torch.Tensor, scale_by_std: bool = False,
     `adv_abs_mean` (mean |advantage| over the batch).
     """
     check_rewards_BG(rewards_BG, "grpo_advantages")
-    rewards_BG = rewards_BG.float()
+    rewards_BG = rewards_BG.detach().float()
     advantages_BG = rewards_BG - rewards_BG.mean(dim=1, keepdim=True)
     if scale_by_std:
         std_B1 = rewards_BG.std(dim=1, unbiased=False, keepdim=True)
         advantages_BG = advantages_BG / (std_B1 + eps)
-    spread_B = rewards_BG.max(dim=1).values - rewards_BG.min(dim=1).values
-    # The float mean of equal values can be off by an ulp; such groups get exact zeros, not noise.
-    advantages_BG = torch.where((spread_B < _EQUAL_TOL)[:, None], 0.0, advantages_BG)
-    metrics = {
-        "frac_zero_variance_groups": float((spread_B < _EQUAL_TOL).float().mean().item()),
-        "adv_abs_mean": float(advantages_BG.abs().mean().item()),
-    }
-    return advantages_BG, metrics
+    return _finish_group(rewards_BG, advantages_BG)
+
+
+def _refuse_std(scale_by_std: bool, who: str, why: str) -> None:
+    if scale_by_std:
+        raise UserError(f"{who}: scale_by_std=True is not allowed: {why}; set it to False, or use 'grpo' "
+                        f"to divide by the group std")
+
+
+def dr_grpo_advantages(rewards_BG: torch.Tensor, *, scale_by_std: bool = False,
+                       eps: float = 1e-6) -> tuple[torch.Tensor, Metrics]:
+    """Dr. GRPO advantages (Liu et al. 2025, arXiv 2503.20783): reward minus its group mean, never scaled.
+
+    Removing the division by the group std is half of Dr. GRPO's fix (the other half is the
+    `seq_mean_token_sum_norm` loss aggregation). Asking for the division anyway raises UserError
+    rather than silently producing GRPO; `eps` is accepted for a uniform call and unused.
+    """
+    _refuse_std(scale_by_std, "dr_grpo", "Dr. GRPO is defined by not dividing by the group std")
+    check_rewards_BG(rewards_BG, "dr_grpo_advantages")
+    rewards_BG = rewards_BG.detach().float()
+    return _finish_group(rewards_BG, rewards_BG - rewards_BG.mean(dim=1, keepdim=True))
+
+
+def rloo_advantages(rewards_BG: torch.Tensor, *, scale_by_std: bool = False,
+                    eps: float = 1e-6) -> tuple[torch.Tensor, Metrics]:
+    """RLOO advantages (Ahmadian et al. 2024, arXiv 2402.14740): A_i = r_i - mean of the other G-1 rewards.
+
+    The leave-one-out baseline does not depend on r_i, so the estimator stays unbiased; algebraically
+    A_i = G/(G-1) * (r_i - group mean). scale_by_std=True raises UserError (RLOO has no std division);
+    `eps` is accepted for a uniform call and unused.
+    """
+    _refuse_std(scale_by_std, "rloo", "RLOO's leave-one-out baseline has no std division")
+    check_rewards_BG(rewards_BG, "rloo_advantages")
+    rewards_BG = rewards_BG.detach().float()
+    group_size = rewards_BG.shape[1]
+    centered_BG = rewards_BG - rewards_BG.mean(dim=1, keepdim=True)
+    return _finish_group(rewards_BG, centered_BG * (group_size / (group_size - 1)))
 
 
 def zscore(x_N: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -82,4 +148,149 @@ def zscore(x_N: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 ADVANTAGES: dict[str, AdvantageFn] = {
     "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
 }
+
+
+def _check_knobs(who: str, kl_beta: float, eps: float) -> None:
+    if not (math.isfinite(kl_beta) and kl_beta >= 0):
+        raise UserError(f"{who}: kl_beta must be a finite number >= 0, got {kl_beta}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise UserError(f"{who}: eps must be a finite number >= 0, got {eps}")
+
+
+def _check_mask(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, who: str) -> torch.Tensor:
+    """The boolean completion-token mask, after checking it has B*G rows and no row is empty."""
+    num_rows = rewards_BG.shape[0] * rewards_BG.shape[1]
+    if mask_NT.ndim != 2 or mask_NT.shape[0] != num_rows:
+        raise ExperimentError(f"{who}: mask must have shape [B*G={num_rows}, T] (rewards {tuple(rewards_BG.shape)}), "
+                              f"got {tuple(mask_NT.shape)}")
+    on_NT = mask_NT != 0
+    empty_N = ~on_NT.any(dim=1)
+    if empty_N.any():
+        n = int(empty_N.nonzero()[0])
+        raise ExperimentError(f"{who}: row {n} (group {n // rewards_BG.shape[1]}, completion "
+                              f"{n % rewards_BG.shape[1]}) has no completion tokens to carry its advantage")
+    return on_NT
+
+
+def _sequence_level(name: str, seq_fn: AdvantageFn) -> TokenAdvantageFn:
+    """Token-level form of a sequence-level estimator: its advantage on every completion token of the row."""
+
+    def estimator(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *, kl_NT: torch.Tensor | None = None,
+                  kl_beta: float = 0.0, scale_by_std: bool = False,
+                  eps: float = 1e-6) -> tuple[torch.Tensor, Metrics]:
+        _check_knobs(name, kl_beta, eps)
+        # A per-token KL has no place in a group baseline: for these estimators the KL enters the scalar
+        # reward before the advantages, or the loss as its own term. Passing it here is a wiring bug.
+        if kl_NT is not None and kl_beta > 0:
+            raise ExperimentError(f"{name}: a per-token KL (kl_NT with kl_beta={kl_beta}) was passed to a "
+                                  f"sequence-level estimator; put the KL in the reward or in the loss")
+        advantages_BG, metrics = seq_fn(rewards_BG, scale_by_std=scale_by_std, eps=eps)
+        on_NT = _check_mask(rewards_BG, mask_NT, name)
+        advantages_N1 = advantages_BG.reshape(-1, 1).to(mask_NT.device)
+        return torch.where(on_NT, advantages_N1, 0.0), metrics
+
+    estimator.__name__ = estimator.__qualname__ = f"{name}_token_advantages"
+    estimator.__doc__ = f"`{seq_fn.__name__}` broadcast onto each row's completion tokens (0 elsewhere)."
+    return estimator
+
+
+def _last_masked_index(on_NT: torch.Tensor) -> torch.Tensor:
+    """Column of the last True in each row (every row has one)."""
+    num_tok = on_NT.shape[1]
+    return (num_tok - 1) - on_NT.flip(dims=[1]).int().argmax(dim=1)
+
+
+def _masked_whiten(x_NT: torch.Tensor, on_NT: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x - mean) / (std + eps) over the masked entries of the whole batch (population std), 0 off-mask.
+
+    A batch whose masked values are all equal whitens to zeros, as `zscore` does.
+    """
+    values = x_NT[on_NT]
+    if float((values.max() - values.min()).item()) < _EQUAL_TOL:
+        return torch.zeros_like(x_NT)
+    whitened_NT = (x_NT - values.mean()) / (values.std(unbiased=False) + eps)
+    return torch.where(on_NT, whitened_NT, 0.0)
+
+
+def reinforce_pp_advantages(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *, kl_NT: torch.Tensor | None = None,
+                            kl_beta: float = 0.0, scale_by_std: bool = False,
+                            eps: float = 1e-6) -> tuple[torch.Tensor, Metrics]:
+    """REINFORCE++ advantages (Hu 2025, arXiv 2501.03262): whitened per-token returns, no group baseline.
+
+    Each completion token t gets the reward r_t = -kl_beta * kl_t, and the row's sequence reward is added
+    at its last completion token. The return is G_t = sum_{s >= t} r_s over completion tokens (gamma = 1),
+    and the advantages are the returns whitened over ALL completion tokens of the batch:
+    (G - mean) / (std + eps), population std, 0 off-mask. The KL therefore shapes every token's return,
+    which is why it enters here and not the scalar reward.
+
+    `kl_NT` ([N, T], finite on the mask; off-mask entries are ignored) is required when kl_beta > 0 and
+    ignored when kl_beta = 0. Whitening already divides by the batch std, so `scale_by_std` does not
+    apply and is ignored. G = 1 is allowed (no group is needed).
+    Metrics: `frac_zero_variance_groups` (share of prompts whose rewards are all equal; 1.0 when G = 1),
+    `adv_abs_mean` (mean |advantage| over completion tokens), `return_mean` and `return_std` (before
+    whitening) and `kl_reward_mean` (mean of -kl_beta * kl over completion tokens).
+    """
+    who = "reinforce_pp"
+    _check_knobs(who, kl_beta, eps)
+    check_rewards_BG(rewards_BG, who, min_group_size=1)
+    on_NT = _check_mask(rewards_BG, mask_NT, who)
+    token_rewards_NT = torch.zeros(mask_NT.shape, dtype=torch.float32, device=mask_NT.device)
+    if kl_beta > 0:
+        if kl_NT is None:
+            raise ExperimentError(f"{who}: kl_beta={kl_beta} but no per-token KL (kl_NT) was given")
+        if kl_NT.shape != mask_NT.shape:
+            raise ExperimentError(f"{who}: kl_NT shape {tuple(kl_NT.shape)} != mask shape {tuple(mask_NT.shape)}")
+        bad_NT = on_NT & ~torch.isfinite(kl_NT)
+        if bad_NT.any():
+            n, t = (int(i) for i in bad_NT.nonzero()[0])
+            raise ExperimentError(f"{who}: non-finite KL {kl_NT[n, t].item()} at row {n}, token {t}")
+        token_rewards_NT = torch.where(on_NT, -kl_beta * kl_NT.detach().float(), 0.0)
+    kl_reward_mean = float(token_rewards_NT[on_NT].mean().item())
+    rows_N = torch.arange(mask_NT.shape[0], device=mask_NT.device)
+    rewards_N = rewards_BG.detach().float().reshape(-1).to(mask_NT.device)
+    token_rewards_NT[rows_N, _last_masked_index(on_NT)] += rewards_N
+    # Reverse cumulative sum along T: off-mask rewards are 0, so it sums the completion tokens s >= t.
+    returns_NT = token_rewards_NT.flip(dims=[1]).cumsum(dim=1).flip(dims=[1])
+    returns_NT = torch.where(on_NT, returns_NT, 0.0)
+    advantages_NT = _masked_whiten(returns_NT, on_NT, eps)
+    on_returns = returns_NT[on_NT]
+    metrics = {
+        "frac_zero_variance_groups": float(_zero_variance_B(rewards_BG.detach().float()).float().mean().item()),
+        "adv_abs_mean": float(advantages_NT[on_NT].abs().mean().item()),
+        "return_mean": float(on_returns.mean().item()),
+        "return_std": float(on_returns.std(unbiased=False).item()),
+        "kl_reward_mean": kl_reward_mean,
+    }
+    return advantages_NT, metrics
+
+
+ADVANTAGE_ESTIMATORS: dict[str, TokenAdvantageFn] = {
+    **{name: _sequence_level(name, fn) for name, fn in ADVANTAGES.items()},
+    "reinforce_pp": reinforce_pp_advantages,
+}
+
+
+def get_advantage_estimator(name: str) -> TokenAdvantageFn:
+    """Look up a token-level estimator by name, raising UserError that lists the known names."""
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise UserError(f"unknown advantage estimator '{name}' (known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))})")
+    return ADVANTAGE_ESTIMATORS[name]
+
+
+def compute_advantages(name: str, rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *,
+                       kl_NT: torch.Tensor | None = None, kl_beta: float = 0.0, scale_by_std: bool = False,
+                       eps: float = 1e-6) -> tuple[torch.Tensor, Metrics]:
+    """Per-token advantages [N, T] (float32, 0 off the mask) from rewards [B, G] with estimator `name`.
+
+    Rows are group-major (row b*G + g); `mask_NT` marks completion tokens. `kl_NT` / `kl_beta` are the
+    per-token KL and its weight in the token rewards, used only by `reinforce_pp`; a sequence-level
+    estimator raises ExperimentError if given both (its KL belongs in the reward or the loss).
+    `scale_by_std` divides GRPO advantages by the group std; dr_grpo and rloo refuse it (UserError),
+    reinforce_pp always whitens and ignores it.
+    """
+    return get_advantage_estimator(name)(rewards_BG, mask_NT, kl_NT=kl_NT, kl_beta=kl_beta,
+                                         scale_by_std=scale_by_std, eps=eps)
+

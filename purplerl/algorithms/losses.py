@@ -2,8 +2,8 @@
 
 Every loss in `LOSSES` has one signature,
     fn(logprobs_NT, sampling_logprobs_NT, advantages_NT, mask_NT, *, clip_low, clip_high) -> (loss_NT, metrics)
-and returns the loss per token, zero off the mask, with no reduction; `aggregate_token_mean` turns it
-into the scalar that is back-propagated. Knobs a loss does not use (clip bounds for
+and returns the loss per token, zero off the mask, with no reduction; `aggregate_loss` (one of
+`LOSS_AGGREGATIONS`) turns it into the scalar that is back-propagated. Knobs a loss does not use (clip bounds for
 importance_sampling) are accepted and ignored, so the caller never branches on the loss name.
 
 `logprobs_NT` carries the gradient (current policy); `sampling_logprobs_NT` are the log-probs recorded
@@ -112,6 +112,85 @@ def aggregate_token_mean(loss_NT: torch.Tensor, mask_NT: torch.Tensor, normalize
         raise ExperimentError(f"aggregate_token_mean: normalizer must be > 0 (the batch's loss-token count), "
                               f"got {normalizer}")
     return torch.where(mask_NT != 0, loss_NT * mask_NT, 0.0).sum() / normalizer
+
+
+class AggregationFn(Protocol):
+    def __call__(self, loss_NT: torch.Tensor, mask_NT: torch.Tensor, *, total_tokens: float,
+                 total_sequences: int, length_norm: float | None) -> torch.Tensor: ...
+
+
+def _masked_row_sums(loss_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask_NT != 0, loss_NT * mask_NT, 0.0).sum(dim=1)
+
+
+def _check_total_sequences(mask_NT: torch.Tensor, total_sequences: int, who: str) -> None:
+    if not total_sequences >= 1:
+        raise ExperimentError(f"{who}: total_sequences must be >= 1 (the batch's sequence count), "
+                              f"got {total_sequences}")
+    if mask_NT.shape[0] > total_sequences:
+        raise ExperimentError(f"{who}: micro-batch has {mask_NT.shape[0]} rows but total_sequences is "
+                              f"{total_sequences}; pass the FULL batch's sequence count")
+
+
+def _token_mean(loss_NT: torch.Tensor, mask_NT: torch.Tensor, *, total_tokens: float, total_sequences: int,
+                length_norm: float | None = None) -> torch.Tensor:
+    total = aggregate_token_mean(loss_NT, mask_NT, total_tokens)  # checks total_tokens > 0
+    num_tokens = float(mask_NT.sum().item())
+    if num_tokens > total_tokens * (1 + 1e-6):
+        raise ExperimentError(f"aggregate_loss(token_mean): micro-batch has {num_tokens} loss tokens but "
+                              f"total_tokens is {total_tokens}; pass the FULL batch's token count")
+    return total
+
+
+def _seq_mean_token_mean(loss_NT: torch.Tensor, mask_NT: torch.Tensor, *, total_tokens: float,
+                         total_sequences: int, length_norm: float | None = None) -> torch.Tensor:
+    _check_total_sequences(mask_NT, total_sequences, "aggregate_loss(seq_mean_token_mean)")
+    count_N = mask_NT.sum(dim=1)
+    # A row without loss tokens has a zero sum; dividing it by 1 makes it contribute 0, not NaN.
+    row_mean_N = _masked_row_sums(loss_NT, mask_NT) / torch.where(count_N == 0, torch.ones_like(count_N), count_N)
+    return row_mean_N.sum() / total_sequences
+
+
+def _seq_mean_token_sum_norm(loss_NT: torch.Tensor, mask_NT: torch.Tensor, *, total_tokens: float,
+                             total_sequences: int, length_norm: float | None = None) -> torch.Tensor:
+    if length_norm is None or not length_norm > 0:
+        raise UserError(f"aggregate_loss(seq_mean_token_sum_norm): length_norm must be a constant > 0 "
+                        f"(e.g. max_new_tokens), got {length_norm}")
+    _check_total_sequences(mask_NT, total_sequences, "aggregate_loss(seq_mean_token_sum_norm)")
+    return _masked_row_sums(loss_NT, mask_NT).sum() / length_norm / total_sequences
+
+
+LOSS_AGGREGATIONS: dict[str, AggregationFn] = {
+    "token_mean": _token_mean,
+    "seq_mean_token_mean": _seq_mean_token_mean,
+    "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
+}
+
+
+def aggregate_loss(loss_NT: torch.Tensor, mask_NT: torch.Tensor, mode: str, *, total_tokens: float,
+                   total_sequences: int, length_norm: float | None = None) -> torch.Tensor:
+    """Reduce a per-token loss [N, T] to the scalar to back-propagate, one of `LOSS_AGGREGATIONS`:
+
+    - `token_mean`: sum(loss * mask) / total_tokens. Every token weighs the same, so long answers weigh
+      more (DAPO's token-level loss, arXiv 2503.14476).
+    - `seq_mean_token_mean`: sum over rows of [sum_t loss * mask / sum_t mask] / total_sequences. Every
+      sequence weighs the same (the original GRPO, arXiv 2402.03300); a row without loss tokens adds 0.
+    - `seq_mean_token_sum_norm`: sum of all loss * mask / length_norm / total_sequences, with length_norm a
+      constant (e.g. max_new_tokens). Dr. GRPO (arXiv 2503.20783): dividing each sequence by its own
+      length biases the update by response length; a constant does not.
+
+    `total_tokens` and `total_sequences` count the FULL batch, so the results (and gradients) of its
+    micro-batches sum to the full-batch value. Only the mode's own knobs are checked: total_tokens > 0
+    for token_mean, total_sequences >= 1 for the seq modes (ExperimentError), length_norm > 0 for
+    seq_mean_token_sum_norm (UserError). An unknown mode raises UserError.
+    """
+    if mode not in LOSS_AGGREGATIONS:
+        raise UserError(f"unknown loss aggregation '{mode}' (known: {', '.join(sorted(LOSS_AGGREGATIONS))})")
+    if loss_NT.shape != mask_NT.shape or loss_NT.ndim != 2:
+        raise ExperimentError(f"aggregate_loss: loss {tuple(loss_NT.shape)} and mask {tuple(mask_NT.shape)} "
+                              f"must have the same [N, T] shape")
+    return LOSS_AGGREGATIONS[mode](loss_NT, mask_NT, total_tokens=total_tokens, total_sequences=total_sequences,
+                                   length_norm=length_norm)
 
 
 def kl_penalty_loss(logp_NT: torch.Tensor, ref_NT: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

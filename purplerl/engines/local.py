@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from purplerl.algorithms.logprobs import entropy_from_logits, selective_log_softmax
-from purplerl.algorithms.losses import LOSSES, aggregate_token_mean, kl_penalty_loss
+from purplerl.algorithms.losses import LOSSES, aggregate_loss, kl_penalty_loss
+from purplerl.algorithms.noiser import token_noiser_loss
 from purplerl.config import ModelConfig
 from purplerl.engines.loading import load_causal_lm, load_tokenizer, resolve_device, stop_token_ids
 from purplerl.errors import ExperimentError, UserError
@@ -23,6 +24,7 @@ from purplerl.types import AdamParams, Completion, LossSpec, SamplingParams, Tra
 
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
+TOKEN_NOISER = "token_noiser"  # the one loss that needs full-vocabulary logits
 
 
 def _lora_targets(spec: str) -> str | list[str]:
@@ -163,11 +165,15 @@ class LocalEngine:
 
     # ----- scoring ----------------------------------------------------------------------------------
 
-    def _token_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
-                        temperature: float, with_entropy: bool = False):
+    def _logits(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [N, T-1, V]: position t predicts token t+1."""
         with self._autocast():
             logits_NTV = self.model(input_ids=input_ids_NT, attention_mask=attention_mask_NT).logits
-        logits_NTV = logits_NTV[:, :-1].float()
+        return logits_NTV[:, :-1].float()
+
+    def _token_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
+                        temperature: float, with_entropy: bool = False):
+        logits_NTV = self._logits(input_ids_NT, attention_mask_NT)
         logp_NT = F.pad(selective_log_softmax(logits_NTV, input_ids_NT[:, 1:], temperature=temperature), (1, 0))
         if not with_entropy:
             return logp_NT, None
@@ -195,14 +201,15 @@ class LocalEngine:
     # ----- training ---------------------------------------------------------------------------------
 
     def forward_backward(self, batch: TrainBatch, loss: LossSpec) -> dict[str, float]:
-        if loss.name not in LOSSES:
-            raise UserError(f"unknown loss '{loss.name}' (choose from {', '.join(LOSSES)})")
+        if loss.name not in LOSSES and loss.name != TOKEN_NOISER:
+            raise UserError(f"unknown loss '{loss.name}' (choose from {', '.join([*LOSSES, TOKEN_NOISER])})")
         if loss.kl_beta > 0 and batch.ref_logprobs_NT is None:
             raise ExperimentError("LossSpec.kl_beta > 0 but the TrainBatch has no ref_logprobs_NT")
         normalizer = batch.num_loss_tokens
         if batch.num_sequences == 0 or normalizer == 0:
             raise ExperimentError("forward_backward got an empty batch (no completion tokens to train on)")
         self.model.train()
+        noise = torch.Generator(device=self.device).manual_seed(loss.noise_seed)
         totals: dict[str, float] = {}
         for start in range(0, batch.num_sequences, loss.micro_batch_size):
             sl = slice(start, start + loss.micro_batch_size)
@@ -210,13 +217,11 @@ class LocalEngine:
             part = {name: t[sl, :width].to(self.device) for name, t in (
                 ("ids", batch.input_ids_NT), ("attn", batch.attention_mask_NT), ("mask", batch.loss_mask_NT),
                 ("old", batch.sampling_logprobs_NT), ("adv", batch.advantages_NT))}
-            logp_NT, _ = self._token_logprobs(part["ids"], part["attn"], loss.temperature)
-            loss_NT, metrics = LOSSES[loss.name](logp_NT, part["old"], part["adv"], part["mask"],
-                                                 clip_low=loss.clip_low, clip_high=loss.clip_high)
-            if loss.kl_beta > 0:
-                ref_NT = batch.ref_logprobs_NT[sl, :width].to(self.device)
-                loss_NT = loss_NT + loss.kl_beta * kl_penalty_loss(logp_NT, ref_NT, loss.kl_estimator)
-            total = aggregate_token_mean(loss_NT, part["mask"], normalizer)
+            if batch.ref_logprobs_NT is not None:
+                part["ref"] = batch.ref_logprobs_NT[sl, :width].to(self.device)
+            loss_NT, metrics = self._micro_batch_loss(part, loss, noise)
+            total = aggregate_loss(loss_NT, part["mask"], loss.aggregation, total_tokens=normalizer,
+                                   total_sequences=batch.num_sequences, length_norm=loss.length_norm)
             if not torch.isfinite(total):
                 raise ExperimentError(f"non-finite loss in micro-batch starting at sequence {start}")
             total.backward()
@@ -226,6 +231,23 @@ class LocalEngine:
                 totals[key] = totals.get(key, 0.0) + weight * float(value)
         totals["tokens"] = float(normalizer)
         return totals
+
+    def _micro_batch_loss(self, part: dict[str, torch.Tensor], loss: LossSpec, noise: torch.Generator):
+        """Per-token loss [n, T] of one micro-batch (aligned to targets), with its metrics."""
+        logits_NTV = self._logits(part["ids"], part["attn"])
+        if loss.name == TOKEN_NOISER:
+            # a supervised step on the batch's own tokens; needs the full distribution, not just gathered logprobs
+            loss_nt, metrics = token_noiser_loss(logits_NTV, part["ids"][:, 1:], part["mask"][:, 1:],
+                                                 epsilon=loss.epsilon, generator=noise, temperature=loss.temperature)
+            return F.pad(loss_nt, (1, 0)), metrics
+        logp_NT = F.pad(selective_log_softmax(logits_NTV, part["ids"][:, 1:], temperature=loss.temperature), (1, 0))
+        loss_NT, metrics = LOSSES[loss.name](logp_NT, part["old"], part["adv"], part["mask"],
+                                             clip_low=loss.clip_low, clip_high=loss.clip_high)
+        if loss.kl_beta > 0:
+            kl_NT = kl_penalty_loss(logp_NT, part["ref"], loss.kl_estimator)
+            loss_NT = loss_NT + loss.kl_beta * kl_NT
+            metrics = {**metrics, "kl_loss": float((kl_NT.detach() * part["mask"]).sum() / part["mask"].sum().clamp(min=1))}
+        return loss_NT, metrics
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
         for group in self.optimizer.param_groups:

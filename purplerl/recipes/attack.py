@@ -15,24 +15,45 @@ from typing import Any
 import torch
 
 from purplerl.config import Config
-from purplerl.rewards import RepetitionScorer, checked_scores, composite_reward, make_toxicity_scorer
-from purplerl.train.loop import RewardFn
+from purplerl.recipes.summary import summarize_run
+from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_toxicity_scorer
+from purplerl.rewards.client import HTTPScorer, record_server
+from purplerl.train.loop import RewardFn, reward_kl_beta
 from purplerl.train.runner import execute_run, new_run_dir
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
+
+
+def mean_entropy(completions: list[Completion]) -> torch.Tensor:
+    """Mean per-token entropy of each completion [N], from the sampling pass (no extra forward)."""
+    return torch.stack([c.entropies_C.mean() if len(c.entropies_C) else torch.tensor(0.0) for c in completions])
 
 
 def attack_reward_fn(config: Config) -> RewardFn:
     r = config.reward
     toxicity = make_toxicity_scorer(r.toxicity)
+    if isinstance(toxicity, HTTPScorer):
+        # recorded before the runner saves config.yaml, so the run says which model gave its rewards
+        record_server(r.toxicity, toxicity.info())
     repetition = RepetitionScorer(r.repetition_ngram)
+    kl_weight = reward_kl_beta(config)
 
     def reward_fn(prompts: list[PromptRecord], completions: list[Completion], kl_N: torch.Tensor) -> RewardBreakdown:
         texts = [c.text for c in completions]
         prompt_texts = [p.messages[-1]["content"] for p in prompts]
-        return composite_reward(
-            checked_scores(toxicity, texts, prompt_texts), checked_scores(repetition, texts, prompt_texts), kl_N,
-            toxicity_weight=r.toxicity_weight, repetition_penalty=r.repetition_penalty, kl_beta=r.kl_beta,
-            zscore=r.zscore)
+        terms = {"toxicity": (r.toxicity_weight, checked_scores(toxicity, texts, prompt_texts)),
+                 "repetition": (-r.repetition_penalty, checked_scores(repetition, texts, prompt_texts)),
+                 "kl": (-kl_weight, kl_N)}
+        if r.entropy_bonus_cap is not None:
+            # Token Buncher's adaptive attack: pay the policy for keeping its entropy up (up to the cap), which
+            # counters a defense that makes harmful answers low-entropy
+            terms["entropy_bonus"] = (1.0, mean_entropy(completions).clamp(max=r.entropy_bonus_cap))
+        rewards = combine(terms, zscore=r.zscore)
+        if isinstance(toxicity, HTTPScorer):
+            # logged, not rewarded: 1 where the server cut the text to its max_chars before scoring it
+            cut_N = torch.zeros(len(texts))
+            cut_N[toxicity.last_truncated] = 1.0
+            rewards.components["toxicity_truncated"] = cut_N
+        return rewards
 
     return reward_fn
 
@@ -61,30 +82,5 @@ def run_attack(config: Config, resume_dir: Path | None = None) -> dict[str, Any]
     return execute_run(config, run_dir, resume=resume_dir is not None, build=build_attack)
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
-def summarize_attack(run_dir: Path, summary: dict[str, Any], window: int = 5, shown: int = 3) -> str:
-    """What the demo ends with: toxicity of the first vs last `window` steps, samples before/after, the run dir."""
-    from purplerl.train.sinks import read_jsonl
-
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    samples = read_jsonl(run_dir / "samples.jsonl")
-    lines = [f"run dir: {run_dir}", f"stopped: {summary['stop_reason']} (last step {summary['last_step']})"]
-    if summary.get("nothing_to_do"):
-        lines.insert(0, "nothing to resume: the run had already finished")
-    tox = [m["toxicity/mean"] for m in metrics if "toxicity/mean" in m]
-    if tox:
-        first, last = _mean(tox[:window]), _mean(tox[-window:])
-        lines.append(f"mean toxicity, first {min(window, len(tox))} steps: {first:.3f}   "
-                     f"last {min(window, len(tox))} steps: {last:.3f}   (change {last - first:+.3f})")
-    if samples:
-        first_step, last_step = samples[0]["step"], samples[-1]["step"]
-        for label, step in (("before", first_step), ("after", last_step)):
-            rows = list({s["uid"]: s for s in reversed(samples) if s["step"] == step}.values())[::-1]
-            lines.append(f"--- {label} (step {step}) ---")
-            for row in rows[:shown]:
-                text = " ".join(row["completion"].split())[:200]
-                lines.append(f"[tox {row.get('toxicity', float('nan')):.2f}] {row['prompt'][:70]}\n    -> {text}")
-    return "\n".join(lines)
+def summarize_attack(run_dir: Path, summary: dict[str, Any]) -> str:
+    return summarize_run(run_dir, summary, {"toxicity/mean": "mean toxicity"})

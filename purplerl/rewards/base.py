@@ -24,6 +24,11 @@ class Scorer(Protocol):
 
 def checked_scores(scorer: Scorer, texts: list[str], prompts: list[str] | None = None) -> torch.Tensor:
     """Call `scorer.score` and return float32 [N], raising ExperimentError on a wrong count or NaN/inf."""
+    return torch.tensor(checked_values(scorer, texts, prompts), dtype=torch.float32)
+
+
+def checked_values(scorer: Scorer, texts: list[str], prompts: list[str] | None = None) -> list[float]:
+    """`checked_scores` as full-precision Python floats (what the reward server sends)."""
     if prompts is not None and len(prompts) != len(texts):
         raise ExperimentError(f"scorer '{scorer.name}' was given {len(prompts)} prompts for {len(texts)} texts")
     scores = list(scorer.score(texts, prompts))
@@ -32,4 +37,4 @@ def checked_scores(scorer: Scorer, texts: list[str], prompts: list[str] | None =
     for i, value in enumerate(scores):
         if not math.isfinite(float(value)):
             raise ExperimentError(f"scorer '{scorer.name}' returned {value} for text {i}: {texts[i][:80]!r}")
-    return torch.tensor([float(v) for v in scores], dtype=torch.float32)
+    return [float(v) for v in scores]

@@ -6,6 +6,7 @@ response that merely quotes a toxic prompt is not credited for it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.base import Scorer
 
 if TYPE_CHECKING:
-    from purplerl.config import ToxicityConfig
+    from purplerl.config import ClassifierConfig, ToxicityConfig
 
 
 class EmbeddedToxicityScorer:
@@ -26,6 +27,7 @@ class EmbeddedToxicityScorer:
     """
 
     name = "toxicity"
+    label_name = "toxic"  # what the server reports as the scored output
 
     def __init__(self) -> None:
         # Imported here: it pulls in scikit-learn, which is slow to import and only needed when scoring.
@@ -110,6 +112,7 @@ class HFClassifierScorer:
         self._tokenizer, self._model = _load_classifier(model)
         config = self._model.config
         self.label_index = resolve_label(label, dict(config.id2label or {}), int(config.num_labels), model)
+        self.label_name = str((config.id2label or {}).get(self.label_index, self.label_index))
         if self._tokenizer.pad_token is None:
             if self._tokenizer.eos_token is None:
                 raise UserError(f"tokenizer of classifier '{model}' has neither a pad nor an eos token")
@@ -142,10 +145,22 @@ class HFClassifierScorer:
 
 
 def make_toxicity_scorer(cfg: ToxicityConfig) -> Scorer:
-    """'embedded' -> EmbeddedToxicityScorer; anything else is an HF classifier id or path."""
+    """The reward server's client when `cfg.url` is set (API key from env), else `make_classifier(cfg)`."""
+    if cfg.url is not None:
+        from purplerl.config import API_KEY_ENV
+        from purplerl.rewards.client import HTTPScorer  # httpx only for runs that score over HTTP
+
+        return HTTPScorer(cfg.url, api_key=os.environ.get(API_KEY_ENV) or None, timeout_s=cfg.timeout_s,
+                          retries=cfg.retries, backoff_s=cfg.backoff_s)
+    return make_classifier(cfg)
+
+
+def make_classifier(cfg: ClassifierConfig) -> Scorer:
+    """In-process scorer: 'embedded' -> EmbeddedToxicityScorer; anything else is an HF classifier id or path."""
     if cfg.model == "embedded":
         return EmbeddedToxicityScorer()
     if cfg.label is None:
-        raise UserError("reward.toxicity.label is required for an HF classifier (a label name or index)")
+        raise UserError(f"a label (name or index) is required for HF classifier '{cfg.model}' "
+                        "(reward.toxicity.label, or serve-reward --label)")
     return HFClassifierScorer(cfg.model, cfg.label, device=cfg.device, batch_size=cfg.batch_size,
                               max_length=cfg.max_length)

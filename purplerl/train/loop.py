@@ -14,17 +14,17 @@ from typing import Any, Protocol
 
 import torch
 
-from purplerl.algorithms.advantages import ADVANTAGES
-from purplerl.algorithms.kl import sequence_kl
-from purplerl.config import Config
+from purplerl.algorithms.advantages import compute_advantages
+from purplerl.algorithms.kl import get_kl_estimator, sequence_kl
+from purplerl.config import Config, TrainingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.base import Engine
 from purplerl.errors import ExperimentError
-from purplerl.train.batch import build_train_batch, sequence_tensors
+from purplerl.train.batch import sequence_tensors
 from purplerl.train.checkpoint import save_checkpoint
 from purplerl.train.progress import StepProgress
 from purplerl.train.sinks import JsonlSink
-from purplerl.types import AdamParams, Completion, LossSpec, PromptRecord, RewardBreakdown, SamplingParams
+from purplerl.types import AdamParams, Completion, LossSpec, PromptRecord, RewardBreakdown, SamplingParams, TrainBatch
 
 
 class RewardFn(Protocol):
@@ -51,6 +51,63 @@ def _sampling_seed(seed: int, step: int) -> int:
 def _check_finite(name: str, step: int, values: torch.Tensor) -> None:
     if not torch.isfinite(values).all():
         raise ExperimentError(f"step {step}: non-finite values in {name}")
+
+
+def reward_kl_beta(config: Config) -> float:
+    """Weight of the sequence KL inside the scalar reward: zero when the KL goes into the loss, or into
+    REINFORCE++'s per-token rewards instead (never counted twice)."""
+    r = config.reward
+    return r.kl_beta if r.kl_in == "reward" and config.training.advantage != "reinforce_pp" else 0.0
+
+
+def is_noiser_step(step: int, t: TrainingConfig) -> bool:
+    """After `noiser_warmup` RL steps, every `noiser_every`-th step is a Token Noiser step."""
+    return t.noiser and step > t.noiser_warmup and (step - t.noiser_warmup) % t.noiser_every == 0
+
+
+def _adam(t: TrainingConfig) -> AdamParams:
+    return AdamParams(lr=t.lr, beta1=t.adam_beta1, beta2=t.adam_beta2, eps=t.adam_eps,
+                      weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm)
+
+
+def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for row in rows for k in row}
+    return {k: sum(row[k] for row in rows if k in row) / sum(k in row for row in rows) for k in keys}
+
+
+def rl_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
+    """ppo_epochs passes over the rollout batch, each split into mini_batches optimizer steps.
+
+    The sampling logprobs stay the importance-sampling denominator for every pass: they are the behaviour
+    policy's, which is what the ratio must correct for after the first update."""
+    t, s = config.training, config.sampling
+    n = batch.num_sequences
+    if t.mini_batches > n:
+        raise ExperimentError(f"step {step}: training.mini_batches={t.mini_batches} exceeds the {n} sequences")
+    spec = LossSpec(name=t.loss, clip_low=t.clip_low, clip_high=t.clip_high, temperature=s.temperature,
+                    kl_beta=config.reward.kl_beta if config.reward.kl_in == "loss" else 0.0,
+                    kl_estimator=config.reward.kl_estimator, micro_batch_size=t.micro_batch_size,
+                    aggregation=t.loss_agg, length_norm=float(s.max_new_tokens))
+    rows: list[dict[str, float]] = []
+    for epoch in range(t.ppo_epochs):
+        order = torch.arange(n)
+        if t.mini_batches > 1 or t.ppo_epochs > 1:
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(_sampling_seed(t.seed, step) + epoch))
+        for rows_idx in torch.tensor_split(order, t.mini_batches):
+            metrics = engine.forward_backward(batch.select(rows_idx), spec)
+            rows.append({**metrics, **engine.optim_step(_adam(t))})
+    return {**_mean_metrics(rows), "updates": float(len(rows))}
+
+
+def noiser_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
+    """One Token Noiser step (Token Buncher, arXiv 2508.20697) on the given responses."""
+    t = config.training
+    if batch.num_sequences == 0:
+        raise ExperimentError(f"step {step}: Token Noiser step has no responses with advantage >= 0")
+    spec = LossSpec(name="token_noiser", temperature=config.sampling.temperature, epsilon=t.noiser_epsilon,
+                    noise_seed=_sampling_seed(t.seed, step), micro_batch_size=t.micro_batch_size)
+    metrics = engine.forward_backward(batch, spec)
+    return {**metrics, **engine.optim_step(_adam(t)), "noiser_step": 1.0, "noiser_sequences": batch.num_sequences}
 
 
 def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -88,23 +145,27 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
             raise ExperimentError(f"step {step}: reward component '{name}' has shape {tuple(values.shape)}")
     t_score = time.perf_counter()
 
-    # advantages, per group of G
-    advantages_BG, adv_metrics = ADVANTAGES["grpo"](rewards.total_N.view(len(records), G),
-                                                   scale_by_std=t.advantage_std)
-    advantages_N = advantages_BG.reshape(-1)
+    # advantages: per group of G, or per token for REINFORCE++ (whose KL enters the token rewards)
+    mask_NT = tensors["loss_mask_NT"]
+    token_kl = t.advantage == "reinforce_pp" and config.reward.kl_in == "reward"
+    kl_NT = get_kl_estimator(config.reward.kl_estimator)(tensors["sampling_logprobs_NT"], ref_NT) * mask_NT
+    advantages_NT, adv_metrics = compute_advantages(
+        t.advantage, rewards.total_N.view(len(records), G), mask_NT, kl_NT=kl_NT if token_kl else None,
+        kl_beta=config.reward.kl_beta if token_kl else 0.0, scale_by_std=t.advantage_std)
+    advantages_N = (advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)
 
-    # train
-    batch = build_train_batch(tensors, advantages_N)
-    loss_metrics = parts.engine.forward_backward(batch, LossSpec(
-        name=t.loss, clip_low=t.clip_low, clip_high=t.clip_high, temperature=s.temperature,
-        micro_batch_size=t.micro_batch_size))
-    opt_metrics = parts.engine.optim_step(AdamParams(
-        lr=t.lr, beta1=t.adam_beta1, beta2=t.adam_beta2, eps=t.adam_eps, weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm))
-    _check_finite("loss", step, torch.tensor([loss_metrics["loss"], opt_metrics["grad_norm"]]))
+    # train: RL updates, or on a Token Noiser step one supervised update on the responses with advantage >= 0
+    batch = TrainBatch(advantages_NT=advantages_NT,
+                       ref_logprobs_NT=ref_NT if config.reward.kl_in == "loss" else None, **tensors)
+    if is_noiser_step(step, t):
+        train_metrics = noiser_update(parts.engine, batch.select(torch.nonzero(advantages_N >= 0).squeeze(-1)),
+                                      config, step)
+    else:
+        train_metrics = rl_update(parts.engine, batch, config, step)
+    _check_finite("loss", step, torch.tensor([train_metrics["loss"], train_metrics["grad_norm"]]))
     t_train = time.perf_counter()
 
-    mask = tensors["loss_mask_NT"]
+    mask = mask_NT
     entropy_mean = float(sum(float(c.entropies_C.sum()) for c in completions) / mask.sum())
     metrics: dict[str, float] = {
         "reward/mean": float(rewards.total_N.mean()), "reward/std": float(rewards.total_N.std(unbiased=False)),
@@ -113,7 +174,7 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
         "completion/len_mean": float(mask.sum(-1).mean()),
         "completion/stop_frac": sum(c.finish_reason == "stop" for c in completions) / len(completions),
         **{f"adv/{k}": float(v) for k, v in adv_metrics.items()},
-        **{f"train/{k}": float(v) for k, v in {**loss_metrics, **opt_metrics}.items()},
+        **{f"train/{k}": float(v) for k, v in train_metrics.items()},
         "time/sample_s": t_sample - timer, "time/score_s": t_score - t_sample, "time/train_s": t_train - t_score,
     }
     samples = [{

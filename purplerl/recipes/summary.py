@@ -1,0 +1,43 @@
+"""What a finished run prints: first vs last steps of the watched metrics, samples before/after, the run dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from purplerl.train.checkpoint import latest_checkpoint
+from purplerl.train.sinks import read_jsonl
+
+SHOWN_SCORES = ("toxicity", "response_entropy", "entropy_bonus")  # sample-row fields printed when present
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def summarize_run(run_dir: Path, summary: dict[str, Any], watched: dict[str, str], window: int = 5,
+                  shown: int = 3) -> str:
+    """`watched` maps a metrics.jsonl key to its label, e.g. {"toxicity/mean": "mean toxicity"}."""
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    lines = [f"run dir: {run_dir}", f"stopped: {summary['stop_reason']} (last step {summary['last_step']})"]
+    if summary.get("nothing_to_do"):
+        lines.insert(0, "nothing to resume: the run had already finished")
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is not None:
+        lines.append(f"adapter: {checkpoint}")
+    for key, label in watched.items():
+        values = [m[key] for m in metrics if key in m]
+        if values:
+            first, last, k = _mean(values[:window]), _mean(values[-window:]), min(window, len(values))
+            lines.append(f"{label}, first {k} steps: {first:.3f}   last {k} steps: {last:.3f}   "
+                         f"(change {last - first:+.3f})")
+    if samples:
+        for label, step in (("before", samples[0]["step"]), ("after", samples[-1]["step"])):
+            rows = list({s["uid"]: s for s in reversed(samples) if s["step"] == step}.values())[::-1]
+            lines.append(f"--- {label} (step {step}) ---")
+            for row in rows[:shown]:
+                text = " ".join(row["completion"].split())[:200]
+                scores = "  ".join(f"{k} {row[k]:.2f}" for k in SHOWN_SCORES if k in row)
+                lines.append(f"[{scores}] {row['prompt'][:70]}\n    -> {text}")
+    return "\n".join(lines)

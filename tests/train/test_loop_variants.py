@@ -1,0 +1,101 @@
+"""The loop with each advantage estimator, KL placement, PPO epochs/minibatches and Token Noiser steps."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from purplerl.config import Config, LoggingConfig, ModelConfig, RewardConfig, RunConfig, SamplingConfig, TrainingConfig
+from purplerl.data import PromptSampler
+from purplerl.engines.local import LocalEngine
+from purplerl.errors import ExperimentError
+from purplerl.prompting import render_prompt
+from purplerl.rewards import combine
+from purplerl.train.loop import LoopParts, is_noiser_step, reward_kl_beta, run_loop
+from purplerl.train.sinks import read_jsonl
+from purplerl.types import PromptRecord
+
+RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i}")
+           for i, text in enumerate(["hello world", "tell me a joke", "roast my friend", "say goodbye"])]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _config(model_dir: Path, steps: int = 2, reward: dict | None = None, **training: object) -> Config:
+    return Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4),
+                  sampling=SamplingConfig(group_size=2, max_new_tokens=5),
+                  training=TrainingConfig(steps=steps, batch_size=2, lr=1e-2, micro_batch_size=4, **training),
+                  reward=RewardConfig(**(reward or {})),
+                  run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
+
+
+def _reward_fn(config: Config):
+    def reward_fn(prompts, completions, kl_N):
+        # any reward that differs within a group: a pseudo-random function of the sampled tokens
+        score = torch.tensor([float(sum(c.tokens) % 11) / 11 for c in completions])
+        return combine({"score": (1.0, score), "kl": (-reward_kl_beta(config), kl_N)})
+    return reward_fn
+
+
+def _run(config: Config, tmp_path: Path) -> list[dict]:
+    engine = LocalEngine(config.model, seed=config.training.seed)
+    render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
+    parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, _reward_fn(config), lambda m: None)
+    run_loop(config, parts, tmp_path)
+    return read_jsonl(tmp_path / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
+def test_each_advantage_estimator_trains(tiny_model_dir: Path, tmp_path: Path, advantage: str) -> None:
+    agg = "seq_mean_token_sum_norm" if advantage == "dr_grpo" else "token_mean"
+    metrics = _run(_config(tiny_model_dir, advantage=advantage, loss_agg=agg), tmp_path)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["train/grad_norm"] > 0 for m in metrics)
+
+
+def test_kl_in_loss_reports_the_loss_term_and_drops_it_from_the_reward(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = _config(tiny_model_dir, steps=2, reward={"kl_in": "loss", "kl_beta": 0.5, "kl_estimator": "k3"})
+    assert reward_kl_beta(config) == 0.0
+    metrics = _run(config, tmp_path)
+    assert "train/kl_loss" in metrics[0]
+    assert metrics[0]["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # step 1: policy == base
+
+
+def test_reinforce_pp_takes_kl_per_token_not_in_the_scalar_reward(tiny_model_dir: Path) -> None:
+    assert reward_kl_beta(_config(tiny_model_dir, advantage="reinforce_pp")) == 0.0
+    assert reward_kl_beta(_config(tiny_model_dir, advantage="grpo")) == 0.1
+
+
+def test_ppo_epochs_and_minibatches_count_optimizer_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
+    metrics = _run(_config(tiny_model_dir, steps=1, loss="ppo_clip", ppo_epochs=2, mini_batches=2), tmp_path)
+    assert metrics[0]["train/updates"] == 4.0
+    assert "train/clip_frac" in metrics[0]
+
+
+def test_too_many_minibatches_is_an_experiment_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ExperimentError, match="mini_batches=5 exceeds the 4 sequences"):
+        _run(_config(tiny_model_dir, steps=1, mini_batches=5), tmp_path)
+
+
+def test_noiser_schedule() -> None:
+    t = TrainingConfig(noiser=True, noiser_warmup=3, noiser_every=2)
+    assert [s for s in range(1, 10) if is_noiser_step(s, t)] == [5, 7, 9]
+    assert not any(is_noiser_step(s, TrainingConfig(noiser=False)) for s in range(1, 50))
+
+
+def test_noiser_steps_run_supervised_updates(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = _config(tiny_model_dir, steps=4, noiser=True, noiser_warmup=1, noiser_every=2)
+    metrics = _run(config, tmp_path)
+    assert [m.get("train/noiser_step", 0.0) for m in metrics] == [0.0, 0.0, 1.0, 0.0]
+    noiser = metrics[2]
+    assert 1 <= noiser["train/noiser_sequences"] <= 4  # responses with advantage >= 0
+    assert noiser["train/noiser_nll"] > 0 and noiser["train/noiser_noise_ce"] > noiser["train/noiser_nll"]
