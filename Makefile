@@ -5,7 +5,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DEMO_CONFIG ?= examples/configs/demo.yaml
 
-.PHONY: setup demo test test-slow lint clean-cache
+.PHONY: setup demo test test-slow lint clean-cache bench-reward
 
 setup: $(STAMP)
 
@@ -36,3 +36,7 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# reward server requests/s and p50/p99 latency at concurrency 1, 8, 64 (bench/results/reward-DATE-HOST.json)
+bench-reward: $(STAMP)
+	$(PY) bench/bench_reward.py

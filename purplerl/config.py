@@ -136,6 +136,13 @@ class RewardServerConfig(ClassifierConfig):
     batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="micro-batching: how long to wait for more requests when a batch is not full")
     max_pending: int = Field(4096, ge=1, description="requests waiting for the scorer before new ones get HTTP 503 (busy)")
 
+    @field_validator("api_key")
+    @classmethod
+    def _check_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and not key.get_secret_value().strip():
+            raise ValueError("an empty API key would let anyone in; leave it unset instead")
+        return key
+
 
 class RewardConfig(Section):
     toxicity: ToxicityConfig = Field(default_factory=ToxicityConfig, description="the harm/toxicity scorer")
@@ -240,7 +247,7 @@ def build_server_config(values: dict[str, Any], name_of: Callable[[str], str] = 
         first = err.errors()[0]
         where = name_of(str(first["loc"][0])) if first["loc"] else "reward server settings"
         shown = f" (got {first['input']!r})" if first["loc"] and first["loc"][0] != "api_key" else ""
-        raise UserError(f"{where}: {first['msg']}{shown}") from None
+        raise UserError(f"{where}: {first['msg'].removeprefix('Value error, ')}{shown}") from None
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -246,7 +246,8 @@ class LocalEngine:
         if loss.kl_beta > 0:
             kl_NT = kl_penalty_loss(logp_NT, part["ref"], loss.kl_estimator)
             loss_NT = loss_NT + loss.kl_beta * kl_NT
-            metrics = {**metrics, "kl_loss": float((kl_NT.detach() * part["mask"]).sum() / part["mask"].sum().clamp(min=1))}
+            kl_mean = (kl_NT.detach() * part["mask"]).sum() / part["mask"].sum().clamp(min=1)
+            metrics = {**metrics, "kl_loss": float(kl_mean)}
         return loss_NT, metrics
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:

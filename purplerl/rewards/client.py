@@ -108,6 +108,9 @@ class HTTPScorer:
             except httpx.TransportError as err:  # refused, reset, timed out: the server may be restarting
                 last_error = f"{type(err).__name__}: {_first_line(str(err)) or 'no detail'}"
                 continue
+            except httpx.HTTPError as err:  # e.g. a body that cannot be decoded: retrying will not help
+                raise ExperimentError(f"reward server {self.url}{path}: {type(err).__name__}: "
+                                      f"{_first_line(str(err))}") from None
             if response.status_code >= 500:
                 last_error = f"HTTP {response.status_code}: {_detail(response)}"
                 continue

@@ -160,7 +160,7 @@ def make_classifier(cfg: ClassifierConfig) -> Scorer:
     if cfg.model == "embedded":
         return EmbeddedToxicityScorer()
     if cfg.label is None:
-        raise UserError(f"a label (name or index) is required for HF classifier '{cfg.model}' "
+        raise UserError(f"a label is required for HF classifier '{cfg.model}': its output name or index "
                         "(reward.toxicity.label, or serve-reward --label)")
     return HFClassifierScorer(cfg.model, cfg.label, device=cfg.device, batch_size=cfg.batch_size,
                               max_length=cfg.max_length)

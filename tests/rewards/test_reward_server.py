@@ -33,7 +33,7 @@ class ThreadServer:
     """uvicorn serving `app` in a daemon thread on a free 127.0.0.1 port (bound here, so no race)."""
 
     def __init__(self, app: FastAPI) -> None:
-        sock = socket.socket()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY, see _bind
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
@@ -295,6 +295,9 @@ def test_settings_from_env() -> None:
     assert settings.max_texts == 7 and settings.label == "1" and settings.api_key.get_secret_value() == KEY
     with pytest.raises(UserError, match="PURPLERL_REWARD_MAX_CHARS"):
         settings_from_env({"PURPLERL_REWARD_MAX_CHARS": "zero"})
+    assert settings_from_env({"PURPLERL_REWARD_API_KEY": ""}).api_key is None  # empty means unset
+    with pytest.raises(ValueError, match="empty API key"):
+        RewardServerConfig(api_key=" ")
 
 
 def test_module_app_is_built_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
