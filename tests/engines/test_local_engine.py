@@ -24,13 +24,7 @@ PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
 PAD = 2  # the tiny tokenizer's pad == eos == <|im_end|>
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a shared 2-core machine the tiny model runs ~10x faster than oversubscribed."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _engine(model_dir: Path, seed: int = 0) -> LocalEngine:

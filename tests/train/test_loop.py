@@ -27,13 +27,7 @@ RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), category=
 B, G = 2, 2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a shared 2-core machine the tiny model runs ~10x faster than oversubscribed."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _config(model_dir: Path, steps: int = 3, **training: object) -> Config:

@@ -22,12 +22,7 @@ RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i
            for i, text in enumerate(["hello world", "tell me a joke", "roast my friend", "say goodbye"])]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _config(model_dir: Path, steps: int = 2, reward: dict | None = None, **training: object) -> Config:
