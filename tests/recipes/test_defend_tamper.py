@@ -67,7 +67,10 @@ def test_tamper_summary_verdict() -> None:
     result = {"threshold": 0.5, "adapter": "a", "runs": {"base": run, "defended": {
         **run, "final_harm": 0.1, "auc": 0.1, "steps_to_threshold": None}}}
     text = tamper_summary(result)
-    assert "the defense held" in text and "never" in text
+    assert "the defense held" in text and "never" in text and "cost utility" not in text
+    result["runs"]["defended"]["utility_before"] = 0.0
+    assert "the defense cost utility: 0.250 (base) -> 0.000 (defended)" in tamper_summary(result)
+    result["runs"]["defended"]["utility_before"] = 0.25
     json.dumps(result)
     result["runs"]["defended"]["auc"] = 0.6
     assert "did not hold" in tamper_summary(result)
