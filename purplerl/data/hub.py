@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from purplerl.data.sources import _first_line, _is_saved_dataset, _read_jsonl, _read_parquet
+from purplerl.data.sources import first_line, is_saved_dataset, load_saved_split, read_jsonl_rows, read_parquet_rows
 from purplerl.errors import UserError
 
 Rows = list[dict[str, Any]]
@@ -48,7 +48,7 @@ def _from_hub(spec: HubSpec, split: str) -> Rows:
         ds = datasets.load_dataset(spec.hub_id, spec.config, split=split)
     except (OSError, ValueError) as err:  # offline, unreachable, gated, unknown config or split
         raise UserError(f"cannot load '{spec.hub_id}' (config {spec.config}, split '{split}') from the hub: "
-                        f"{_first_line(err)}; pass --source PATH to use a local copy") from err
+                        f"{first_line(err)}; pass --source PATH to use a local copy") from err
     return ds.to_list()
 
 
@@ -58,7 +58,7 @@ def _from_local(spec: HubSpec, split: str, path: Path) -> Rows:
     if path.is_file():
         _require_single_split(spec, path)
         return _read_file(path)
-    if _is_saved_dataset(path):
+    if is_saved_dataset(path):
         return _from_saved(spec, split, path)
     files = _split_files(path, split)
     if not files:
@@ -68,19 +68,10 @@ def _from_local(spec: HubSpec, split: str, path: Path) -> Rows:
 
 
 def _from_saved(spec: HubSpec, split: str, path: Path) -> Rows:
-    import datasets
-
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot load saved dataset {path}: {_first_line(err)}") from err
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise UserError(f"saved dataset {path} has no split '{split}' (splits: {', '.join(ds)}); "
-                            f"{spec.hub_id} needs {', '.join(spec.splits)}")
-        return ds[split].to_list()
-    _require_single_split(spec, path)
-    return ds.to_list()
+    rows, split_done = load_saved_split(path, split, hint=f"; {spec.hub_id} needs {', '.join(spec.splits)}")
+    if not split_done:
+        _require_single_split(spec, path)
+    return rows
 
 
 def _require_single_split(spec: HubSpec, path: Path) -> None:
@@ -100,7 +91,7 @@ def _split_files(path: Path, split: str) -> list[Path]:
 
 def _read_file(path: Path) -> Rows:
     if path.suffix == ".parquet":
-        return _read_parquet(path)
+        return read_parquet_rows(path)
     if path.suffix == ".jsonl":
-        return _read_jsonl(path)
+        return read_jsonl_rows(path)
     raise UserError(f"unsupported source file {path}: use .parquet or .jsonl")

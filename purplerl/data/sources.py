@@ -69,7 +69,7 @@ def _read_source(cfg: DataConfig, split: str) -> _Rows:
         if name not in BUILTIN_SOURCES:
             raise UserError(f"unknown built-in data source '{source}' (available: "
                             + ", ".join(f"builtin:{n}" for n in BUILTIN_SOURCES) + ")")
-        rows = _read_jsonl(BUILTIN_DIR / f"{name}.jsonl")
+        rows = read_jsonl_rows(BUILTIN_DIR / f"{name}.jsonl")
         return _Rows(rows, name=source, where=source, split_done=False)
     if source.startswith("hf:"):
         return _read_hf(source.removeprefix("hf:"), cfg.hf_config, split)
@@ -86,15 +86,15 @@ def _read_source(cfg: DataConfig, split: str) -> _Rows:
 
 def _read_file(path: Path) -> _Rows:
     if path.suffix == ".jsonl":
-        rows = _read_jsonl(path)
+        rows = read_jsonl_rows(path)
     elif path.suffix == ".json":
         rows = _read_json(path)
     else:
-        rows = _read_parquet(path)
+        rows = read_parquet_rows(path)
     return _Rows(rows, name=path.name, where=str(path), split_done=False)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -125,37 +125,37 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
     return data
 
 
-def _read_parquet(path: Path) -> list[dict[str, Any]]:
+def read_parquet_rows(path: Path) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq  # deferred: pyarrow is only needed for parquet sources
 
     try:
         table = pq.read_table(path)
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        raise UserError(f"cannot read parquet file {path}: {_first_line(err)}") from err
+        raise UserError(f"cannot read parquet file {path}: {first_line(err)}") from err
     return table.to_pylist()
 
 
 def _read_dir(path: Path, split: str) -> _Rows:
-    if _is_saved_dataset(path):
+    if is_saved_dataset(path):
         return _read_saved_dataset(path, split)
     split_file = path / f"{split}.parquet"
     if split_file.is_file():
         # veRL writes one parquet file per split, so the file itself is the split.
-        return _Rows(_read_parquet(split_file), name=path.name, where=str(split_file), split_done=True)
+        return _Rows(read_parquet_rows(split_file), name=path.name, where=str(split_file), split_done=True)
     raise UserError(f"data directory {path} has no {split}.parquet and is not a dataset saved with save_to_disk")
 
 
-def _is_saved_dataset(path: Path) -> bool:
+def is_saved_dataset(path: Path) -> bool:
     # Markers written by Dataset.save_to_disk and DatasetDict.save_to_disk.
     return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
 
 def _read_hf(name: str, config: str | None, split: str) -> _Rows:
     path = Path(name).expanduser()
-    if name.startswith(("/", ".", "~")) or (path.is_dir() and _is_saved_dataset(path)):
+    if name.startswith(("/", ".", "~")) or (path.is_dir() and is_saved_dataset(path)):
         if not path.is_dir():
             raise UserError(f"HF dataset directory not found: {path}")
-        if not _is_saved_dataset(path):
+        if not is_saved_dataset(path):
             raise UserError(f"{path} is not a dataset saved with save_to_disk (no dataset_dict.json or state.json)")
         return _read_saved_dataset(path, split)
     import datasets  # deferred: importing datasets is slow and only hub sources need it
@@ -164,22 +164,29 @@ def _read_hf(name: str, config: str | None, split: str) -> _Rows:
         ds = datasets.load_dataset(name, config, split=split)
     except (OSError, ValueError) as err:  # not found, no network, unknown split or config
         raise UserError(f"cannot load HF dataset '{name}' (config {config}, split '{split}'): "
-                        f"{_first_line(err)}") from err
+                        f"{first_line(err)}") from err
     return _Rows(ds.to_list(), name=name, where=f"hf:{name}", split_done=True)
 
 
-def _read_saved_dataset(path: Path, split: str) -> _Rows:
+def load_saved_split(path: Path, split: str, hint: str = "") -> tuple[list[dict[str, Any]], bool]:
+    """Rows of a dataset saved with save_to_disk, and whether a split was chosen (a DatasetDict) rather than
+    the whole single-split Dataset returned. `hint` is appended to a missing-split error."""
     import datasets
 
     try:
         ds = datasets.load_from_disk(str(path))
     except (OSError, ValueError) as err:
-        raise UserError(f"cannot load saved dataset {path}: {_first_line(err)}") from err
+        raise UserError(f"cannot load saved dataset {path}: {first_line(err)}") from err
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
-            raise UserError(f"saved dataset {path} has no split '{split}' (splits: {', '.join(ds)})")
-        return _Rows(ds[split].to_list(), name=path.name, where=str(path), split_done=True)
-    return _Rows(ds.to_list(), name=path.name, where=str(path), split_done=False)
+            raise UserError(f"saved dataset {path} has no split '{split}' (splits: {', '.join(ds)}){hint}")
+        return ds[split].to_list(), True
+    return ds.to_list(), False
+
+
+def _read_saved_dataset(path: Path, split: str) -> _Rows:
+    rows, split_done = load_saved_split(path, split)
+    return _Rows(rows, name=path.name, where=str(path), split_done=split_done)
 
 
 # --------------------------------------------------------------------------------------------- pipeline
@@ -303,6 +310,6 @@ def _dedupe(records: list[PromptRecord]) -> list[PromptRecord]:
     return out
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__

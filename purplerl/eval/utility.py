@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.data.prepare import Template, math_prompt
-from purplerl.data.sources import _read_jsonl, _read_parquet
+from purplerl.data.sources import read_jsonl_rows, read_parquet_rows
 from purplerl.errors import ExperimentError, UserError
 from purplerl.types import PromptRecord
 
@@ -116,7 +116,7 @@ def _read_rows(source: str, split: str) -> tuple[list[dict[str, Any]], str, str]
         if name not in BUILTIN_SETS:
             raise UserError(f"unknown built-in utility set '{source}' (available: "
                             + ", ".join(f"builtin:{n}" for n in BUILTIN_SETS) + ")")
-        return _read_jsonl(BUILTIN_DIR / f"{name}.jsonl"), source, source
+        return read_jsonl_rows(BUILTIN_DIR / f"{name}.jsonl"), source, source
     path = Path(source).expanduser()
     if path.is_dir():
         for file in (path / f"{split}.parquet", path / f"{split}.jsonl"):
@@ -132,7 +132,7 @@ def _read_rows(source: str, split: str) -> tuple[list[dict[str, Any]], str, str]
 
 
 def _read_file(path: Path) -> list[dict[str, Any]]:
-    return _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
+    return read_jsonl_rows(path) if path.suffix == ".jsonl" else read_parquet_rows(path)
 
 
 def _to_item(row: dict[str, Any], index: int, where: str, name: str) -> dict[str, str]:
