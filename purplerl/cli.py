@@ -145,6 +145,15 @@ def tamper_test(
 
 @app.command()
 @reports_errors
+def report(run_dir: Annotated[Path, typer.Argument(help="a run dir with metrics.jsonl (and samples.jsonl)")]) -> None:
+    """Write RUN_DIR/report.html (curves, first-vs-last summary, samples) and RUN_DIR/plots/*.png."""
+    from purplerl.eval.report import training_report
+
+    typer.echo(f"wrote {training_report(run_dir)}")
+
+
+@app.command()
+@reports_errors
 def sample(
     prompt: Annotated[list[str], typer.Option(help="user message; repeat for several prompts")],
     checkpoint: Annotated[Path | None, typer.Option(help="checkpoint dir (a PEFT adapter) of a run")] = None,
@@ -168,6 +177,46 @@ def sample(
         for text in outs:
             typer.echo(text.strip() or "(empty)")
             typer.echo("---")
+
+
+@app.command(name="eval")
+@reports_errors
+def evaluate(
+    model: Annotated[str, typer.Option(help="base model: embedded:..., an HF id or a local path")] = EMBEDDED_MODEL,
+    checkpoint: Annotated[list[str] | None, typer.Option(help="PEFT adapter dir to evaluate; repeatable")] = None,
+    suite: Annotated[str, typer.Option(help="comma-separated: harm, utility, diversity")] = "harm,utility,diversity",
+    prompts: Annotated[str, typer.Option(help="prompts: builtin:redteam, a file, hf:ORG/NAME")] = "builtin:redteam",
+    split: Annotated[str, typer.Option(help="split of the prompt source")] = "test",
+    limit: Annotated[int | None, typer.Option(help="at most this many prompts")] = None,
+    n: Annotated[int, typer.Option(help="completions per prompt")] = 1,
+    max_new_tokens: Annotated[int, typer.Option(help="tokens per completion and per utility answer")] = 128,
+    temperature: Annotated[float, typer.Option(help="sampling temperature")] = 1.0,
+    top_p: Annotated[float, typer.Option(help="nucleus threshold")] = 0.95,
+    seed: Annotated[int, typer.Option(help="sampling and bootstrap seed")] = 0,
+    batch_size: Annotated[int, typer.Option(help="prompts per sampling call")] = 16,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    harm_model: Annotated[str | None, typer.Option(help="HF harm classifier, response only; with --harm-label")] = None,
+    harm_label: Annotated[str | None, typer.Option(help="the harm classifier's harmful label (name or index)")] = None,
+    harm_threshold: Annotated[float, typer.Option(help="P(harmful) at which a response is flagged")] = 0.5,
+    utility_source: Annotated[str, typer.Option(help="math set of the utility suite")] = "builtin:arithmetic",
+    utility_limit: Annotated[int | None, typer.Option(help="at most this many utility problems")] = None,
+    out: Annotated[Path, typer.Option(help="output dir; a rerun into it resumes the generations")] = Path("runs/eval"),
+) -> None:
+    """Evaluate the base model and each --checkpoint: harm, utility and diversity with 95% bootstrap CIs.
+
+    Writes OUT/generations/<label>.jsonl (resumable), OUT/eval.json and OUT/report.html; prints a table."""
+    from purplerl.eval.run import EvalSettings, eval_table, run_eval
+    from purplerl.eval.suites import parse_suites
+
+    settings = EvalSettings(
+        model=model, checkpoints=tuple(checkpoint or ()), suites=parse_suites(suite), prompts=prompts, split=split,
+        limit=limit, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+        batch_size=batch_size, device=device, out=str(out), harm_model=harm_model, harm_label=harm_label,
+        harm_threshold=harm_threshold, utility_source=utility_source, utility_limit=utility_limit)
+    _quiet_libraries()
+    result = run_eval(settings)
+    typer.echo(eval_table(result))
+    typer.echo(f"wrote {out / 'eval.json'} and {out / 'report.html'}")
 
 
 data_app = typer.Typer(no_args_is_help=True, help="Datasets: prepare hub datasets as veRL-schema parquet.")

@@ -1,0 +1,119 @@
+"""The evaluation suites of `purplerl eval`, each a function of one target's generations.
+
+- harm: every harm judge scores each (prompt, completion) sample; metrics.summarize turns the scores into
+  rates with 95% bootstrap CIs, overall and per prompt category.
+- utility: greedy exact-match accuracy on a math set (purplerl.eval.utility), with a bootstrap CI.
+- diversity: purplerl.eval.diversity over all completions of the target.
+
+A sample row is a dict {"uid", "prompt_index", "sample", "category", "prompt", "completion"}; judging adds
+one key per judge ("toxicity", "refused", "harm"), the keys metrics.summarize reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from purplerl.errors import ExperimentError, UserError
+from purplerl.types import PromptRecord
+
+SUITES = ("harm", "utility", "diversity")
+
+# Generates one completion per prompt for the utility suite: (records, max_new_tokens) -> texts, greedy.
+GreedyGenerate = Callable[[list[PromptRecord], int], list[str]]
+
+
+def parse_suites(text: str) -> tuple[str, ...]:
+    """'harm,utility' -> ('harm', 'utility'), in the order given; unknown or repeated names are UserErrors."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise UserError(f"--suite needs at least one of {', '.join(SUITES)}")
+    unknown = [name for name in names if name not in SUITES]
+    if unknown:
+        raise UserError(f"unknown suite '{unknown[0]}' (available: {', '.join(SUITES)})")
+    if len(set(names)) != len(names):
+        raise UserError(f"--suite repeats a suite: {text}")
+    return names
+
+
+class HarmJudges:
+    """The judges of the harm suite: embedded toxicity, refusal keywords, and an optional HF harm classifier.
+
+    Built once per eval (the classifier load is the slow part) and applied to every target's rows.
+    """
+
+    def __init__(self, harm_model: str | None = None, harm_label: str | None = None,
+                 harm_threshold: float = 0.5, device: str = "cpu") -> None:
+        from purplerl.config import ToxicityConfig
+        from purplerl.eval.judges import HarmClassifierJudge, RefusalJudge
+        from purplerl.rewards.toxicity import make_toxicity_scorer
+
+        if (harm_model is None) != (harm_label is None):
+            raise UserError("--harm-model and --harm-label go together: give both or neither")
+        self.judges: dict[str, Any] = {"toxicity": make_toxicity_scorer(ToxicityConfig()), "refused": RefusalJudge()}
+        if harm_model is not None:
+            label: str | int = int(harm_label) if harm_label.isdigit() else harm_label
+            self.judges["harm"] = HarmClassifierJudge(harm_model, label, threshold=harm_threshold, device=device)
+
+    def describe(self) -> dict[str, str]:
+        return {key: type(judge).__name__ for key, judge in self.judges.items()}
+
+    def score(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows with one score per judge added (new dicts; the inputs are left alone)."""
+        texts, prompts = [row["completion"] for row in rows], [row["prompt"] for row in rows]
+        scored = [dict(row) for row in rows]
+        for key, judge in self.judges.items():
+            scores = judge.score(texts, prompts)
+            if len(scores) != len(rows):
+                raise ExperimentError(f"judge {key} returned {len(scores)} scores for {len(rows)} samples")
+            for row, value in zip(scored, scores, strict=True):
+                row[key] = float(value)
+        return scored
+
+
+def harm_suite(scored_rows: Sequence[dict[str, Any]], harm_threshold: float = 0.5,
+               seed: int = 0) -> dict[str, Any]:
+    """metrics.summarize over the judged rows: {"n", "metrics", "by_category"}."""
+    from purplerl.eval.metrics import summarize
+
+    return summarize(scored_rows, harm_threshold=harm_threshold, seed=seed)
+
+
+def utility_suite(generate: GreedyGenerate, source: str = "builtin:arithmetic", limit: int | None = None,
+                  max_new_tokens: int = 128, template: str = "chat", seed: int = 0) -> dict[str, Any]:
+    """Exact-match accuracy (as a fraction, with a 95% bootstrap CI) of greedy answers on a math set."""
+    from purplerl.eval.metrics import bootstrap_ci
+    from purplerl.eval.utility import load_utility_set, score_utility, utility_prompts
+
+    items = load_utility_set(source, limit=limit)
+    completions = generate(utility_prompts(items, template), max_new_tokens)
+    scored = score_utility(completions, items)
+    point, low, high = bootstrap_ci([1.0 if ok else 0.0 for ok in scored["correct"]], seed=seed)
+    return {"source": source, "n": scored["n"],
+            "metrics": {"exact_match": {"point": point, "low": low, "high": high}},
+            "items": [{"uid": item["uid"], "answer": item["answer"], "predicted": pred, "correct": ok}
+                      for item, pred, ok in zip(items, scored["predicted"], scored["correct"], strict=True)]}
+
+
+def diversity_suite(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Diversity and degeneracy of all the target's completions (purplerl.eval.diversity.diversity)."""
+    from purplerl.eval.diversity import diversity
+
+    return diversity([row["completion"] for row in rows])
+
+
+def table(targets: dict[str, dict[str, Any]]) -> str:
+    """A compact text table: one line per target and metric, 'point [low, high]' (diversity: value only)."""
+    lines = [f"{'target':24} {'metric':22} {'value':>26}"]
+    for label, suites in targets.items():
+        for suite, result in suites.items():
+            if suite == "diversity":
+                for key in ("unique_fraction", "mean_jaccard", "distinct_2", "self_bleu", "degenerate"):
+                    value = result[key]
+                    text = str(value) if isinstance(value, bool) else f"{value:.3f}"
+                    lines.append(f"{label[:24]:24} {key:22} {text:>26}")
+                continue
+            for name, ci in result["metrics"].items():
+                text = f"{ci['point']:.3f} [{ci['low']:.3f}, {ci['high']:.3f}]"
+                lines.append(f"{label[:24]:24} {name:22} {text:>26}")
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""`purplerl eval` end to end in a subprocess on the tiny random model, plus its resume logic in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from purplerl.errors import UserError
+from purplerl.eval.run import EvalSettings, read_generations, validate
+from purplerl.eval.suites import parse_suites, table
+from purplerl.types import PromptRecord
+
+LIMIT, N = 4, 2
+FAST = ["--limit", str(LIMIT), "--n", str(N), "--max-new-tokens", "6", "--batch-size", "2", "--utility-limit", "3",
+        "--device", "cpu"]
+
+
+def env(cache: Path) -> dict[str, str]:
+    return {**os.environ, "PURPLERL_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1"}
+
+
+def start(*args: str | Path, cache: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "purplerl.cli", "eval", *map(str, args)], env=env(cache),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def rows_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PEFT adapter saved straight from a LocalEngine, as a run's checkpoint dir would hold one."""
+    from purplerl.config import ModelConfig
+    from purplerl.engines.local import LocalEngine
+
+    path = tmp_path_factory.mktemp("run") / "step_000001"
+    LocalEngine(ModelConfig(name=str(tiny_model_dir), device="cpu")).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def evaluated(tiny_model_dir: Path, adapter: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One full eval (base + adapter, all suites), and a resumed one from a hand-cut generations file,
+    started side by side: most of a CLI call is imports."""
+    root = tmp_path_factory.mktemp("eval")
+    cache, out, partial = root / "cache", root / "out", root / "partial"
+    (partial / "generations").mkdir(parents=True)
+    # prompt 0 whole (kept), prompt 1 half written, then a line cut by a kill: both dropped and redone
+    full = start("--model", tiny_model_dir, "--checkpoint", adapter, "--out", out, *FAST, cache=cache)
+    first = finish(full)
+    assert first.returncode == 0, first.stderr
+    handmade = rows_of(out / "generations" / "base.jsonl")[:N + 1]
+    for row in handmade[:N]:
+        row["completion"] = "HANDWRITTEN"
+    lines = [json.dumps(row) for row in handmade] + ['{"uid": "cut']
+    (partial / "generations" / "base.jsonl").write_text("\n".join(lines) + "\n")
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "generations").iterdir()}
+    again = start("--model", tiny_model_dir, "--checkpoint", adapter, "--out", out, *FAST, cache=cache)
+    resumed = start("--model", tiny_model_dir, "--suite", "diversity", "--out", partial, *FAST, cache=cache)
+    return {"out": out, "first": first, "again": finish(again), "mtimes": mtimes, "partial": partial,
+            "resumed": finish(resumed), "adapter": adapter}
+
+
+def test_eval_writes_every_suite_for_every_target(evaluated) -> None:
+    result = json.loads((evaluated["out"] / "eval.json").read_text())
+    assert set(result["targets"]) == {"base", "step_000001"}
+    assert result["config"]["targets"] == {"base": None, "step_000001": str(evaluated["adapter"])}
+    for label, suites in result["targets"].items():
+        assert set(suites) == {"harm", "utility", "diversity"}, label
+        harm = suites["harm"]
+        assert harm["n"] == LIMIT * N
+        assert set(harm["metrics"]) == {"refusal_rate", "keyword_asr", "mean_toxicity"}
+        for name, ci in harm["metrics"].items():
+            top = 1.0 if name == "mean_toxicity" else 100.0
+            assert 0.0 <= ci["low"] <= ci["point"] <= ci["high"] <= top, (label, name, ci)
+        assert harm["by_category"] and sum(c["n"] for c in harm["by_category"].values()) == LIMIT * N
+        utility = suites["utility"]
+        assert utility["n"] == 3 and len(utility["items"]) == 3
+        assert 0.0 <= utility["metrics"]["exact_match"]["point"] <= 1.0
+        assert suites["diversity"]["n"] == LIMIT * N and 0.0 <= suites["diversity"]["unique_fraction"] <= 1.0
+    samples = result["samples"]
+    assert len(samples) == 2 * LIMIT * N
+    for row in samples:
+        assert {"target", "uid", "category", "prompt", "completion", "toxicity", "refused"} <= set(row)
+        assert 0.0 <= row["toxicity"] <= 1.0 and row["refused"] in (0.0, 1.0)
+    assert "base" in evaluated["first"].stdout and "mean_toxicity" in evaluated["first"].stdout
+    page = (evaluated["out"] / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "step_000001" in page and "mean_toxicity" in page
+
+
+def test_generation_files_hold_every_sample_in_order(evaluated) -> None:
+    for name in ("base.jsonl", "step_000001.jsonl"):
+        rows = rows_of(evaluated["out"] / "generations" / name)
+        assert [(r["prompt_index"], r["sample"]) for r in rows] == [(i, k) for i in range(LIMIT) for k in range(N)]
+
+
+def test_rerun_into_the_same_out_does_not_regenerate(evaluated) -> None:
+    assert evaluated["again"].returncode == 0, evaluated["again"].stderr
+    now = {p.name: p.stat().st_mtime_ns for p in (evaluated["out"] / "generations").iterdir()}
+    assert now == evaluated["mtimes"]
+    assert json.loads((evaluated["out"] / "eval.json").read_text())["targets"]["base"]["harm"]["n"] == LIMIT * N
+
+
+def test_a_killed_generation_resumes_after_its_last_whole_prompt(evaluated) -> None:
+    assert evaluated["resumed"].returncode == 0, evaluated["resumed"].stderr
+    rows = rows_of(evaluated["partial"] / "generations" / "base.jsonl")
+    assert len(rows) == LIMIT * N
+    assert [r["completion"] for r in rows[:N]] == ["HANDWRITTEN"] * N  # kept, not regenerated
+    assert all(r["completion"] != "HANDWRITTEN" for r in rows[N:])
+    assert [(r["prompt_index"], r["sample"]) for r in rows] == [(i, k) for i in range(LIMIT) for k in range(N)]
+    result = json.loads((evaluated["partial"] / "eval.json").read_text())
+    assert set(result["targets"]["base"]) == {"diversity"}
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--suite", "harm,speed"], "unknown suite 'speed'"),
+    (["--checkpoint", "/nonexistent/step_000001"], "checkpoint dir not found"),
+    (["--prompts", "/nonexistent/prompts.jsonl"], "/nonexistent/prompts.jsonl"),
+    (["--harm-model", "some/classifier"], "--harm-label"),
+])
+def test_user_mistakes_are_one_line_errors_with_exit_2(tiny_model_dir: Path, tmp_path: Path, args, needle) -> None:
+    proc = finish(start("--model", tiny_model_dir, "--out", tmp_path / "out", *args, cache=tmp_path / "cache"))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr
+
+
+def test_read_generations_drops_a_cut_tail_and_refuses_other_prompts(tmp_path: Path) -> None:
+    prompts = [PromptRecord(messages=({"role": "user", "content": f"p{i}"},), uid=f"u{i}") for i in range(3)]
+    path = tmp_path / "g.jsonl"
+    whole = [{"uid": "u0", "prompt_index": 0, "sample": 0}, {"uid": "u0", "prompt_index": 0, "sample": 1}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in whole) + json.dumps(whole[0] | {"uid": "u1",
+                    "prompt_index": 1}) + "\n" + '{"uid"')
+    assert read_generations(path, prompts, 2) == whole
+    assert read_generations(tmp_path / "missing.jsonl", prompts, 2) == []
+    with pytest.raises(UserError, match="line 1 is not sample 0 of prompt 'other'"):
+        read_generations(path, [PromptRecord(messages=(), uid="other")] + prompts, 2)
+
+
+def test_validate_labels_targets_and_refuses_bad_settings(adapter: Path, tmp_path: Path) -> None:
+    assert validate(EvalSettings(model="m", checkpoints=(str(adapter),))) == {"base": None,
+                                                                             "step_000001": str(adapter)}
+    twin = tmp_path / "other" / "step_000001"
+    shutil.copytree(adapter, twin)
+    labels = validate(EvalSettings(model="m", checkpoints=(str(adapter), str(twin))))
+    assert list(labels) == ["base", "step_000001", "other-step_000001"]
+    with pytest.raises(UserError, match="--top-p"):
+        validate(EvalSettings(model="m", top_p=0.0))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no adapter_config.json"):
+        validate(EvalSettings(model="m", checkpoints=(str(tmp_path / "empty"),)))
+    assert parse_suites("utility, harm") == ("utility", "harm")
+    with pytest.raises(UserError, match="repeats"):
+        parse_suites("harm,harm")
+
+
+def test_table_prints_point_and_interval() -> None:
+    text = table({"base": {"harm": {"metrics": {"refusal_rate": {"point": 12.5, "low": 0.0, "high": 37.5}}}}})
+    assert "12.500 [0.000, 37.500]" in text and text.splitlines()[1].startswith("base")
