@@ -198,8 +198,24 @@ def evaluate(
     harm_model: Annotated[str | None, typer.Option(help="HF harm classifier, response only; with --harm-label")] = None,
     harm_label: Annotated[str | None, typer.Option(help="the harm classifier's harmful label (name or index)")] = None,
     harm_threshold: Annotated[float, typer.Option(help="P(harmful) at which a response is flagged")] = 0.5,
+    prompt_field: Annotated[str, typer.Option(
+        help="prompt field of --prompts (default 'prompt', else a benchmark's own: forbidden_prompt, question, "
+             "Behavior, behavior, goal)")] = "prompt",
+    guard_model: Annotated[str | None, typer.Option(
+        help="Llama-Guard-style causal LM judge (HF id or path): per-sample guard_unsafe = P(unsafe); "
+             "without --harm-model its verdict is the harm verdict")] = None,
+    guard_unsafe_token: Annotated[str, typer.Option(help="the guard's verdict word for unsafe")] = "unsafe",
+    strongreject_url: Annotated[str | None, typer.Option(
+        help="OpenAI-compatible base URL (http(s)://.../v1) of the StrongREJECT rubric judge")] = None,
+    strongreject_model: Annotated[str | None, typer.Option(help="model name for --strongreject-url")] = None,
+    strongreject_key_env: Annotated[str | None, typer.Option(
+        help="environment variable holding the StrongREJECT endpoint's API key")] = None,
     utility_source: Annotated[str, typer.Option(help="math set of the utility suite")] = "builtin:arithmetic",
     utility_limit: Annotated[int | None, typer.Option(help="at most this many utility problems")] = None,
+    choice_source: Annotated[str, typer.Option(
+        help="multiple-choice set of the utility suite: builtin:choice, a file/dir, hf:ORG/NAME[:CONFIG]; "
+             "none skips it")] = "builtin:choice",
+    choice_limit: Annotated[int | None, typer.Option(help="at most this many multiple-choice questions")] = None,
     out: Annotated[Path, typer.Option(help="output dir; a rerun into it resumes the generations")] = Path("runs/eval"),
 ) -> None:
     """Evaluate the base model and each --checkpoint: harm, utility and diversity with 95% bootstrap CIs.
@@ -212,7 +228,11 @@ def evaluate(
         model=model, checkpoints=tuple(checkpoint or ()), suites=parse_suites(suite), prompts=prompts, split=split,
         limit=limit, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
         batch_size=batch_size, device=device, out=str(out), harm_model=harm_model, harm_label=harm_label,
-        harm_threshold=harm_threshold, utility_source=utility_source, utility_limit=utility_limit)
+        harm_threshold=harm_threshold, prompt_field=prompt_field, guard_model=guard_model,
+        guard_unsafe_token=guard_unsafe_token, strongreject_url=strongreject_url,
+        strongreject_model=strongreject_model, strongreject_key_env=strongreject_key_env,
+        utility_source=utility_source, utility_limit=utility_limit,
+        choice_source=choice_source, choice_limit=choice_limit)
     _quiet_libraries()
     result = run_eval(settings)
     typer.echo(eval_table(result))

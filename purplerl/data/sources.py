@@ -4,6 +4,12 @@ Every reader turns its source into plain row dicts; one shared pipeline then sel
 `data.filters`, builds PromptRecords, drops repeated prompts and applies `data.limit`, so every source
 behaves the same way. Field names may be dotted (`extra_info.category`) to reach into veRL's nested
 dicts. Every user mistake is a UserError that names the file and the field.
+
+Prompt field fallback: when `data.prompt_field` is the default "prompt" and no row has a "prompt" field,
+the first of BENCHMARK_PROMPT_FIELDS that the rows have is used instead, so the usual harm benchmarks load
+without setting the field: `forbidden_prompt` (StrongREJECT), `question` (Do-Not-Answer), `Behavior` /
+`behavior` (HarmBench), `goal` (AdvBench). A prompt_field set to anything else is used as given, and when
+none of these fields exists either the usual "no prompt field 'prompt'" error names the row's fields.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ BUILTIN_DIR = Path(__file__).parent / "builtin"
 BUILTIN_SOURCES = ("redteam",)
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 _MISSING = object()
+# Prompt fields of the usual harm benchmarks, tried in this order when the default "prompt" is absent.
+BENCHMARK_PROMPT_FIELDS = ("forbidden_prompt", "question", "Behavior", "behavior", "goal")
 
 
 @dataclass
@@ -51,7 +59,8 @@ def load_prompts(cfg: DataConfig, split: str | None = None) -> list[PromptRecord
         raise UserError(f"category field '{cfg.category_field}' not found in {src.where} "
                         f"(fields: {_field_list(rows)})")
     rows = _apply_filters(rows, filters, src.where)
-    records = _dedupe([_to_record(i, row, cfg, src) for i, row in rows])
+    field = prompt_field(rows, cfg.prompt_field)
+    records = _dedupe([_to_record(i, row, field, cfg, src) for i, row in rows])
     if cfg.limit is not None:
         records = records[: cfg.limit]
     if not records:
@@ -243,12 +252,20 @@ def _apply_filters(rows: list[tuple[int, dict[str, Any]]], filters: dict[str, An
     return rows
 
 
-def _to_record(index: int, row: dict[str, Any], cfg: DataConfig, src: _Rows) -> PromptRecord:
-    prompt = _get(row, cfg.prompt_field)
+def prompt_field(rows: list[tuple[int, dict[str, Any]]], configured: str) -> str:
+    """The field the prompts are read from: `configured`, unless it is the default "prompt", no row has it
+    and a benchmark's own prompt field (BENCHMARK_PROMPT_FIELDS, first present wins) is there instead."""
+    if configured != "prompt" or _has_field(rows, configured):
+        return configured
+    return next((name for name in BENCHMARK_PROMPT_FIELDS if _has_field(rows, name)), configured)
+
+
+def _to_record(index: int, row: dict[str, Any], field: str, cfg: DataConfig, src: _Rows) -> PromptRecord:
+    prompt = _get(row, field)
     if prompt is _MISSING:
-        raise UserError(f"{src.where}: row {index} has no prompt field '{cfg.prompt_field}' "
+        raise UserError(f"{src.where}: row {index} has no prompt field '{field}' "
                         f"(fields: {', '.join(row)}); set data.prompt_field")
-    messages = _to_messages(prompt, f"{src.where}: row {index}, field '{cfg.prompt_field}'")
+    messages = _to_messages(prompt, f"{src.where}: row {index}, field '{field}'")
     data_source = row.get("data_source")
     return PromptRecord(
         messages=messages,

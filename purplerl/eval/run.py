@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.errors import UserError
+from purplerl.eval.choice import NO_CHOICE
 from purplerl.eval.suites import SUITES, HarmJudges, diversity_suite, harm_suite, table, utility_suite
 from purplerl.types import PromptRecord
 
 BASE_LABEL = "base"
 # Settings a generations file depends on: a rerun into the same OUT must match them, or it would mix samples.
 GENERATION_KEYS = ("model", "prompts", "split", "limit", "n", "max_new_tokens", "temperature", "top_p", "seed",
-                   "batch_size")
+                   "batch_size", "prompt_field")
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,16 @@ class EvalSettings:
     harm_model: str | None = None  # HF harm classifier (BeaverDam-style, response only); needs harm_label
     harm_label: str | None = None  # the classifier's harmful label name or index
     harm_threshold: float = 0.5  # P(harmful) at which the classifier flags a response
+    prompt_field: str = "prompt"  # field of the prompt set holding the prompt (DataConfig.prompt_field)
+    guard_model: str | None = None  # Llama-Guard-style causal LM judge (HF id or local path)
+    guard_unsafe_token: str = "unsafe"  # the guard's verdict word whose first-token probability is read
+    strongreject_url: str | None = None  # OpenAI-compatible base URL of the StrongREJECT judge
+    strongreject_model: str | None = None  # model name sent to that endpoint
+    strongreject_key_env: str | None = None  # environment variable holding the endpoint's API key
     utility_source: str = "builtin:arithmetic"  # math set of the utility suite
     utility_limit: int | None = None  # at most this many utility problems
+    choice_source: str = "builtin:choice"  # multiple-choice set of the utility suite ('none': skip it)
+    choice_limit: int | None = None  # at most this many multiple-choice questions
 
 
 def validate(s: EvalSettings) -> dict[str, str | None]:
@@ -57,13 +66,15 @@ def validate(s: EvalSettings) -> dict[str, str | None]:
               (s.batch_size >= 1, "--batch-size must be >= 1"),
               (s.limit is None or s.limit >= 1, "--limit must be >= 1"),
               (0.0 <= s.harm_threshold <= 1.0, "--harm-threshold must be in [0, 1]"),
-              (s.utility_limit is None or s.utility_limit >= 1, "--utility-limit must be >= 1")]
+              (s.utility_limit is None or s.utility_limit >= 1, "--utility-limit must be >= 1"),
+              (s.choice_limit is None or s.choice_limit >= 1, "--choice-limit must be >= 1")]
     for ok, message in checks:
         if not ok:
             raise UserError(message)
     unknown = [name for name in s.suites if name not in SUITES]
     if unknown or not s.suites:
         raise UserError(f"unknown suite '{unknown[0] if unknown else ''}' (available: {', '.join(SUITES)})")
+    _validate_judges(s)
     targets: dict[str, str | None] = {BASE_LABEL: None}
     for checkpoint in map(Path, s.checkpoints):
         if not checkpoint.is_dir():
@@ -79,11 +90,36 @@ def validate(s: EvalSettings) -> dict[str, str | None]:
     return targets
 
 
+def _validate_judges(s: EvalSettings) -> None:
+    """The optional harm judges' settings, checked before any model loads."""
+    from purplerl.eval.judges import api_key_from_env
+
+    if not s.prompt_field.strip():
+        raise UserError("--prompt-field must not be empty")
+    judged = s.guard_model is not None or s.strongreject_url is not None or s.strongreject_model is not None
+    if judged and "harm" not in s.suites:
+        raise UserError("--guard-model and --strongreject-url judge the harm suite: add harm to --suite")
+    if s.guard_model is not None:
+        guard = Path(s.guard_model).expanduser()
+        looks_local = s.guard_model.startswith(("/", "./", "../", "~")) or s.guard_model.count("/") > 1
+        if looks_local and not guard.exists():
+            raise UserError(f"guard model not found: {guard}")
+        if not s.guard_unsafe_token.strip():
+            raise UserError("--guard-unsafe-token must not be empty")
+    if (s.strongreject_url is None) != (s.strongreject_model is None):
+        raise UserError("--strongreject-url and --strongreject-model go together: give both or neither")
+    if s.strongreject_url is not None and not s.strongreject_url.startswith(("http://", "https://")):
+        raise UserError(f"--strongreject-url must start with http:// or https://, got '{s.strongreject_url}'")
+    if s.strongreject_url is None and s.strongreject_key_env is not None:
+        raise UserError("--strongreject-key-env needs --strongreject-url and --strongreject-model")
+    api_key_from_env(s.strongreject_key_env)
+
+
 def load_eval_prompts(s: EvalSettings) -> list[PromptRecord]:
     from purplerl.config import DataConfig
     from purplerl.data.sources import load_prompts
 
-    records = load_prompts(DataConfig(source=s.prompts, split=s.split, limit=s.limit))
+    records = load_prompts(DataConfig(source=s.prompts, split=s.split, limit=s.limit, prompt_field=s.prompt_field))
     if "diversity" in s.suites and len(records) * s.n < 2:
         raise UserError("the diversity suite needs at least 2 completions: raise --limit or --n")
     return records
@@ -186,7 +222,10 @@ def run_eval(s: EvalSettings, console: Any = None) -> dict[str, Any]:
 
     labels = validate(s)
     prompts = load_eval_prompts(s)
-    judges = HarmJudges(s.harm_model, s.harm_label, s.harm_threshold) if "harm" in s.suites else None
+    judges = HarmJudges(s.harm_model, s.harm_label, s.harm_threshold, device=s.device, guard_model=s.guard_model,
+                        guard_unsafe_token=s.guard_unsafe_token, strongreject_url=s.strongreject_url,
+                        strongreject_model=s.strongreject_model,
+                        strongreject_key_env=s.strongreject_key_env) if "harm" in s.suites else None
     out = Path(s.out)
     _check_same_generation(s, out)
     (out / "generations").mkdir(exist_ok=True)
@@ -219,20 +258,10 @@ def run_eval(s: EvalSettings, console: Any = None) -> dict[str, Any]:
 
 
 def eval_html(result: dict[str, Any]) -> str:
-    """report.html of an eval: every CI metric of every target side by side, then every judged sample."""
-    from purplerl.eval.report import render_report, samples_table
-    from purplerl.eval.report import table as html_table
+    """report.html of an eval: checkpoints side by side (see purplerl.eval.compare)."""
+    from purplerl.eval.compare import eval_report
 
-    rows = [[label, suite, name, ci["point"], ci["low"], ci["high"]]
-            for label, suites in result["targets"].items() for suite, found in suites.items()
-            for name, ci in found.get("metrics", {}).items()]
-    rows += [[label, "diversity", key, found["diversity"][key], "", ""] for label, found in result["targets"].items()
-             if "diversity" in found for key in ("unique_fraction", "mean_jaccard", "distinct_2", "self_bleu")]
-    keys = [key for key in ("toxicity", "refused", "harm") if any(key in row for row in result["samples"])]
-    samples = [{**row, "prompt": f"[{row['target']}] {row['prompt']}"} for row in result["samples"]]
-    return render_report("purplerl eval", [
-        ("Metrics (95% bootstrap CI)", html_table(["target", "suite", "metric", "point", "low", "high"], rows)),
-        ("Samples", samples_table(samples, keys))])
+    return eval_report(result)
 
 
 def _suites(s: EvalSettings, target: _Target, rows: list[dict[str, Any]],
@@ -243,8 +272,11 @@ def _suites(s: EvalSettings, target: _Target, rows: list[dict[str, Any]],
         if suite == "harm":
             found["harm"] = harm_suite(scored, s.harm_threshold, s.seed)
         elif suite == "utility":
+            with_choice = s.choice_source.strip().lower() not in NO_CHOICE
             found["utility"] = utility_suite(target.greedy, s.utility_source, s.utility_limit, s.max_new_tokens,
-                                             seed=s.seed)
+                                             seed=s.seed, choice_engine=target.engine if with_choice else None,
+                                             choice_source=s.choice_source, choice_limit=s.choice_limit,
+                                             choice_batch_size=s.batch_size)
         else:
             found["diversity"] = diversity_suite(rows)
     return found, scored
