@@ -22,15 +22,13 @@ reported too (`accuracy_sum`). All (item, option) sequences go through `engine.l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from purplerl.data.prepare import LETTERS, Template
-from purplerl.data.sources import read_jsonl_rows, read_parquet_rows
 from purplerl.errors import ExperimentError, UserError
+from purplerl.eval.utility import read_eval_rows
 from purplerl.types import PromptRecord
 
-BUILTIN_DIR = Path(__file__).parent / "builtin"
 BUILTIN_SETS = ("choice",)
 NO_CHOICE = ("none", "")  # --choice-source values that turn multiple-choice scoring off
 # Far longer than any multiple-choice prompt: the question must never be cut.
@@ -151,31 +149,11 @@ def score_choices(engine: Any, items: Sequence[dict[str, Any]], template: Templa
 
 
 def _read_rows(source: str, split: str) -> tuple[list[dict[str, Any]], str, str]:
-    """Rows, where they came from (for messages) and the source name items carry."""
-    if source.startswith("builtin:"):
-        name = source.removeprefix("builtin:")
-        if name not in BUILTIN_SETS:
-            raise UserError(f"unknown built-in choice set '{source}' (available: "
-                            + ", ".join(f"builtin:{n}" for n in BUILTIN_SETS) + ")")
-        return read_jsonl_rows(BUILTIN_DIR / f"{name}.jsonl"), source, source
     if source.startswith("hf:"):
         return _read_hf(source.removeprefix("hf:"), split), source, source.removeprefix("hf:")
-    path = Path(source).expanduser()
-    if path.is_dir():
-        for file in (path / f"{split}.parquet", path / f"{split}.jsonl"):
-            if file.is_file():
-                return _read_file(file), str(file), path.name
-        raise UserError(f"choice set directory {path} has no {split}.parquet or {split}.jsonl")
-    if path.suffix not in (".jsonl", ".parquet"):
-        raise UserError(f"unknown choice set '{source}': use 'builtin:choice', a .jsonl/.parquet file, a directory "
-                        "prepared by `purplerl data prepare wmdp` or 'hf:ORG/NAME[:CONFIG]'")
-    if not path.is_file():
-        raise UserError(f"choice set file not found: {path}")
-    return _read_file(path), str(path), path.name
-
-
-def _read_file(path: Path) -> list[dict[str, Any]]:
-    return read_jsonl_rows(path) if path.suffix == ".jsonl" else read_parquet_rows(path)
+    return read_eval_rows(source, split, kind="choice", builtin_sets=BUILTIN_SETS,
+                          usage="'builtin:choice', a .jsonl/.parquet file, a directory prepared by "
+                                "`purplerl data prepare wmdp` or 'hf:ORG/NAME[:CONFIG]'")
 
 
 def _read_hf(spec: str, split: str) -> list[dict[str, Any]]:

@@ -110,24 +110,33 @@ def score_utility(completions: Sequence[str], items: Sequence[dict[str, str]]) -
 
 
 def _read_rows(source: str, split: str) -> tuple[list[dict[str, Any]], str, str]:
-    """Rows, where they came from (for messages) and the source name items carry."""
+    return read_eval_rows(source, split, kind="utility", builtin_sets=BUILTIN_SETS,
+                          usage="'builtin:arithmetic', a .jsonl/.parquet file or a directory prepared by "
+                                "`purplerl data prepare gsm8k`")
+
+
+def read_eval_rows(source: str, split: str, *, kind: str, builtin_sets: tuple[str, ...],
+                   usage: str) -> tuple[list[dict[str, Any]], str, str]:
+    """Rows of an evaluation set, where they came from (for messages) and the source name items carry.
+
+    `source` is 'builtin:NAME' (a file in eval/builtin/), a .jsonl/.parquet file, or a directory holding
+    `{split}.parquet` or `{split}.jsonl`; `kind` and `usage` only shape the error messages."""
     if source.startswith("builtin:"):
         name = source.removeprefix("builtin:")
-        if name not in BUILTIN_SETS:
-            raise UserError(f"unknown built-in utility set '{source}' (available: "
-                            + ", ".join(f"builtin:{n}" for n in BUILTIN_SETS) + ")")
+        if name not in builtin_sets:
+            raise UserError(f"unknown built-in {kind} set '{source}' (available: "
+                            + ", ".join(f"builtin:{n}" for n in builtin_sets) + ")")
         return read_jsonl_rows(BUILTIN_DIR / f"{name}.jsonl"), source, source
     path = Path(source).expanduser()
     if path.is_dir():
         for file in (path / f"{split}.parquet", path / f"{split}.jsonl"):
             if file.is_file():
                 return _read_file(file), str(file), path.name
-        raise UserError(f"utility set directory {path} has no {split}.parquet or {split}.jsonl")
+        raise UserError(f"{kind} set directory {path} has no {split}.parquet or {split}.jsonl")
     if path.suffix not in (".jsonl", ".parquet"):
-        raise UserError(f"unknown utility set '{source}': use 'builtin:arithmetic', a .jsonl/.parquet file "
-                        "or a directory prepared by `purplerl data prepare gsm8k`")
+        raise UserError(f"unknown {kind} set '{source}': use {usage}")
     if not path.is_file():
-        raise UserError(f"utility set file not found: {path}")
+        raise UserError(f"{kind} set file not found: {path}")
     return _read_file(path), str(path), path.name
 
 
