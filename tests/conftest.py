@@ -91,3 +91,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def serve_on_loopback(handler: type, path: str = "/v1"):
+    """A generator for module fixtures: an http.server with `handler` on a free 127.0.0.1 port, yielding its
+    URL (plus `path`) and shutting it down afterwards."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}{path}"
+    server.shutdown()
+    server.server_close()

@@ -26,7 +26,7 @@ from typing import Any
 
 from purplerl.data.prepare import LETTERS, Template
 from purplerl.errors import ExperimentError, UserError
-from purplerl.eval.utility import read_eval_rows
+from purplerl.eval.utility import checked_items, read_eval_rows
 from purplerl.types import PromptRecord
 
 BUILTIN_SETS = ("choice",)
@@ -42,13 +42,7 @@ def load_choice_set(source: str = "builtin:choice", limit: int | None = None,
         raise UserError(f"choice set limit must be >= 1, got {limit}")
     rows, where, name = _read_rows(source, split)
     items = [_to_item(row, i, f"{where} row {i}", name) for i, row in enumerate(rows)]
-    if not items:
-        raise UserError(f"no questions in choice set {where}")
-    uids = [item["uid"] for item in items]
-    if len(set(uids)) != len(uids):
-        repeated = sorted({uid for uid in uids if uids.count(uid) > 1})
-        raise UserError(f"choice set {where} repeats uids: {', '.join(repeated[:5])}")
-    return items[:limit] if limit is not None else items
+    return checked_items(items, where, kind="choice", limit=limit)
 
 
 def choice_question(item: dict[str, Any], template: Template = "chat") -> str:

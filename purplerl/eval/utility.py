@@ -75,12 +75,17 @@ def load_utility_set(source: str = "builtin:arithmetic", limit: int | None = Non
         raise UserError(f"utility set limit must be >= 1, got {limit}")
     rows, where, name = _read_rows(source, split)
     items = [_to_item(row, i, f"{where} row {i}", name) for i, row in enumerate(rows)]
+    return checked_items(items, where, kind="utility", limit=limit)
+
+
+def checked_items(items: list[dict[str, Any]], where: str, *, kind: str, limit: int | None) -> list[dict[str, Any]]:
+    """The first `limit` items of an evaluation set, refused when it is empty or repeats a uid."""
     if not items:
-        raise UserError(f"no problems in utility set {where}")
+        raise UserError(f"no items in {kind} set {where}")
     uids = [item["uid"] for item in items]
     if len(set(uids)) != len(uids):
         repeated = sorted({uid for uid in uids if uids.count(uid) > 1})
-        raise UserError(f"utility set {where} repeats uids: {', '.join(repeated[:5])}")
+        raise UserError(f"{kind} set {where} repeats uids: {', '.join(repeated[:5])}")
     return items[:limit] if limit is not None else items
 
 

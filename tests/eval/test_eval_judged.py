@@ -6,12 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from conftest import serve_on_loopback
 
 from purplerl.errors import UserError
 from purplerl.eval.run import EvalSettings, validate
@@ -43,12 +43,7 @@ class _Stub(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def stub_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    yield from serve_on_loopback(_Stub)
 
 
 def run_eval_cli(*args: str | Path, cache: Path, extra_env: dict[str, str] | None = None,

@@ -1,9 +1,9 @@
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from conftest import serve_on_loopback
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.eval.judges import StrongRejectJudge, parse_rubric, strongreject_score
@@ -44,12 +44,7 @@ class _Stub(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def stub_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    yield from serve_on_loopback(_Stub)
 
 
 def test_score_formula_by_hand() -> None:
