@@ -29,7 +29,7 @@ class Section(BaseModel):
 class ModelConfig(Section):
     name: str = Field(EMBEDDED_MODEL, description="policy model: 'embedded:smollm2-135m-instruct', an HF id or a local path")
     revision: str | None = Field(None, description="hub revision (branch, tag or commit) of an HF model id")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the weights and compute")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the frozen base weights and compute; 'auto': bfloat16 on bf16-capable GPUs and AMX/AVX512-BF16 CPUs, else float32 (LoRA weights and optimizer stay float32)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' picks cuda when available, else cpu")
     lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank r")
     lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
@@ -38,6 +38,7 @@ class ModelConfig(Section):
     init_adapter: str | None = Field(None, description="PEFT adapter dir to start the policy from (e.g. a defended model)")
     autocast_bf16: bool = Field(False, description="run matmuls in bfloat16 under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs and GPUs)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 keeps torch's default")
+    merged_sampler: bool = Field(True, description="sample from a plain copy of the model with the LoRA update merged in (faster decoding; costs one extra copy of the weights)")
 
 
 class SamplingConfig(Section):
@@ -70,6 +71,7 @@ class TrainingConfig(Section):
     noiser_every: int = Field(2, ge=1, description="after the warmup, every N-th step is a Token Noiser step")
     noiser_epsilon: float = Field(0.1, ge=0.0, le=1.0, description="weight of the random-noise cross-entropy in the Token Noiser loss")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass (gradient accumulation)")
+    old_logprobs: Literal["auto", "sampler", "current"] = Field("auto", description="behaviour logprobs of the importance ratio: 'sampler' (recorded while sampling), 'current' (the policy's own, detached: ratio 1, exact on-policy), 'auto' (current when each rollout batch gets one update, else sampler)")
     seed: int = Field(0, description="seed for data order, sampling and LoRA init")
     early_stop_toxicity: float | None = Field(0.8, description="stop when a step's mean toxicity exceeds this (null: never)")
     early_stop_repetition: float | None = Field(0.5, description="stop when a step's mean repetition ratio exceeds this (null: never)")

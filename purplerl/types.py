@@ -104,6 +104,9 @@ class LossSpec:
     length_norm: float | None = None  # constant divisor of seq_mean_token_sum_norm (Dr. GRPO): max_new_tokens
     epsilon: float = 0.1  # Token Noiser: weight of the noise cross-entropy
     noise_seed: int = 0  # Token Noiser: seed of the random noise distributions
+    # behaviour-policy logprobs of the ratio: "sampler" (the batch's sampling_logprobs_NT) or "current" (the
+    # policy's own, detached: exact when the batch gets one update, whatever numerics the sampler used)
+    old_logprobs: str = "sampler"
 
 
 @dataclass(frozen=True)

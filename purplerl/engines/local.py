@@ -1,20 +1,28 @@
 """The local engine: torch + transformers + PEFT in this process, on CPU or CUDA.
 
-One model object serves three roles: the LoRA policy (adapter on), the frozen base for KL (adapter
-disabled, never a second copy), and the sampler. Sampling is a hand-written KV-cache decode loop rather
-than `generate()` so that it draws from a seeded `torch.Generator` (no global RNG), and records the
-logprob and entropy of every drawn token from the very logits it drew from.
+The PEFT model serves as the LoRA policy (adapter on) and as the frozen base for KL (adapter disabled,
+never a second copy). Sampling runs on a plain copy of the model with the LoRA update merged into its
+weights (`model.merged_sampler`), refreshed after every optimizer step: decoding then pays for no adapter
+layers, which dominate a small model's per-token cost. Sampling is a hand-written KV-cache decode loop
+rather than `generate()` so that it draws from a seeded `torch.Generator` (no global RNG), and records
+the logprob and entropy of every drawn token from the very logits it drew from.
+
+Scoring (`logprobs`, `forward_backward`) runs the decoder once and applies the LM head only at the
+positions that are scored (completion tokens), in row chunks: prompt and padding positions never pay for
+the vocabulary projection, and the full [N, T, V] logits never exist.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
+from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from purplerl.algorithms.logprobs import entropy_from_logits, selective_log_softmax
+from purplerl.algorithms.logprobs import selective_log_softmax
 from purplerl.algorithms.losses import LOSSES, aggregate_loss, kl_penalty_loss
 from purplerl.algorithms.noiser import token_noiser_loss
 from purplerl.config import ModelConfig
@@ -25,6 +33,7 @@ from purplerl.types import AdamParams, Completion, LossSpec, SamplingParams, Tra
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
 TOKEN_NOISER = "token_noiser"  # the one loss that needs full-vocabulary logits
+HEAD_CHUNK_ROWS = 1024  # positions per LM-head chunk: 1024 x 49k vocab x 4 bytes ~ 0.2 GB of fp32 logits
 
 
 def _lora_targets(spec: str) -> str | list[str]:
@@ -59,6 +68,9 @@ class LocalEngine:
         self.tokenizer = load_tokenizer(cfg.name, cfg.revision)
         base = load_causal_lm(cfg.name, cfg.revision, cfg.dtype, cfg.device)
         self.stop_ids = stop_token_ids(self.tokenizer, base)
+        # copied before PEFT wraps `base` in place; its LoRA-targeted weights are rewritten by _sync_sampler
+        self._sampler = copy.deepcopy(base) if cfg.merged_sampler else None
+        self._sampler_synced = False
         torch.manual_seed(seed)  # LoRA A matrices are drawn from torch's default generator by PEFT
         if cfg.init_adapter:
             if not (Path(cfg.init_adapter) / "adapter_config.json").is_file():
@@ -72,6 +84,14 @@ class LocalEngine:
             except ValueError as err:
                 raise UserError(f"cannot apply LoRA: {str(err).splitlines()[0]}") from None
         self.model.to(self.device)
+        # PEFT keeps adapter weights in float32 over a bf16 base by default; the optimizer relies on it
+        if any(p.dtype != torch.float32 for p in self.model.parameters() if p.requires_grad):
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.data = p.data.float()
+        # final-logit transforms (softcapping, scaling) live in the model's forward: score through it then
+        config = base.config
+        self._head_only = not any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
         # transformers renamed the KV-cache argument from past_key_values to cache (5.x); take what the model has
         params = inspect.signature(base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -114,8 +134,39 @@ class LocalEngine:
         except TypeError:  # transformers < 4.56 builds its cache without the config
             return DynamicCache()
 
+    @torch.no_grad()
+    def _sync_sampler(self) -> None:
+        """Write base weight + LoRA delta into the sampler copy of every adapted layer."""
+        from peft.tuners.lora import LoraLayer
+
+        adapter = self.model.active_adapter
+        shared = Counter(p.data_ptr() for _, p in self._sampler.named_parameters(remove_duplicate=False))
+        for name, module in self.model.get_base_model().named_modules():
+            if not isinstance(module, LoraLayer) or adapter not in module.scaling:
+                continue
+            if module.use_dora.get(adapter, False):
+                raise UserError(f"cannot merge the DoRA layer {name} for sampling: set model.merged_sampler false")
+            target = self._sampler.get_submodule(name)
+            merged = module.get_base_layer().weight.float() + module.get_delta_weight(adapter).float()
+            if merged.shape != target.weight.shape:
+                raise UserError(f"cannot merge LoRA layer {name} for sampling: set model.merged_sampler false")
+            if shared[target.weight.data_ptr()] > 1:  # a tied weight (lm_head = embeddings): untie it first
+                target.weight = torch.nn.Parameter(merged.to(target.weight.dtype), requires_grad=False)
+            else:
+                target.weight.copy_(merged)
+        self._sampler_synced = True
+
+    def _sampling_model(self):
+        if self._sampler is None:
+            self.model.eval()
+            return self.model
+        if not self._sampler_synced:
+            self._sync_sampler()
+        return self._sampler
+
     def _decode(self, prompts: list[list[int]], sampling: SamplingParams, generator: torch.Generator):
         """Left-padded batched decoding with a KV cache; returns per-step tokens/logprobs/entropies."""
+        model = self._sampling_model()
         N, P = len(prompts), max(len(p) for p in prompts)
         pad = int(self.tokenizer.pad_token_id)
         ids_NP = torch.full((N, P), pad, dtype=torch.long, device=self.device)
@@ -125,10 +176,9 @@ class LocalEngine:
             attn_NP[i, P - len(p):] = 1
         stop = torch.tensor(self.stop_ids, device=self.device)
         position_NP = (attn_NP.cumsum(-1) - 1).clamp(min=0)
-        self.model.eval()
         cache = self._new_cache()
         with self._autocast():
-            out = self.model(input_ids=ids_NP, attention_mask=attn_NP, position_ids=position_NP, use_cache=True,
+            out = model(input_ids=ids_NP, attention_mask=attn_NP, position_ids=position_NP, use_cache=True,
                              **{self._cache_kwarg: cache})
         attn, next_pos = attn_NP, position_NP[:, -1:] + 1
         finished_N = torch.zeros(N, dtype=torch.bool, device=self.device)
@@ -155,7 +205,7 @@ class LocalEngine:
                 break
             attn = torch.cat([attn, torch.ones((N, 1), dtype=attn.dtype, device=self.device)], dim=1)
             with self._autocast():
-                out = self.model(input_ids=tok_N[:, None], attention_mask=attn, position_ids=next_pos,
+                out = model(input_ids=tok_N[:, None], attention_mask=attn, position_ids=next_pos,
                                  use_cache=True, **{self._cache_kwarg: cache})
             next_pos = next_pos + 1
         tokens_NC, logprobs_NC, ent_NC = torch.stack(toks, 1), torch.stack(lps, 1), torch.stack(ents, 1)
@@ -171,29 +221,60 @@ class LocalEngine:
             logits_NTV = self.model(input_ids=input_ids_NT, attention_mask=attention_mask_NT).logits
         return logits_NTV[:, :-1].float()
 
-    def _token_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
-                        temperature: float, with_entropy: bool = False):
-        logits_NTV = self._logits(input_ids_NT, attention_mask_NT)
-        logp_NT = F.pad(selective_log_softmax(logits_NTV, input_ids_NT[:, 1:], temperature=temperature), (1, 0))
-        if not with_entropy:
-            return logp_NT, None
-        return logp_NT, F.pad(entropy_from_logits(logits_NTV, temperature=temperature), (1, 0))
+    def _target_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
+                         targets_NT: torch.Tensor, temperature: float) -> torch.Tensor:
+        """fp32 logprobs [N, T] of the tokens where targets_NT is 1 (aligned to targets), 0 elsewhere.
+
+        The decoder runs once; the LM head and log-softmax run only on the scored positions, in chunks."""
+        picked_NT = targets_NT[:, 1:].bool()  # the logits at position t-1 score token t
+        if not self._head_only:
+            logits_NTV = self._logits(input_ids_NT, attention_mask_NT)
+            logp_NT = selective_log_softmax(logits_NTV, input_ids_NT[:, 1:], temperature=temperature)
+            return F.pad(logp_NT * picked_NT, (1, 0))
+        causal_lm = self.model.get_base_model()
+        with self._autocast():
+            hidden_NTH = causal_lm.get_decoder()(input_ids=input_ids_NT, attention_mask=attention_mask_NT
+                                                 ).last_hidden_state
+        rows_RH, tokens_R = hidden_NTH[:, :-1][picked_NT], input_ids_NT[:, 1:][picked_NT]
+        head = causal_lm.get_output_embeddings()
+        out_R = []
+        for start in range(0, rows_RH.shape[0], HEAD_CHUNK_ROWS):
+            with self._autocast():
+                logits_CV = head(rows_RH[start:start + HEAD_CHUNK_ROWS])
+            out_R.append(selective_log_softmax(logits_CV[None], tokens_R[None, start:start + HEAD_CHUNK_ROWS],
+                                               temperature=temperature, chunk_rows=HEAD_CHUNK_ROWS)[0])
+        logp_R = torch.cat(out_R) if out_R else hidden_NTH.new_zeros(0, dtype=torch.float32)
+        logp_NT = torch.zeros(picked_NT.shape, dtype=torch.float32, device=self.device)
+        logp_NT = logp_NT.masked_scatter(picked_NT, logp_R)
+        return F.pad(logp_NT, (1, 0))
+
+    @staticmethod
+    def _length_order(attention_mask_NT: torch.Tensor) -> torch.Tensor:
+        """Sequence indices sorted by length, so each micro-batch trims to little padding (bucketing)."""
+        return torch.argsort(attention_mask_NT.sum(-1), stable=True)
 
     @torch.no_grad()
     def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
-                 reference: bool = False, temperature: float = 1.0, micro_batch_size: int = 8) -> torch.Tensor:
+                 reference: bool = False, temperature: float = 1.0, micro_batch_size: int = 8,
+                 targets_NT: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-token logprobs [N, T]; only the `targets_NT` positions are computed (default: every token
+        after the first), the rest are 0."""
         self.model.eval()
         ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
-        chunks = []
-        for start in range(0, ids.shape[0], micro_batch_size):
-            sl = slice(start, start + micro_batch_size)
+        if targets_NT is None:
+            targets_NT = F.pad(attention_mask_NT[:, 1:], (1, 0))
+        targets = targets_NT.to(self.device)
+        out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
+        for rows in torch.split(self._length_order(attn), micro_batch_size):
+            width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
             if reference:
                 with self.model.disable_adapter():
-                    lp, _ = self._token_logprobs(ids[sl], attn[sl], temperature)
+                    lp = self._target_logprobs(ids[rows, :width], attn[rows, :width], targets[rows, :width],
+                                               temperature)
             else:
-                lp, _ = self._token_logprobs(ids[sl], attn[sl], temperature)
-            chunks.append(lp * attn[sl])
-        out = torch.cat(chunks).cpu()
+                lp = self._target_logprobs(ids[rows, :width], attn[rows, :width], targets[rows, :width], temperature)
+            out[rows, :width] = lp
+        out = out.cpu()
         if not torch.isfinite(out).all():
             raise ExperimentError(f"non-finite {'reference' if reference else 'policy'} logprobs")
         return out
@@ -211,8 +292,8 @@ class LocalEngine:
         self.model.train()
         noise = torch.Generator(device=self.device).manual_seed(loss.noise_seed)
         totals: dict[str, float] = {}
-        for start in range(0, batch.num_sequences, loss.micro_batch_size):
-            sl = slice(start, start + loss.micro_batch_size)
+        for sl in torch.split(self._length_order(batch.attention_mask_NT), loss.micro_batch_size):
+            start = int(sl[0])
             width = int(batch.attention_mask_NT[sl].sum(-1).max())  # right padding: trim unused columns
             part = {name: t[sl, :width].to(self.device) for name, t in (
                 ("ids", batch.input_ids_NT), ("attn", batch.attention_mask_NT), ("mask", batch.loss_mask_NT),
@@ -223,7 +304,7 @@ class LocalEngine:
             total = aggregate_loss(loss_NT, part["mask"], loss.aggregation, total_tokens=normalizer,
                                    total_sequences=batch.num_sequences, length_norm=loss.length_norm)
             if not torch.isfinite(total):
-                raise ExperimentError(f"non-finite loss in micro-batch starting at sequence {start}")
+                raise ExperimentError(f"non-finite loss in the micro-batch with sequence {start}")
             total.backward()
             weight = float(part["mask"].sum()) / normalizer
             totals["loss"] = totals.get("loss", 0.0) + float(total.detach())
@@ -234,14 +315,17 @@ class LocalEngine:
 
     def _micro_batch_loss(self, part: dict[str, torch.Tensor], loss: LossSpec, noise: torch.Generator):
         """Per-token loss [n, T] of one micro-batch (aligned to targets), with its metrics."""
-        logits_NTV = self._logits(part["ids"], part["attn"])
         if loss.name == TOKEN_NOISER:
+            logits_NTV = self._logits(part["ids"], part["attn"])
             # a supervised step on the batch's own tokens; needs the full distribution, not just gathered logprobs
             loss_nt, metrics = token_noiser_loss(logits_NTV, part["ids"][:, 1:], part["mask"][:, 1:],
                                                  epsilon=loss.epsilon, generator=noise, temperature=loss.temperature)
             return F.pad(loss_nt, (1, 0)), metrics
-        logp_NT = F.pad(selective_log_softmax(logits_NTV, part["ids"][:, 1:], temperature=loss.temperature), (1, 0))
-        loss_NT, metrics = LOSSES[loss.name](logp_NT, part["old"], part["adv"], part["mask"],
+        logp_NT = self._target_logprobs(part["ids"], part["attn"], part["mask"], loss.temperature)
+        # on-policy (one update per rollout batch) the behaviour policy is the current one: ratio = 1 exactly,
+        # whatever the sampler's numerics (a bf16 KV-cache decode differs from this forward by ~1e-2)
+        old_NT = logp_NT.detach() if loss.old_logprobs == "current" else part["old"]
+        loss_NT, metrics = LOSSES[loss.name](logp_NT, old_NT, part["adv"], part["mask"],
                                              clip_low=loss.clip_low, clip_high=loss.clip_high)
         if loss.kl_beta > 0:
             kl_NT = kl_penalty_loss(logp_NT, part["ref"], loss.kl_estimator)
@@ -259,6 +343,7 @@ class LocalEngine:
             raise ExperimentError(f"non-finite gradient norm ({float(grad_norm)})")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._sampler_synced = False
         return {"grad_norm": float(grad_norm), "lr": adam.lr}
 
     # ----- state ------------------------------------------------------------------------------------
@@ -286,6 +371,7 @@ class LocalEngine:
         if unexpected:
             raise UserError(f"adapter in {path} does not match the model ({len(unexpected)} unexpected keys)")
         self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=self.device))
+        self._sampler_synced = False
         if (path / RNG_FILE).is_file():
             rng = torch.load(path / RNG_FILE, weights_only=False)
             torch.set_rng_state(rng["cpu"])

@@ -75,6 +75,13 @@ def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(row[k] for row in rows if k in row) / sum(k in row for row in rows) for k in keys}
 
 
+def old_logprobs_mode(t: TrainingConfig) -> str:
+    """'auto' -> 'current' when the rollout batch gets exactly one update (on-policy), else 'sampler'."""
+    if t.old_logprobs != "auto":
+        return t.old_logprobs
+    return "current" if t.ppo_epochs == 1 and t.mini_batches == 1 else "sampler"
+
+
 def rl_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
     """ppo_epochs passes over the rollout batch, each split into mini_batches optimizer steps.
 
@@ -87,7 +94,7 @@ def rl_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> d
     spec = LossSpec(name=t.loss, clip_low=t.clip_low, clip_high=t.clip_high, temperature=s.temperature,
                     kl_beta=config.reward.kl_beta if config.reward.kl_in == "loss" else 0.0,
                     kl_estimator=config.reward.kl_estimator, micro_batch_size=t.micro_batch_size,
-                    aggregation=t.loss_agg, length_norm=float(s.max_new_tokens))
+                    aggregation=t.loss_agg, length_norm=float(s.max_new_tokens), old_logprobs=old_logprobs_mode(t))
     rows: list[dict[str, float]] = []
     for epoch in range(t.ppo_epochs):
         order = torch.arange(n)
@@ -133,7 +140,9 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
 
     # KL to the frozen base: on-policy, the sampling logprobs are the policy's, so one base pass suffices
     ref_NT = parts.engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], reference=True,
-                                   temperature=s.temperature, micro_batch_size=t.micro_batch_size)
+                                   temperature=s.temperature, micro_batch_size=t.micro_batch_size,
+                                   targets_NT=tensors["loss_mask_NT"])
+    t_reference = time.perf_counter()
     kl_N = sequence_kl(tensors["sampling_logprobs_NT"], ref_NT, tensors["loss_mask_NT"],
                        config.reward.kl_estimator)
 
@@ -176,6 +185,8 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
         **{f"adv/{k}": float(v) for k, v in adv_metrics.items()},
         **{f"train/{k}": float(v) for k, v in train_metrics.items()},
         "time/sample_s": t_sample - timer, "time/score_s": t_score - t_sample, "time/train_s": t_train - t_score,
+        "time/reference_s": t_reference - t_sample,
+        "tokens/prompt": float(sum(len(c.prompt_tokens) for c in completions)), "tokens/completion": float(mask.sum()),
     }
     samples = [{
         "step": step, "uid": p.uid, "category": p.category, "prompt": p.messages[-1]["content"],

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _engine(model_dir: Path, seed: int = 0) -> LocalEngine:
-    return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", lora_rank=4), seed=seed)
+    return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"), seed=seed)
 
 
 def _flat(groups: list[list[Completion]]) -> list[Completion]:

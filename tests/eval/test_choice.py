@@ -94,7 +94,7 @@ def engine(tiny_model_dir: Path):
     from purplerl.config import ModelConfig
     from purplerl.engines.local import LocalEngine
 
-    return LocalEngine(ModelConfig(name=str(tiny_model_dir), device="cpu"))
+    return LocalEngine(ModelConfig(name=str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
 def test_scores_equal_a_forward_pass_by_hand(engine, tiny_model_dir: Path, one_torch_thread) -> None:

@@ -47,7 +47,7 @@ def test_embedded_sampling_logprobs_match_recomputation():
     from purplerl.train.batch import sequence_tensors
     from purplerl.types import SamplingParams
 
-    engine = LocalEngine(ModelConfig(device="cpu"), seed=0)
+    engine = LocalEngine(ModelConfig(device="cpu", dtype="float32"), seed=0)
     prompts = [engine.tokenizer.encode(t) for t in ("Tell me a joke.", "Insult my neighbour in one sentence please.")]
     groups = engine.sample(prompts, 2, SamplingParams(max_new_tokens=12, seed=3))
     flat = [c for g in groups for c in g]

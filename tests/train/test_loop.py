@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _config(model_dir: Path, steps: int = 3, **training: object) -> Config:
-    return Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4),
+    return Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
                   sampling=SamplingConfig(group_size=G, max_new_tokens=5),
                   training=TrainingConfig(steps=steps, batch_size=B, lr=1e-2, micro_batch_size=4, **training),
                   run=RunConfig(save_every=2, keep_last=5), logging=LoggingConfig(progress=False))
@@ -162,7 +162,8 @@ def test_policy_learns_to_emit_rewarded_tokens(tiny_model_dir: Path, tmp_path: P
         count = torch.tensor([float(sum(t in targets for t in c.tokens)) for c in completions])
         return RewardBreakdown(total_N=count, components={"toxicity": count, "kl": kl_N})
 
-    config = Config(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4, lora_targets="lm_head"),
+    config = Config(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4, lora_targets="lm_head",
+                                      dtype="float32"),
                     sampling=SamplingConfig(group_size=8, max_new_tokens=8),
                     training=TrainingConfig(steps=20, batch_size=2, lr=5e-2, micro_batch_size=16),
                     run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _config(model_dir: Path, steps: int = 2, reward: dict | None = None, **training: object) -> Config:
-    return Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4),
+    return Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
                   sampling=SamplingConfig(group_size=2, max_new_tokens=5),
                   training=TrainingConfig(steps=steps, batch_size=2, lr=1e-2, micro_batch_size=4, **training),
                   reward=RewardConfig(**(reward or {})),

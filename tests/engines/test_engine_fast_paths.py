@@ -1,0 +1,177 @@
+"""The local engine's fast paths against its plain ones, on tiny random Llamas.
+
+- the merged sampler (a plain model copy with the LoRA delta written in) samples what the PEFT model would;
+- LM-head-only-at-scored-positions gives the full-logits logprobs and gradients;
+- on-policy "current" old logprobs give the exact on-policy gradient whatever the sampler's numerics;
+- a bf16 base stays within a stated tolerance of fp32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from purplerl.config import Config, ModelConfig, TrainingConfig
+from purplerl.engines import loading
+from purplerl.engines.local import LocalEngine
+from purplerl.train.batch import build_train_batch, sequence_tensors
+from purplerl.train.loop import old_logprobs_mode
+from purplerl.types import AdamParams, LossSpec, SamplingParams, TrainBatch
+
+PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
+PAD = 2
+ADVANTAGES_N = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _engine(model_dir: Path, **model_kw) -> LocalEngine:
+    kw = {"lora_rank": 4, "dtype": "float32", **model_kw}
+    return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", **kw), seed=0)
+
+
+def _sample(engine: LocalEngine, seed: int, max_new_tokens: int = 8):
+    groups = engine.sample(PROMPTS, 2, SamplingParams(max_new_tokens=max_new_tokens, seed=seed))
+    comps = [c for g in groups for c in g]
+    return comps, sequence_tensors(comps, PAD)
+
+
+def _train(engine: LocalEngine, seed: int, lr: float = 5e-2) -> None:
+    _, tensors = _sample(engine, seed)
+    engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), LossSpec("importance_sampling"))
+    engine.optim_step(AdamParams(lr=lr))
+
+
+def _grads(engine: LocalEngine, batch: TrainBatch, spec: LossSpec) -> torch.Tensor:
+    engine.forward_backward(batch, spec)
+    flat = torch.cat([p.grad.flatten() for p in engine.trainable])
+    engine.optimizer.zero_grad(set_to_none=True)
+    return flat
+
+
+def test_merged_sampler_draws_what_the_adapter_model_draws(tiny_model_dir: Path, tmp_path: Path) -> None:
+    merged, plain = _engine(tiny_model_dir), _engine(tiny_model_dir, merged_sampler=False)
+    assert merged._sampler is not None and plain._sampler is None
+    for step in range(3):  # the sampler must follow every optimizer step
+        _train(merged, seed=step)
+        _train(plain, seed=step)
+        a, _ = _sample(merged, seed=100 + step)
+        b, _ = _sample(plain, seed=100 + step)
+        assert [c.tokens for c in a] == [c.tokens for c in b]
+        for x, y in zip(a, b, strict=True):
+            assert torch.allclose(x.logprobs_C, y.logprobs_C, atol=1e-5)
+    # the adapter changed the sampler's weights, and the PEFT base weights stayed untouched
+    q_name = "model.layers.0.self_attn.q_proj"
+    peft_q = merged.model.get_base_model().get_submodule(q_name)
+    assert not torch.equal(merged._sampler.get_submodule(q_name).weight, peft_q.get_base_layer().weight)
+    # load() resyncs too: a fresh engine restoring the adapter samples the same tokens
+    merged.save(tmp_path / "ckpt")
+    fresh = _engine(tiny_model_dir)
+    fresh.load(tmp_path / "ckpt")
+    assert [c.tokens for c in _sample(fresh, seed=7)[0]] == [c.tokens for c in _sample(merged, seed=7)[0]]
+
+
+def test_lora_on_a_tied_lm_head_unties_it_in_the_sampler_only(tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import make_tiny_tokenizer
+
+    tokenizer = make_tiny_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=True,
+                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(tmp_path))
+    tokenizer.save_pretrained(str(tmp_path))
+    engine = _engine(tmp_path, lora_targets="lm_head")
+    embeddings_before = engine._sampler.get_input_embeddings().weight.clone()
+    _train(engine, seed=1, lr=0.2)
+    comps, tensors = _sample(engine, seed=2)
+    # the sampler's embeddings are still the base's; only its LM head carries the LoRA delta
+    assert torch.equal(engine._sampler.get_input_embeddings().weight, embeddings_before)
+    assert not torch.equal(engine._sampler.get_output_embeddings().weight, embeddings_before)
+    recomputed = engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"])
+    mask = tensors["loss_mask_NT"]
+    assert float(((recomputed - tensors["sampling_logprobs_NT"]) * mask).abs().max()) <= 1e-4
+
+
+def test_head_only_scoring_equals_full_logits_in_values_and_gradients(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir)
+    _train(engine, seed=3)
+    _, tensors = _sample(engine, seed=4)
+    ids, attn, mask = tensors["input_ids_NT"], tensors["attention_mask_NT"], tensors["loss_mask_NT"]
+    batch = build_train_batch(tensors, ADVANTAGES_N)
+    spec = LossSpec("ppo_clip", micro_batch_size=4)
+    assert engine._head_only
+    fast_lp = engine.logprobs(ids, attn)
+    fast_ref = engine.logprobs(ids, attn, reference=True, targets_NT=mask)
+    fast_grad = _grads(engine, batch, spec)
+    engine._head_only = False
+    full_lp = engine.logprobs(ids, attn)
+    full_ref = engine.logprobs(ids, attn, reference=True, targets_NT=mask)
+    full_grad = _grads(engine, batch, spec)
+    assert torch.allclose(fast_lp, full_lp, atol=1e-5)
+    assert torch.allclose(fast_ref, full_ref, atol=1e-5)
+    assert torch.allclose(fast_grad, full_grad, atol=1e-6, rtol=1e-4)
+    # targets_NT limits scoring to the completion: zero elsewhere, the same values on it
+    assert torch.equal(fast_ref, fast_ref * mask)
+    assert torch.allclose(fast_ref, engine.logprobs(ids, attn, reference=True) * mask, atol=1e-6)
+    assert float(fast_lp[:, 0].abs().max()) == 0.0 and float((fast_lp * (1 - mask)).abs().sum()) > 0
+
+
+def test_current_old_logprobs_give_the_exact_on_policy_gradient(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir)
+    _train(engine, seed=5)
+    _, tensors = _sample(engine, seed=6)
+    exact = build_train_batch(tensors, ADVANTAGES_N)  # fp32: sampling logprobs == the policy's to ~1e-6
+    skewed_lp = tensors["sampling_logprobs_NT"] + 0.3 * tensors["loss_mask_NT"]  # a sampler with other numerics
+    skewed = build_train_batch({**tensors, "sampling_logprobs_NT": skewed_lp}, ADVANTAGES_N)
+    for loss in ("importance_sampling", "ppo_clip"):
+        reference = _grads(engine, exact, LossSpec(loss))
+        current = _grads(engine, skewed, LossSpec(loss, old_logprobs="current"))
+        off = _grads(engine, skewed, LossSpec(loss, old_logprobs="sampler"))
+        assert torch.allclose(current, reference, atol=1e-6, rtol=1e-4)
+        assert not torch.allclose(off, reference, atol=1e-6, rtol=1e-4)  # the skew matters when used
+
+
+@pytest.mark.parametrize(("mode", "epochs", "minis", "expected"), [
+    ("auto", 1, 1, "current"), ("auto", 2, 1, "sampler"), ("auto", 1, 4, "sampler"),
+    ("sampler", 1, 1, "sampler"), ("current", 2, 2, "current")])
+def test_old_logprobs_auto_is_current_only_for_one_update_per_batch(mode, epochs, minis, expected) -> None:
+    t = TrainingConfig(old_logprobs=mode, ppo_epochs=epochs, mini_batches=minis)
+    assert old_logprobs_mode(Config(training=t).training) == expected
+
+
+def test_auto_dtype_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(loading, "cpu_has_fast_bf16", lambda: True)
+    assert loading.resolve_dtype("auto", cpu) == torch.bfloat16
+    monkeypatch.setattr(loading, "cpu_has_fast_bf16", lambda: False)
+    assert loading.resolve_dtype("auto", cpu) == torch.float32
+    assert loading.resolve_dtype("float32", cpu) == torch.float32
+
+
+def test_bf16_base_stays_within_tolerance_of_fp32(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Same adapter, same batch: bf16 logprobs within 0.05 nats per token (mean 0.01), gradient cosine > 0.99."""
+    fp32 = _engine(tiny_model_dir)
+    _train(fp32, seed=8)
+    fp32.save(tmp_path / "adapter")
+    bf16 = _engine(tiny_model_dir, dtype="bfloat16")
+    bf16.load(tmp_path / "adapter")
+    assert all(p.dtype == torch.float32 for p in bf16.trainable)  # LoRA master weights stay fp32
+    assert bf16.model.get_base_model().get_input_embeddings().weight.dtype == torch.bfloat16
+    _, tensors = _sample(fp32, seed=9, max_new_tokens=12)
+    ids, attn, mask = tensors["input_ids_NT"], tensors["attention_mask_NT"], tensors["loss_mask_NT"]
+    diff = (fp32.logprobs(ids, attn) - bf16.logprobs(ids, attn))[mask.bool()].abs()
+    assert float(diff.max()) < 0.05 and float(diff.mean()) < 0.01
+    batch = build_train_batch(tensors, ADVANTAGES_N)
+    spec = LossSpec("ppo_clip", old_logprobs="current")
+    g32, g16 = _grads(fp32, batch, spec), _grads(bf16, batch, spec)
+    assert float(torch.nn.functional.cosine_similarity(g32, g16, dim=0)) > 0.99
+    assert float(g16.norm() / g32.norm()) == pytest.approx(1.0, abs=0.05)
+    # and the bf16 merged sampler samples from (nearly) the same distribution as its own scorer
+    comps, t16 = _sample(bf16, seed=10, max_new_tokens=12)
+    drift = (bf16.logprobs(t16["input_ids_NT"], t16["attention_mask_NT"]) - t16["sampling_logprobs_NT"])
+    assert float(drift[t16["loss_mask_NT"].bool()].abs().mean()) < 0.01
