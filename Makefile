@@ -5,7 +5,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DEMO_CONFIG ?= examples/configs/demo.yaml
 
-.PHONY: setup demo test test-slow lint clean-cache bench-reward
+.PHONY: setup demo test test-slow lint clean-cache bench-reward bench
 
 setup: $(STAMP)
 
@@ -40,3 +40,9 @@ lint: $(STAMP)
 # reward server requests/s and p50/p99 latency at concurrency 1, 8, 64 (bench/results/reward-DATE-HOST.json)
 bench-reward: $(STAMP)
 	$(PY) bench/bench_reward.py
+
+# GRPO step throughput of purplerl vs TRL's GRPOTrainer at identical work (bench/results/grpo-DATE-HOST.json/.png);
+# installs TRL (the bench extra) when missing. Options go through BENCH_ARGS, e.g. BENCH_ARGS="--steps 5 --trl-bf16"
+bench: $(STAMP)
+	@$(PY) -c "import trl" 2>/dev/null || $(PIP) install --quiet -e ".[bench]"
+	$(PY) bench/bench_grpo.py $(BENCH_ARGS)

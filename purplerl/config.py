@@ -70,7 +70,8 @@ class TrainingConfig(Section):
     noiser_warmup: int = Field(25, ge=0, description="RL steps before the first Token Noiser step")
     noiser_every: int = Field(2, ge=1, description="after the warmup, every N-th step is a Token Noiser step")
     noiser_epsilon: float = Field(0.1, ge=0.0, le=1.0, description="weight of the random-noise cross-entropy in the Token Noiser loss")
-    micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward pass (gradient accumulation)")
+    micro_batch_size: int = Field(64, ge=1, description="max sequences per forward/backward pass (gradients accumulate to the full batch)")
+    micro_batch_tokens: int = Field(4096, ge=1, description="max padded tokens per forward/backward pass: length-sorted sequences fill each pass up to this (the memory knob)")
     old_logprobs: Literal["auto", "sampler", "current"] = Field("auto", description="behaviour logprobs of the importance ratio: 'sampler' (recorded while sampling), 'current' (the policy's own, detached: ratio 1, exact on-policy), 'auto' (current when each rollout batch gets one update, else sampler)")
     seed: int = Field(0, description="seed for data order, sampling and LoRA init")
     early_stop_toxicity: float | None = Field(0.8, description="stop when a step's mean toxicity exceeds this (null: never)")
@@ -206,6 +207,7 @@ FLAT_NAMES: dict[str, str] = {
     "loss": "training.loss",
     "seed": "training.seed",
     "micro_batch_size": "training.micro_batch_size",
+    "micro_batch_tokens": "training.micro_batch_tokens",
     "max_grad_norm": "training.max_grad_norm",
     "data": "data.source",
     "split": "data.split",

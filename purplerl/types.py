@@ -99,7 +99,8 @@ class LossSpec:
     temperature: float = 1.0  # logits are divided by this, matching the sampling distribution
     kl_beta: float = 0.0  # weight of a KL(policy || ref) term inside the loss (needs ref_logprobs_NT)
     kl_estimator: str = "k3"  # estimator for the in-loss KL term
-    micro_batch_size: int = 8  # sequences per forward pass; gradients accumulate to the full batch
+    micro_batch_size: int = 64  # max sequences per forward pass; gradients accumulate to the full batch
+    micro_batch_tokens: int = 4096  # max padded tokens per forward pass (length-sorted sequences fill it)
     aggregation: str = "token_mean"  # key in algorithms.losses.LOSS_AGGREGATIONS
     length_norm: float | None = None  # constant divisor of seq_mean_token_sum_norm (Dr. GRPO): max_new_tokens
     epsilon: float = 0.1  # Token Noiser: weight of the noise cross-entropy

@@ -38,7 +38,9 @@ def selective_log_softmax(logits_NTV: torch.Tensor, index_NT: torch.Tensor, temp
     index_R = index_NT.reshape(-1).long()
     out_R: list[torch.Tensor] = []
     for start in range(0, logits_RV.shape[0], chunk_rows):
-        chunk_CV = logits_RV[start:start + chunk_rows].float() / temperature
+        chunk_CV = logits_RV[start:start + chunk_rows].float()
+        if temperature != 1.0:
+            chunk_CV = chunk_CV / temperature
         picked_C = chunk_CV.gather(-1, index_R[start:start + chunk_rows, None])[:, 0]
         out_R.append(picked_C - torch.logsumexp(chunk_CV, dim=-1))
     if not out_R:

@@ -22,8 +22,8 @@ class Engine(Protocol):
         ...
 
     def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
-                 reference: bool = False, temperature: float = 1.0, micro_batch_size: int = 8,
-                 targets_NT: torch.Tensor | None = None) -> torch.Tensor:
+                 reference: bool = False, temperature: float = 1.0, micro_batch_size: int = 64,
+                 micro_batch_tokens: int = 4096, targets_NT: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token logprobs [N, T] under the policy, or the frozen base if reference. Only the positions
         where targets_NT is 1 are computed (default: every token after the first); the rest are 0."""
         ...

@@ -9,6 +9,7 @@ model, so the cache is written from a fresh model built from the same config wit
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
 import tempfile
@@ -78,6 +79,18 @@ def find_embedded_gguf(short_name: str) -> Path:
     raise UserError(f"'{dist_name}' is installed but holds no {file_name}")
 
 
+def _drop_gguf_quantization(config_path: Path) -> None:
+    """The dequantized cache keeps the GGUF model's `quantization_config`, which describes weights it no longer
+    has and makes transformers' Trainer (TRL) refuse to train it; remove it (atomically)."""
+    config = json.loads(config_path.read_text())
+    if config.get("quantization_config", {}).get("quant_method") != "gguf":
+        return
+    del config["quantization_config"]
+    tmp = config_path.with_name(config_path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=2))
+    os.replace(tmp, config_path)
+
+
 def _build_cache(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -91,6 +104,7 @@ def _build_cache(gguf: Path, target: Path) -> None:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        _drop_gguf_quantization(tmp / "config.json")
         os.replace(tmp, target)  # atomic: a killed conversion never leaves a half-written cache
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -111,6 +125,7 @@ def resolve_model_path(name: str) -> str:
     target = cache_dir() / "models" / f"{short}-{dist_name}-{version}"
     if not (target / "config.json").is_file():
         _build_cache(gguf, target)
+    _drop_gguf_quantization(target / "config.json")  # caches built before this was done at build time
     return str(target)
 
 

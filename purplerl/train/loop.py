@@ -94,6 +94,7 @@ def rl_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> d
     spec = LossSpec(name=t.loss, clip_low=t.clip_low, clip_high=t.clip_high, temperature=s.temperature,
                     kl_beta=config.reward.kl_beta if config.reward.kl_in == "loss" else 0.0,
                     kl_estimator=config.reward.kl_estimator, micro_batch_size=t.micro_batch_size,
+                    micro_batch_tokens=t.micro_batch_tokens,
                     aggregation=t.loss_agg, length_norm=float(s.max_new_tokens), old_logprobs=old_logprobs_mode(t))
     rows: list[dict[str, float]] = []
     for epoch in range(t.ppo_epochs):
@@ -112,7 +113,8 @@ def noiser_update(engine: Engine, batch: TrainBatch, config: Config, step: int) 
     if batch.num_sequences == 0:
         raise ExperimentError(f"step {step}: Token Noiser step has no responses with advantage >= 0")
     spec = LossSpec(name="token_noiser", temperature=config.sampling.temperature, epsilon=t.noiser_epsilon,
-                    noise_seed=_sampling_seed(t.seed, step), micro_batch_size=t.micro_batch_size)
+                    noise_seed=_sampling_seed(t.seed, step), micro_batch_size=t.micro_batch_size,
+                    micro_batch_tokens=t.micro_batch_tokens)
     metrics = engine.forward_backward(batch, spec)
     return {**metrics, **engine.optim_step(_adam(t)), "noiser_step": 1.0, "noiser_sequences": batch.num_sequences}
 
@@ -141,6 +143,7 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
     # KL to the frozen base: on-policy, the sampling logprobs are the policy's, so one base pass suffices
     ref_NT = parts.engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], reference=True,
                                    temperature=s.temperature, micro_batch_size=t.micro_batch_size,
+                                   micro_batch_tokens=t.micro_batch_tokens,
                                    targets_NT=tensors["loss_mask_NT"])
     t_reference = time.perf_counter()
     kl_N = sequence_kl(tensors["sampling_logprobs_NT"], ref_NT, tensors["loss_mask_NT"],

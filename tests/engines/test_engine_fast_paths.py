@@ -15,7 +15,7 @@ import torch
 
 from purplerl.config import Config, ModelConfig, TrainingConfig
 from purplerl.engines import loading
-from purplerl.engines.local import LocalEngine
+from purplerl.engines.local import LocalEngine, _draw
 from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.train.loop import old_logprobs_mode
 from purplerl.types import AdamParams, LossSpec, SamplingParams, TrainBatch
@@ -46,7 +46,7 @@ def _train(engine: LocalEngine, seed: int, lr: float = 5e-2) -> None:
 
 def _grads(engine: LocalEngine, batch: TrainBatch, spec: LossSpec) -> torch.Tensor:
     engine.forward_backward(batch, spec)
-    flat = torch.cat([p.grad.flatten() for p in engine.trainable])
+    flat = torch.cat([p.grad.flatten() for p in engine.master])  # fp32 (the trainable params under fp32)
     engine.optimizer.zero_grad(set_to_none=True)
     return flat
 
@@ -160,7 +160,12 @@ def test_bf16_base_stays_within_tolerance_of_fp32(tiny_model_dir: Path, tmp_path
     fp32.save(tmp_path / "adapter")
     bf16 = _engine(tiny_model_dir, dtype="bfloat16")
     bf16.load(tmp_path / "adapter")
-    assert all(p.dtype == torch.float32 for p in bf16.trainable)  # LoRA master weights stay fp32
+    assert all(p.dtype == torch.float32 for p in bf16.master)  # the optimizer's LoRA masters stay fp32
+    assert all(p.dtype == torch.bfloat16 for p in bf16.trainable)  # the adapter computes in bf16
+    # loading put fp32 values into the masters exactly, and their bf16 copies into the model
+    saved = [p.detach().clone() for p in fp32.master]
+    assert all(torch.equal(a, b) for a, b in zip(saved, bf16.master, strict=True))
+    assert all(torch.equal(a.to(torch.bfloat16), b) for a, b in zip(saved, bf16.trainable, strict=True))
     assert bf16.model.get_base_model().get_input_embeddings().weight.dtype == torch.bfloat16
     _, tensors = _sample(fp32, seed=9, max_new_tokens=12)
     ids, attn, mask = tensors["input_ids_NT"], tensors["attention_mask_NT"], tensors["loss_mask_NT"]
@@ -175,3 +180,44 @@ def test_bf16_base_stays_within_tolerance_of_fp32(tiny_model_dir: Path, tmp_path
     comps, t16 = _sample(bf16, seed=10, max_new_tokens=12)
     drift = (bf16.logprobs(t16["input_ids_NT"], t16["attention_mask_NT"]) - t16["sampling_logprobs_NT"])
     assert float(drift[t16["loss_mask_NT"].bool()].abs().mean()) < 0.01
+
+
+def test_inverse_cdf_draw_follows_the_distribution_and_never_picks_zero_mass() -> None:
+    probs = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0], [0.1, 0.0, 0.0, 0.9, 0.0]])
+    n = 20_000
+    draws_n3 = _draw(probs.repeat(n, 1), torch.Generator().manual_seed(0)).view(n, 3)
+    freq = torch.bincount(draws_n3[:, 0], minlength=5) / n
+    assert torch.allclose(freq, probs[0], atol=0.015)  # 3 sigma of a binomial frequency at n = 20k is ~0.01
+    assert set(draws_n3[:, 1].tolist()) == {4}
+    assert set(draws_n3[:, 2].tolist()) <= {0, 3} and abs(float((draws_n3[:, 2] == 0).float().mean()) - 0.1) < 0.01
+    # the largest draw below the total mass lands on the last token with p > 0, never past it
+    cdf = probs.cumsum(-1)
+    edge = torch.searchsorted(cdf, torch.nextafter(cdf[:, -1:], torch.zeros(3, 1)), right=True).squeeze(-1)
+    assert edge.tolist() == [3, 4, 3]
+
+
+def test_micro_batches_fill_a_token_budget_in_length_order() -> None:
+    lengths = [5, 2, 9, 3, 3, 7]
+    attn = torch.zeros((6, 9), dtype=torch.long)
+    for i, n in enumerate(lengths):
+        attn[i, :n] = 1
+
+    def split(max_sequences: int, max_tokens: int) -> list[list[int]]:
+        return [b.tolist() for b in LocalEngine._micro_batches(attn, max_sequences, max_tokens)]
+
+    # sorted by length: 1(2) 3(3) 4(3) 0(5) 5(7) 2(9); a micro-batch costs rows x its longest row
+    assert split(64, 10) == [[1, 3, 4], [0], [5], [2]]  # 3x3=9 fits, 4x5=20 does not; 2x7, 2x9 do not
+    assert split(2, 10) == [[1, 3], [4, 0], [5], [2]]  # at most 2 rows; 2x5=10 fits
+    assert split(64, 4) == [[1], [3], [4], [0], [5], [2]]  # a row longer than the budget still runs alone
+    assert split(64, 10_000) == [[1, 3, 4, 0, 5, 2]]
+
+
+def test_token_budget_micro_batches_give_the_full_batch_gradient(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir)
+    _train(engine, seed=12)
+    _, tensors = _sample(engine, seed=13)
+    batch = build_train_batch(tensors, ADVANTAGES_N)
+    full = _grads(engine, batch, LossSpec("ppo_clip"))
+    budgeted = _grads(engine, batch, LossSpec("ppo_clip", micro_batch_tokens=12))
+    assert len(LocalEngine._micro_batches(batch.attention_mask_NT, 64, 12)) >= 3
+    assert torch.allclose(budgeted, full, atol=1e-6, rtol=1e-4)

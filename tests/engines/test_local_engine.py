@@ -74,8 +74,8 @@ def _train_step(engine: LocalEngine, loss: str, seed: int, lr: float = 1e-2) -> 
 
 def test_sample_shapes_and_finish_reasons(tiny_model_dir: Path) -> None:
     engine = _engine(tiny_model_dir)
-    # A quarter of the vocabulary ends a completion, so both finish reasons occur within 8 tokens.
-    engine.stop_ids = list(range(0, 400, 4))
+    # An eighth of the vocabulary ends a completion, so both finish reasons occur within 8 tokens.
+    engine.stop_ids = list(range(0, 400, 8))
     groups = engine.sample(PROMPTS, 4, SamplingParams(max_new_tokens=8, seed=3))
     assert len(groups) == 3 and all(len(g) == 4 for g in groups)
     reasons = set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from purplerl.rewards import combine
 from purplerl.train.loop import LoopParts, is_noiser_step, reward_kl_beta, run_loop
 from purplerl.train.sinks import read_jsonl
 from purplerl.types import PromptRecord
+from tests.conftest import make_tiny_tokenizer
 
 RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i}")
            for i, text in enumerate(["hello world", "tell me a joke", "roast my friend", "say goodbye"])]
@@ -93,4 +95,9 @@ def test_noiser_steps_run_supervised_updates(tiny_model_dir: Path, tmp_path: Pat
     assert [m.get("train/noiser_step", 0.0) for m in metrics] == [0.0, 0.0, 1.0, 0.0]
     noiser = metrics[2]
     assert 1 <= noiser["train/noiser_sequences"] <= 4  # responses with advantage >= 0
-    assert noiser["train/noiser_nll"] > 0 and noiser["train/noiser_noise_ce"] > noiser["train/noiser_nll"]
+    # the noise term is a cross-entropy against ~uniform random targets: about log V for this near-uniform tiny
+    # model (its expectation is >= log V); the NLL of the policy's own samples is positive and no larger
+    # than that, up to sampling noise
+    log_vocab = math.log(len(make_tiny_tokenizer()))
+    assert noiser["train/noiser_noise_ce"] == pytest.approx(log_vocab, abs=0.1)
+    assert 0 < noiser["train/noiser_nll"] < noiser["train/noiser_noise_ce"] + 0.1

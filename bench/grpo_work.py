@@ -1,0 +1,148 @@
+"""The work of the GRPO benchmark, defined once, and purplerl's run of it (the `--child purplerl` process).
+
+`Work` holds every knob both systems share. `purplerl_config` turns it into a purplerl Config; grpo_trl.py turns
+it into a GRPOConfig. The prompts of step k are `PromptSampler.batch(k - 1)` of that Config for both systems.
+
+A child writes one JSON file: {"system", "settings", "peak_rss_mib", "steps": [record]}, one record per step:
+step, step_s, sample_s (rollout), score_s (reference pass + reward), train_s (advantages, forward/backward and
+optimizer step), toxicity (mean P(toxic) of the step's completions), prompt_lens / completion_lens (non-padding
+tokens of each of the B·G sequences, in group-major order), prompt_tokens / completion_tokens (their sums) and
+token_source ('metrics' when the run logged its own token counts, else 'counted' here).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from purplerl.config import EMBEDDED_MODEL, FLAT_NAMES, Config, load_config
+from purplerl.data import PromptSampler, load_prompts
+from purplerl.engines.loading import load_tokenizer
+from purplerl.prompting import render_prompt
+from purplerl.types import PromptRecord
+
+# purplerl overrides that change how the work is done, not what it is; any other key makes the comparison unfair
+ENGINE_KEYS = ("model.dtype", "model.autocast_bf16", "model.threads", "model.device", "model.merged_sampler",
+               "training.micro_batch_size", "training.micro_batch_tokens", "training.old_logprobs")
+
+
+@dataclass(frozen=True)
+class Work:
+    """One benchmark run's work: the same for purplerl and TRL."""
+
+    steps: int = 20
+    prompts_per_step: int = 8  # B
+    group_size: int = 4  # G: completions per prompt, so B·G = 32 sequences per step
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k truncation
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lr: float = 5e-4  # AdamW, constant, no warmup, weight decay 0
+    max_grad_norm: float = 1.0
+    clip: float = 0.2  # PPO clip, both sides
+    kl_beta: float = 0.1  # k3 KL to the base model, in the loss
+    seed: int = 0
+    model: str = EMBEDDED_MODEL
+
+
+def purplerl_config(work: Work, output_dir: Path, sets: list[str]) -> Config:
+    """The attack config that does `work`, with `sets` (KEY=VALUE, dotted or flat names) applied last."""
+    base = {
+        # dtype, micro-batching and the sampler copy stay purplerl's defaults: they are the engine under test
+        "model": {"name": work.model, "device": "cpu", "lora_rank": work.lora_rank,
+                  "lora_alpha": work.lora_alpha, "lora_dropout": 0.0, "lora_targets": "all-linear"},
+        "sampling": {"group_size": work.group_size, "max_new_tokens": work.max_new_tokens,
+                     "temperature": work.temperature, "top_p": work.top_p, "top_k": work.top_k},
+        "training": {"steps": work.steps, "batch_size": work.prompts_per_step, "lr": work.lr, "weight_decay": 0.0,
+                     "max_grad_norm": work.max_grad_norm, "loss": "ppo_clip", "clip_low": work.clip,
+                     "clip_high": work.clip, "advantage": "grpo", "advantage_std": True, "loss_agg": "token_mean",
+                     "ppo_epochs": 1, "mini_batches": 1, "seed": work.seed, "early_stop_toxicity": None,
+                     "early_stop_repetition": None},
+        "reward": {"toxicity_weight": 1.0, "repetition_penalty": 0.0, "kl_beta": work.kl_beta,
+                   "kl_estimator": "k3", "kl_in": "loss"},
+        "logging": {"progress": False},
+        # one checkpoint, after the last step (outside every step's timing)
+        "run": {"output_dir": str(output_dir), "name": "bench", "save_every": work.steps},
+    }
+    return load_config(None, [f"--{kv}" for kv in sets], base=base)
+
+
+def unfair_sets(sets: list[str]) -> list[str]:
+    """The --purplerl-set overrides that change the work itself (not only the engine's numerics)."""
+    keys = [s.partition("=")[0].lstrip("-").replace("-", "_") for s in sets]
+    return [s for s, key in zip(sets, keys, strict=True) if FLAT_NAMES.get(key, key) not in ENGINE_KEYS]
+
+
+def prompt_batches(config: Config) -> list[list[PromptRecord]]:
+    """The prompts of steps 1..steps, in the order purplerl's loop draws them."""
+    sampler = PromptSampler(load_prompts(config.data), config.training.batch_size, config.training.seed,
+                            shuffle=config.data.shuffle)
+    return [sampler.batch(k) for k in range(config.training.steps)]
+
+
+def rendered_prompts(config: Config, batches: list[list[PromptRecord]]) -> list[list[list[int]]]:
+    """Token ids of each step's B·G sequences' prompts (each prompt repeated G times), as purplerl renders them."""
+    d, group = config.data, config.sampling.group_size
+    tokenizer = load_tokenizer(config.model.name, config.model.revision)
+    return [[render_prompt(tokenizer, r, d.template, d.system_prompt, d.max_prompt_tokens)
+             for r in batch for _ in range(group)] for batch in batches]
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _purplerl_step(row: dict[str, Any], samples: list[dict[str, Any]], batch: list[PromptRecord],
+                   prompt_ids: list[list[int]], group: int) -> dict[str, Any]:
+    step = row["step"]
+    expected = [r.uid for r in batch for _ in range(group)]
+    if [s["uid"] for s in samples] != expected:
+        raise SystemExit(f"purplerl step {step}: samples.jsonl prompts {[s['uid'] for s in samples]} are not the "
+                         f"sampler's batch {expected}")
+    prompt_lens = [len(ids) for ids in prompt_ids]
+    completion_lens = [int(s["num_tokens"]) for s in samples]
+    if abs(sum(completion_lens) - row["completion/len_mean"] * len(samples)) > 0.5:
+        raise SystemExit(f"purplerl step {step}: samples.jsonl holds {sum(completion_lens)} completion tokens, "
+                         f"metrics.jsonl says {row['completion/len_mean']} x {len(samples)}")
+    logged = "tokens/prompt" in row and "tokens/completion" in row
+    record = {"step": step, "step_s": row["time/step_s"], "sample_s": row["time/sample_s"],
+              "score_s": row["time/score_s"], "train_s": row["time/train_s"], "toxicity": row["toxicity/mean"],
+              "prompt_lens": prompt_lens, "completion_lens": completion_lens,
+              "prompt_tokens": row["tokens/prompt"] if logged else sum(prompt_lens),
+              "completion_tokens": row["tokens/completion"] if logged else sum(completion_lens),
+              "token_source": "metrics" if logged else "counted"}
+    if logged and (record["prompt_tokens"], record["completion_tokens"]) != (sum(prompt_lens), sum(completion_lens)):
+        print(f"warning: purplerl step {step} logs {record['prompt_tokens']} prompt + {record['completion_tokens']} "
+              f"completion tokens, counted {sum(prompt_lens)} + {sum(completion_lens)}", file=sys.stderr)
+    return record
+
+
+def run_purplerl(work: Work, sets: list[str], out: Path) -> None:
+    """Run purplerl's attack recipe (the real CLI code path) on `work` and write the child JSON to `out`."""
+    from purplerl.recipes.attack import run_attack
+
+    with tempfile.TemporaryDirectory(prefix="bench-grpo-purplerl-") as tmp:
+        config = purplerl_config(work, Path(tmp), sets)
+        summary = run_attack(config)
+        if summary["last_step"] != work.steps:
+            raise SystemExit(f"purplerl stopped after step {summary['last_step']}: {summary['stop_reason']}")
+        run_dir = Path(summary["run_dir"])
+        metrics, samples = _read_jsonl(run_dir / "metrics.jsonl"), _read_jsonl(run_dir / "samples.jsonl")
+    batches = prompt_batches(config)
+    prompt_ids = rendered_prompts(config, batches)
+    steps = [_purplerl_step(row, [s for s in samples if s["step"] == row["step"]], batches[row["step"] - 1],
+                            prompt_ids[row["step"] - 1], work.group_size) for row in metrics]
+    settings = {"overrides": sets, "config": config.model_dump(mode="json")}
+    out.write_text(json.dumps({"system": "purplerl", "settings": settings, "peak_rss_mib": peak_rss_mib(),
+                               "steps": steps}))
