@@ -47,6 +47,14 @@ SYSTEMS = ("purplerl", "trl", "trl-bf16")
 PEAK_SIZES = (2048, 4096)
 
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # both systems run where this is
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":  # CUDA calls return before the kernel ends
+        torch.cuda.synchronize()
+
+
 def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = PEAK_SIZES, repeats: int = 5) -> dict[str, Any]:
     """Best GFLOP/s of square matmuls (2·n³ FLOPs each) with torch's default thread count.
 
@@ -54,12 +62,14 @@ def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = PEAK_SIZES, repeats
     generator = torch.Generator().manual_seed(0)
     by_size: dict[str, float] = {}
     for n in sizes:
-        a, b = (torch.randn(n, n, generator=generator).to(dtype) for _ in range(2))
+        a, b = (torch.randn(n, n, generator=generator).to(device=DEVICE, dtype=dtype) for _ in range(2))
         torch.mm(a, b)  # the first call allocates and picks a kernel
+        _sync()
         best = math.inf
         for _ in range(repeats):
             started = time.perf_counter()
             torch.mm(a, b)
+            _sync()
             best = min(best, time.perf_counter() - started)
         by_size[str(n)] = round(2 * n**3 / best / 1e9, 1)
     return {"gflops": max(by_size.values()), "by_size": by_size}

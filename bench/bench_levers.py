@@ -31,8 +31,9 @@ VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "fp32_autocast_bf16": ({"dtype": "float32", "autocast_bf16": True}, {}, {}),
     "unmerged_sampler": ({"merged_sampler": False}, {}, {}),
     "full_logits": ({}, {"_head_only": False}, {}),
-    "micro_batch_32": ({}, {}, {"micro_batch_size": 32}),
+    "micro_batch_8": ({}, {}, {"micro_batch_size": 8}),  # the old default: 4 passes instead of 1
     "micro_batch_4": ({}, {}, {"micro_batch_size": 4}),
+    "threads_1": ({"threads": 1}, {}, {}),  # sets torch's thread count for the whole process: keep it last
 }
 TEXTS = [f"Roast my friend number {i} who is always late." for i in range(8)]
 

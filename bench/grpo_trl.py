@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 from grpo_work import Work, peak_rss_mib, prompt_batches, purplerl_config, rendered_prompts
 from peft import LoraConfig
 from transformers import AutoTokenizer, TrainerCallback
@@ -110,7 +111,8 @@ def toxicity_reward(recorder: StepRecorder, batches: list[list[PromptRecord]], g
 
 def grpo_config(work: Work, output_dir: Path, bf16: bool) -> GRPOConfig:
     return GRPOConfig(
-        output_dir=str(output_dir), max_steps=work.steps, seed=work.seed, use_cpu=True, bf16=bf16,
+        output_dir=str(output_dir), max_steps=work.steps, seed=work.seed, bf16=bf16,
+        use_cpu=not torch.cuda.is_available(),  # the same device as purplerl's 'auto'
         model_init_kwargs={"dtype": "float32"}, gradient_checkpointing=False, disable_dropout=True,
         # one generation batch of B·G sequences = one optimizer step, no accumulation, one pass
         per_device_train_batch_size=work.prompts_per_step * work.group_size, gradient_accumulation_steps=1,

@@ -56,7 +56,7 @@ def purplerl_config(work: Work, output_dir: Path, sets: list[str]) -> Config:
     """The attack config that does `work`, with `sets` (KEY=VALUE, dotted or flat names) applied last."""
     base = {
         # dtype, micro-batching and the sampler copy stay purplerl's defaults: they are the engine under test
-        "model": {"name": work.model, "device": "cpu", "lora_rank": work.lora_rank,
+        "model": {"name": work.model, "device": "auto", "lora_rank": work.lora_rank,
                   "lora_alpha": work.lora_alpha, "lora_dropout": 0.0, "lora_targets": "all-linear"},
         "sampling": {"group_size": work.group_size, "max_new_tokens": work.max_new_tokens,
                      "temperature": work.temperature, "top_p": work.top_p, "top_k": work.top_k},

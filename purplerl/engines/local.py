@@ -36,6 +36,26 @@ OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
 TOKEN_NOISER = "token_noiser"  # the one loss that needs full-vocabulary logits
 HEAD_CHUNK_ROWS = 1024  # positions per LM-head chunk: 1024 x 49k vocab x 4 bytes ~ 0.2 GB of fp32 logits
+# Above this many scored positions per pass, LM-head chunks are recomputed in backward instead of kept.
+HEAD_CHECKPOINT_ROWS = 2048
+# Up to this sequence width, scoring and training run attention as plain matmuls ("eager"): on CPU, the fused
+# SDPA kernel's backward takes ~50 ms per layer in bf16 at 32 x 90 tokens, and the [N, heads, T, T] scores it
+# avoids are small. Decoding keeps SDPA: eager attention would copy the grouped KV cache at every token.
+EAGER_ATTENTION_MAX_WIDTH = 256
+
+
+@contextlib.contextmanager
+def _attention_for(config, width: int):
+    """Run a forward with eager attention when the sequences are short (see EAGER_ATTENTION_MAX_WIDTH)."""
+    chosen = getattr(config, "_attn_implementation", None)
+    if chosen != "sdpa" or width > EAGER_ATTENTION_MAX_WIDTH:
+        yield
+        return
+    config._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        config._attn_implementation = chosen
 
 
 def _lora_targets(spec: str) -> str | list[str]:
@@ -210,15 +230,17 @@ class LocalEngine:
             if not bool(torch.isfinite(scaled_NV).all()):  # else torch.multinomial fails with a bare RuntimeError
                 raise ExperimentError("sampling produced non-finite logits (model weights or logits are NaN/inf)")
             logp_NV = torch.log_softmax(scaled_NV, dim=-1)
+            p_NV = logp_NV.exp()
             if greedy:
                 tok_N = scaled_NV.argmax(-1)
+            elif sampling.top_k == 0 and sampling.top_p >= 1.0:
+                tok_N = _draw(p_NV, generator)  # untruncated: the softmax is already at hand
             else:
-                probs_NV = _truncate_probs(scaled_NV, sampling.top_p, sampling.top_k)
-                tok_N = _draw(probs_NV, generator)
+                tok_N = _draw(_truncate_probs(scaled_NV, sampling.top_p, sampling.top_k), generator)
             tok_N = torch.where(finished_N, torch.full_like(tok_N, pad), tok_N)
             toks.append(tok_N)
             lps.append(logp_NV.gather(-1, tok_N[:, None]).squeeze(-1))
-            ents.append(-(logp_NV.exp() * logp_NV).sum(-1))
+            ents.append(-(p_NV * logp_NV).sum(-1))
             lengths_N += (~finished_N).long()
             finished_N |= torch.isin(tok_N, stop)
             if bool(finished_N.all()):
@@ -252,7 +274,7 @@ class LocalEngine:
             logp_NT = selective_log_softmax(logits_NTV, input_ids_NT[:, 1:], temperature=temperature)
             return F.pad(logp_NT * picked_NT, (1, 0))
         causal_lm = self.model.get_base_model()
-        with self._autocast():
+        with self._autocast(), _attention_for(causal_lm.config, input_ids_NT.shape[1]):
             hidden_NTH = causal_lm.get_decoder()(input_ids=input_ids_NT, attention_mask=attention_mask_NT
                                                  ).last_hidden_state
         rows_RH, tokens_R = hidden_NTH[:, :-1][picked_NT], input_ids_NT[:, 1:][picked_NT]
@@ -267,7 +289,7 @@ class LocalEngine:
         out_R = []
         for start in range(0, rows_RH.shape[0], HEAD_CHUNK_ROWS):
             chunk = (rows_RH[start:start + HEAD_CHUNK_ROWS], tokens_R[start:start + HEAD_CHUNK_ROWS])
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and rows_RH.shape[0] > HEAD_CHECKPOINT_ROWS:
                 # keep only the hidden rows for backward and recompute the chunk's [C, V] logits there: the
                 # saved logits would otherwise be the largest activation of a small-model batch
                 out_R.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, *chunk, use_reentrant=False))

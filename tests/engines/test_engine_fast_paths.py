@@ -221,3 +221,20 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(tiny_model_dir:
     budgeted = _grads(engine, batch, LossSpec("ppo_clip", micro_batch_tokens=12))
     assert len(LocalEngine._micro_batches(batch.attention_mask_NT, 64, 12)) >= 3
     assert torch.allclose(budgeted, full, atol=1e-6, rtol=1e-4)
+
+
+def test_short_sequences_score_with_eager_attention_and_the_choice_is_restored() -> None:
+    from transformers import LlamaConfig
+
+    from purplerl.engines.local import EAGER_ATTENTION_MAX_WIDTH, _attention_for
+
+    config = LlamaConfig()
+    config._attn_implementation = "sdpa"
+    with _attention_for(config, EAGER_ATTENTION_MAX_WIDTH):
+        assert config._attn_implementation == "eager"
+    assert config._attn_implementation == "sdpa"
+    with _attention_for(config, EAGER_ATTENTION_MAX_WIDTH + 1):  # long: the T x T scores would cost memory
+        assert config._attn_implementation == "sdpa"
+    config._attn_implementation = "flash_attention_2"  # a user's explicit choice is never overridden
+    with _attention_for(config, 8):
+        assert config._attn_implementation == "flash_attention_2"
