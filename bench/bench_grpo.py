@@ -244,6 +244,30 @@ def best_peaks(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any
             for name in before}
 
 
+def learning_comparison(curves: dict[str, list[float]]) -> dict[str, dict[str, float | bool]]:
+    """purplerl's toxicity over the second half of the run against each other system's.
+
+    Per system: the mean of the second-half steps and its standard error (steps treated as independent
+    draws around a plateau); purplerl is "not below beyond noise" when its mean is no more than two standard
+    errors of the difference under the other's."""
+    def half_stats(curve: list[float]) -> tuple[float, float]:
+        tail = curve[len(curve) // 2:]
+        spread = statistics.stdev(tail) if len(tail) > 1 else 0.0
+        return statistics.fmean(tail), spread / math.sqrt(len(tail))
+
+    ours, ours_se = half_stats(curves["purplerl"])
+    out: dict[str, dict[str, float | bool]] = {}
+    for name, curve in curves.items():
+        if name == "purplerl":
+            continue
+        theirs, theirs_se = half_stats(curve)
+        se = math.sqrt(ours_se**2 + theirs_se**2)
+        out[name] = {"purplerl_second_half_mean": ours, "other_second_half_mean": theirs,
+                     "difference": ours - theirs, "difference_se": se,
+                     "purplerl_not_below_beyond_noise": ours - theirs >= -2 * se}
+    return out
+
+
 def write_report(result: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
@@ -254,6 +278,11 @@ def write_report(result: dict[str, Any], out: Path) -> None:
     print(table(result["systems"]))
     for name, ratio in result["ratios"].items():
         print(f"{name}: {ratio:.2f}")
+    for name, c in result["learning"].items():
+        verdict = "not below" if c["purplerl_not_below_beyond_noise"] else "BELOW"
+        print(f"toxicity, second half of the run: purplerl {c['purplerl_second_half_mean']:.3f} vs {name} "
+              f"{c['other_second_half_mean']:.3f} (difference {c['difference']:+.3f} ± {c['difference_se']:.3f} SE): "
+              f"purplerl {verdict} {name} beyond noise")
     print(f"written to {out} and {out.with_suffix('.png')}")
 
 
@@ -287,7 +316,9 @@ def main() -> None:
                  "purplerl_overrides": sets, "overrides_changing_work": unfair_sets(sets)}
     write_report({"benchmark": "grpo-step", "date": today, "host": host, "machine": machine_info(),
                   "peaks_gflops": peaks, "work": work_info, "flops_convention": grpo_flops.__doc__,
-                  "systems": results, "ratios": ratios}, args.out or RESULTS / f"grpo-{today}-{host}.json")
+                  "systems": results, "ratios": ratios,
+                  "learning": learning_comparison({n: [s["toxicity"] for s in r["steps"]] for n, r in results.items()})
+                  if "purplerl" in results else {}}, args.out or RESULTS / f"grpo-{today}-{host}.json")
 
 
 if __name__ == "__main__":
