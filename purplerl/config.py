@@ -29,7 +29,7 @@ class Section(BaseModel):
 class ModelConfig(Section):
     name: str = Field(EMBEDDED_MODEL, description="policy model: 'embedded:smollm2-135m-instruct', an HF id or a local path")
     revision: str | None = Field(None, description="hub revision (branch, tag or commit) of an HF model id")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the frozen base weights and compute; 'auto': bfloat16 on bf16-capable GPUs and AMX/AVX512-BF16 CPUs, else float32 (LoRA weights and optimizer stay float32)")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the frozen base weights and compute; 'auto': bfloat16 on bf16-capable GPUs and AMX/AVX512-BF16 CPUs, else float32 (the optimizer keeps float32 master weights of the adapter)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' picks cuda when available, else cpu")
     lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank r")
     lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")

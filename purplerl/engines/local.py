@@ -41,7 +41,7 @@ HEAD_CHECKPOINT_ROWS = 2048
 # Up to this sequence width, scoring and training run attention as plain matmuls ("eager"): on CPU, the fused
 # SDPA kernel's backward takes ~50 ms per layer in bf16 at 32 x 90 tokens, and the [N, heads, T, T] scores it
 # avoids are small. Decoding keeps SDPA: eager attention would copy the grouped KV cache at every token.
-EAGER_ATTENTION_MAX_WIDTH = 256
+EAGER_ATTENTION_MAX_WIDTH = 128
 
 
 @contextlib.contextmanager
