@@ -39,6 +39,7 @@ import torch
 from grpo_flops import ModelShape, lora_params, matmul_params, reference_flops, sampling_flops, training_flops
 from grpo_work import Work, purplerl_config, unfair_sets
 
+from purplerl.config import EMBEDDED_MODEL
 from purplerl.engines.loading import resolve_model_path
 from purplerl.errors import UserError
 
@@ -121,8 +122,8 @@ def summarize(steps: list[dict[str, Any]], peaks: dict[str, dict[str, Any]]) -> 
 def run_child(system: str, work: Work, sets: list[str], workdir: Path) -> dict[str, Any]:
     """Run one system in its own process; its output goes to a log shown when it fails."""
     out, log = workdir / f"{system}.json", workdir / f"{system}.log"
-    cmd = [sys.executable, __file__, "--child", system, "--steps", str(work.steps), "--child-out", str(out),
-           *(f"--purplerl-set={s}" for s in sets)]
+    cmd = [sys.executable, __file__, "--child", system, "--steps", str(work.steps), "--model", work.model,
+           "--child-out", str(out), *(f"--purplerl-set={s}" for s in sets)]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     started = time.perf_counter()
     with log.open("w") as f:
@@ -158,7 +159,8 @@ def machine_info() -> dict[str, Any]:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
-    return {"cpu": models[0] if models else platform.processor(), "cpus": os.cpu_count(),
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"cpu": models[0] if models else platform.processor(), "cpus": os.cpu_count(), "gpu": gpu,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "versions": versions}
 
 
@@ -183,16 +185,18 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     lines = ["| system | s/step median | min | max | IQR | sample / score / train s | sample tok/s | train tok/s "
-             "| train MFU fp32 / bf16 | sample MFU fp32 / bf16 | peak RSS MiB | toxicity step 1 → last |",
+             "| train MFU fp32 / bf16 | sample MFU fp32 / bf16 | peak RSS / GPU MiB | toxicity step 1 → last |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         s, t, m = r["summary"], r["summary"]["step_s"], r["summary"]["mfu"]
-        phases = " / ".join(f"{s['phase_median_s'][k]:.1f}" for k in ("sample_s", "score_s", "train_s"))
+        gpu = r.get("peak_gpu_mib")
+        memory = f"{r['peak_rss_mib']:.0f} / " + ("-" if gpu is None else f"{gpu:.0f}")
+        phases = " / ".join(f"{s['phase_median_s'][k]:.2f}" for k in ("sample_s", "score_s", "train_s"))
         lines.append(
             f"| {name} | {t['median']:.2f} | {t['min']:.2f} | {t['max']:.2f} | {t['iqr']:.2f} | {phases} | "
             f"{s['sampling_tokens_per_s']:.0f} | {s['training_tokens_per_s']:.0f} | "
             f"{100 * m['training']['fp32']:.1f}% / {100 * m['training']['bf16']:.1f}% | "
-            f"{100 * m['sampling']['fp32']:.1f}% / {100 * m['sampling']['bf16']:.1f}% | {r['peak_rss_mib']:.0f} | "
+            f"{100 * m['sampling']['fp32']:.1f}% / {100 * m['sampling']['bf16']:.1f}% | {memory} | "
             f"{s['toxicity'][0]:.3f} → {s['toxicity'][-1]:.3f} |")
     return "\n".join(lines)
 
@@ -205,6 +209,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trl-bf16", action="store_true", help="also run TRL with bf16=True (autocast) as trl-bf16")
     parser.add_argument("--purplerl-set", action="append", default=[], metavar="KEY=VALUE",
                         help="purplerl config override for a variant, e.g. model.autocast_bf16=true (repeatable)")
+    parser.add_argument("--model", default=EMBEDDED_MODEL,
+                        help="policy model for both systems: a local model dir or hub id (default: the embedded "
+                             "SmolLM2); bench/random_twin.py makes a random-weight twin of its shapes")
     parser.add_argument("--out", type=Path, default=None, help="default bench/results/grpo-DATE-HOST.json")
     parser.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
@@ -222,7 +229,7 @@ def checked_systems(args: argparse.Namespace) -> list[str]:
     if any(s.startswith("trl") for s in systems) and importlib.util.find_spec("trl") is None:
         raise SystemExit("TRL is not installed: pip install -e '.[bench]' (make bench does it)")
     try:  # a bad override fails now, not minutes later inside the purplerl child
-        purplerl_config(Work(steps=args.steps), Path(tempfile.gettempdir()), args.purplerl_set)
+        purplerl_config(Work(steps=args.steps, model=args.model), Path(tempfile.gettempdir()), args.purplerl_set)
     except UserError as err:
         raise SystemExit(f"--purplerl-set: {err}") from None
     for s in unfair_sets(args.purplerl_set):
@@ -273,7 +280,8 @@ def write_report(result: dict[str, Any], out: Path) -> None:
     out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result["systems"], out.with_suffix(".png"), f"GRPO toxicity per step ({result['host']}, {result['date']})")
     peaks, machine = result["peaks_gflops"], result["machine"]
-    print(f"GRPO step on {machine['cpu']}, {machine['torch_threads']} threads; matmul peak "
+    where = machine["gpu"] or f"{machine['cpu']}, {machine['torch_threads']} threads"
+    print(f"GRPO step on {where}; matmul peak "
           f"fp32 {peaks['fp32']['gflops']} GFLOP/s, bf16 {peaks['bf16']['gflops']} GFLOP/s")
     print(table(result["systems"]))
     for name, ratio in result["ratios"].items():
@@ -288,7 +296,7 @@ def write_report(result: dict[str, Any], out: Path) -> None:
 
 def main() -> None:
     args = parse_args()
-    work, sets = Work(steps=args.steps), args.purplerl_set
+    work, sets = Work(steps=args.steps, model=args.model), args.purplerl_set
     if args.child:
         run_child_process(args.child, work, sets, args.child_out)
         return

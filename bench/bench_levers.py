@@ -30,6 +30,7 @@ VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "fp32_unmerged_sampler": ({"dtype": "float32", "merged_sampler": False}, {}, {}),
     "fp32_autocast_bf16": ({"dtype": "float32", "autocast_bf16": True}, {}, {}),
     "unmerged_sampler": ({"merged_sampler": False}, {}, {}),
+    "unfused_lora": ({"fused_lora": False}, {}, {}),
     "full_logits": ({}, {"_head_only": False}, {}),
     "micro_batch_8": ({}, {}, {"micro_batch_size": 8}),  # the old default: 4 passes instead of 1
     "micro_batch_4": ({}, {}, {"micro_batch_size": 4}),

@@ -24,7 +24,7 @@ from typing import Any
 
 import datasets
 import torch
-from grpo_work import Work, peak_rss_mib, prompt_batches, purplerl_config, rendered_prompts
+from grpo_work import Work, peak_gpu_mib, peak_rss_mib, prompt_batches, purplerl_config, rendered_prompts
 from peft import LoraConfig
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -56,6 +56,8 @@ class StepRecorder(TrainerCallback):
         self._started = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():  # the optimizer step's kernels end before the clock stops
+            torch.cuda.synchronize()
         self.current["step_s"] = time.perf_counter() - self._started
         self.steps.append(self.current)
 
@@ -166,4 +168,5 @@ def run_trl(work: Work, bf16: bool, out: Path) -> None:
                         "target_modules": str(peft_config.target_modules)}
     name = "trl-bf16" if bf16 else "trl"
     out.write_text(json.dumps({"system": name, "settings": settings, "peak_rss_mib": peak_rss_mib(),
+                               "peak_gpu_mib": peak_gpu_mib(),
                                "steps": [_finish(s) for s in recorder.steps]}))

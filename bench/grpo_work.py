@@ -3,7 +3,8 @@
 `Work` holds every knob both systems share. `purplerl_config` turns it into a purplerl Config; grpo_trl.py turns
 it into a GRPOConfig. The prompts of step k are `PromptSampler.batch(k - 1)` of that Config for both systems.
 
-A child writes one JSON file: {"system", "settings", "peak_rss_mib", "steps": [record]}, one record per step:
+A child writes one JSON file: {"system", "settings", "peak_rss_mib", "peak_gpu_mib" (null on CPU), "steps": [record]},
+one record per step:
 step, step_s, sample_s (rollout), score_s (reference pass + reward), train_s (advantages, forward/backward and
 optimizer step), toxicity (mean P(toxic) of the step's completions), prompt_lens / completion_lens (non-padding
 tokens of each of the B·G sequences, in group-major order), prompt_tokens / completion_tokens (their sums) and
@@ -28,6 +29,7 @@ from purplerl.types import PromptRecord
 
 # purplerl overrides that change how the work is done, not what it is; any other key makes the comparison unfair
 ENGINE_KEYS = ("model.dtype", "model.autocast_bf16", "model.threads", "model.device", "model.merged_sampler",
+               "model.fused_lora",
                "training.micro_batch_size", "training.micro_batch_tokens", "training.old_logprobs")
 
 
@@ -99,6 +101,13 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def peak_gpu_mib() -> float | None:
+    """Peak memory torch allocated on the GPU in this process (None without CUDA)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -145,4 +154,4 @@ def run_purplerl(work: Work, sets: list[str], out: Path) -> None:
                             prompt_ids[row["step"] - 1], work.group_size) for row in metrics]
     settings = {"overrides": sets, "config": config.model_dump(mode="json")}
     out.write_text(json.dumps({"system": "purplerl", "settings": settings, "peak_rss_mib": peak_rss_mib(),
-                               "steps": steps}))
+                               "peak_gpu_mib": peak_gpu_mib(), "steps": steps}))

@@ -39,6 +39,7 @@ class ModelConfig(Section):
     autocast_bf16: bool = Field(False, description="run matmuls in bfloat16 under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs and GPUs)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 keeps torch's default")
     merged_sampler: bool = Field(True, description="sample from a plain copy of the model with the LoRA update merged in (faster decoding; costs one extra copy of the weights)")
+    fused_lora: bool = Field(True, description="run plain LoRA layers (no dropout) as one accumulating matmul, scaling folded into B (same maths, fewer elementwise passes)")
 
 
 class SamplingConfig(Section):

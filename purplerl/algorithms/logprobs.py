@@ -1,9 +1,10 @@
 """Log-prob and entropy helpers over logits, plus masked reductions.
 
 `selective_log_softmax` and `entropy_from_logits` work on chunks of rows (flattened N*T positions), so
-the full fp32 [N, T, V] log-softmax never exists at once: each chunk is upcast to fp32, reduced with
-logsumexp and dropped. Without autograd (sampling, reference log-probs) peak memory is one chunk; under
-autograd the fp32 chunk is kept for backward, so the saving there is only the transient copies.
+the full fp32 [N, T, V] log-softmax never exists at once: each chunk is upcast to fp32, reduced and dropped.
+`selective_log_softmax` has its own backward (`_GatheredLogSoftmax`): it keeps only the logits as given
+(bf16 under mixed precision) and the per-row logsumexp, and rebuilds softmax - onehot in one fp32 buffer,
+in place, instead of autograd's chain of vocabulary-sized temporaries.
 
 Alignment is the caller's job: to score token t of a sequence, pass the logits at position t-1
 (see `purplerl.types`: per-token tensors are aligned to targets).
@@ -23,6 +24,37 @@ def _check_chunk(chunk_rows: int, temperature: float) -> None:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
+class _GatheredLogSoftmax(torch.autograd.Function):
+    """log softmax(x / temperature)[index] for rows x of `logits_CV`, computed at float32 or wider.
+
+    forward: logit[index] / t - logsumexp(x / t). backward: d/dx = g / t · (onehot(index) - softmax(x / t)),
+    with the softmax rebuilt from the saved logsumexp."""
+
+    @staticmethod
+    def forward(ctx, logits_CV: torch.Tensor, index_C: torch.Tensor, temperature: float) -> torch.Tensor:
+        work_CV = logits_CV.to(torch.promote_types(logits_CV.dtype, torch.float32), copy=True)
+        if temperature != 1.0:
+            work_CV.div_(temperature)
+        picked_C = work_CV.gather(-1, index_C[:, None])[:, 0]
+        lse_C = torch.logsumexp(work_CV, dim=-1)
+        ctx.save_for_backward(logits_CV, index_C, lse_C)
+        ctx.temperature = temperature
+        return picked_C - lse_C
+
+    @staticmethod
+    def backward(ctx, grad_C: torch.Tensor):
+        logits_CV, index_C, lse_C = ctx.saved_tensors
+        t = ctx.temperature
+        grad_CV = logits_CV.to(lse_C.dtype, copy=True)  # becomes -g · softmax, in place
+        if t != 1.0:
+            grad_CV.div_(t)
+        grad_CV.sub_(lse_C[:, None]).exp_().mul_(-grad_C[:, None])
+        grad_CV.scatter_add_(-1, index_C[:, None], grad_C[:, None].to(grad_CV.dtype))
+        if t != 1.0:
+            grad_CV.div_(t)
+        return grad_CV.to(logits_CV.dtype), None, None
+
+
 def selective_log_softmax(logits_NTV: torch.Tensor, index_NT: torch.Tensor, temperature: float = 1.0,
                           chunk_rows: int = DEFAULT_CHUNK_ROWS) -> torch.Tensor:
     """log softmax(logits / temperature) gathered at `index`: float32 [N, T].
@@ -38,11 +70,8 @@ def selective_log_softmax(logits_NTV: torch.Tensor, index_NT: torch.Tensor, temp
     index_R = index_NT.reshape(-1).long()
     out_R: list[torch.Tensor] = []
     for start in range(0, logits_RV.shape[0], chunk_rows):
-        chunk_CV = logits_RV[start:start + chunk_rows].float()
-        if temperature != 1.0:
-            chunk_CV = chunk_CV / temperature
-        picked_C = chunk_CV.gather(-1, index_R[start:start + chunk_rows, None])[:, 0]
-        out_R.append(picked_C - torch.logsumexp(chunk_CV, dim=-1))
+        out_R.append(_GatheredLogSoftmax.apply(logits_RV[start:start + chunk_rows],
+                                               index_R[start:start + chunk_rows], temperature).float())
     if not out_R:
         return logits_NTV.new_zeros((num_seq, num_tok), dtype=torch.float32)
     return torch.cat(out_R).reshape(num_seq, num_tok)

@@ -28,6 +28,7 @@ from purplerl.algorithms.logprobs import selective_log_softmax
 from purplerl.algorithms.losses import LOSSES, aggregate_loss, kl_penalty_loss
 from purplerl.algorithms.noiser import token_noiser_loss
 from purplerl.config import ModelConfig
+from purplerl.engines.fused_lora import install_fused_lora
 from purplerl.engines.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype, stop_token_ids
 from purplerl.errors import ExperimentError, UserError
 from purplerl.types import AdamParams, Completion, LossSpec, SamplingParams, TrainBatch
@@ -35,20 +36,24 @@ from purplerl.types import AdamParams, Completion, LossSpec, SamplingParams, Tra
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
 TOKEN_NOISER = "token_noiser"  # the one loss that needs full-vocabulary logits
-HEAD_CHUNK_ROWS = 1024  # positions per LM-head chunk: 1024 x 49k vocab x 4 bytes ~ 0.2 GB of fp32 logits
+# Bytes of one fp32 LM-head chunk [rows, V]. Under glibc malloc's 32 MiB mmap ceiling, the chunk buffers are
+# reused from the heap; larger ones are mapped fresh and page-faulted on every call, which made the head's
+# forward + backward 1.6x slower at 1024 rows than at 128 (SmolLM2, 1536 rows, bench/NOTES.md).
+HEAD_CHUNK_BYTES = 24 * 2**20
 # Above this many scored positions per pass, LM-head chunks are recomputed in backward instead of kept.
 HEAD_CHECKPOINT_ROWS = 2048
 # Up to this sequence width, scoring and training run attention as plain matmuls ("eager"): on CPU, the fused
 # SDPA kernel's backward takes ~50 ms per layer in bf16 at 32 x 90 tokens, and the [N, heads, T, T] scores it
 # avoids are small. Decoding keeps SDPA: eager attention would copy the grouped KV cache at every token.
+# On CUDA, SDPA's fused kernels win at every width, so this is a CPU-only switch.
 EAGER_ATTENTION_MAX_WIDTH = 128
 
 
 @contextlib.contextmanager
-def _attention_for(config, width: int):
-    """Run a forward with eager attention when the sequences are short (see EAGER_ATTENTION_MAX_WIDTH)."""
+def _attention_for(config, width: int, device: torch.device):
+    """Run a CPU forward with eager attention when the sequences are short (see EAGER_ATTENTION_MAX_WIDTH)."""
     chosen = getattr(config, "_attn_implementation", None)
-    if chosen != "sdpa" or width > EAGER_ATTENTION_MAX_WIDTH:
+    if device.type != "cpu" or chosen != "sdpa" or width > EAGER_ATTENTION_MAX_WIDTH:
         yield
         return
     config._attn_implementation = "eager"
@@ -119,6 +124,8 @@ class LocalEngine:
             except ValueError as err:
                 raise UserError(f"cannot apply LoRA: {str(err).splitlines()[0]}") from None
         self.model.to(self.device)
+        if cfg.fused_lora:
+            install_fused_lora(self.model)
         # final-logit transforms (softcapping, scaling) live in the model's forward: score through it then
         config = base.config
         self._head_only = not any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
@@ -274,21 +281,22 @@ class LocalEngine:
             logp_NT = selective_log_softmax(logits_NTV, input_ids_NT[:, 1:], temperature=temperature)
             return F.pad(logp_NT * picked_NT, (1, 0))
         causal_lm = self.model.get_base_model()
-        with self._autocast(), _attention_for(causal_lm.config, input_ids_NT.shape[1]):
+        with self._autocast(), _attention_for(causal_lm.config, input_ids_NT.shape[1], self.device):
             hidden_NTH = causal_lm.get_decoder()(input_ids=input_ids_NT, attention_mask=attention_mask_NT
                                                  ).last_hidden_state
         rows_RH, tokens_R = hidden_NTH[:, :-1][picked_NT], input_ids_NT[:, 1:][picked_NT]
         head = causal_lm.get_output_embeddings()
+        chunk_rows = max(16, HEAD_CHUNK_BYTES // (4 * head.weight.shape[0]))  # 128 rows at a 49k vocabulary
 
         def chunk_logprobs(rows_CH: torch.Tensor, tokens_C: torch.Tensor) -> torch.Tensor:
             with self._autocast():
                 logits_CV = head(rows_CH)
             return selective_log_softmax(logits_CV[None], tokens_C[None], temperature=temperature,
-                                         chunk_rows=HEAD_CHUNK_ROWS)[0]
+                                         chunk_rows=chunk_rows)[0]
 
         out_R = []
-        for start in range(0, rows_RH.shape[0], HEAD_CHUNK_ROWS):
-            chunk = (rows_RH[start:start + HEAD_CHUNK_ROWS], tokens_R[start:start + HEAD_CHUNK_ROWS])
+        for start in range(0, rows_RH.shape[0], chunk_rows):
+            chunk = (rows_RH[start:start + chunk_rows], tokens_R[start:start + chunk_rows])
             if torch.is_grad_enabled() and rows_RH.shape[0] > HEAD_CHECKPOINT_ROWS:
                 # keep only the hidden rows for backward and recompute the chunk's [C, V] logits there: the
                 # saved logits would otherwise be the largest activation of a small-model batch

@@ -45,6 +45,46 @@ def test_selective_log_softmax_gradient_and_bf16() -> None:
     assert got.dtype == torch.float32
 
 
+def test_selective_log_softmax_backward_by_hand() -> None:
+    # d/dx log softmax(x)[i] = onehot(i) - softmax(x): probs [1/4, 3/4], index 1 -> [-1/4, 1/4];
+    # at temperature 2 the same divided by 2, with the softmax of x / 2 (probs [1/(1+s3), s3/(1+s3)])
+    logits = torch.tensor([[[0.0, math.log(3.0)]]], requires_grad=True)
+    selective_log_softmax(logits, torch.tensor([[1]])).sum().backward()
+    assert torch.allclose(logits.grad, torch.tensor([[[-0.25, 0.25]]]))
+    logits.grad = None
+    (3.0 * selective_log_softmax(logits, torch.tensor([[0]]), temperature=2.0)).sum().backward()
+    s3 = math.sqrt(3.0)
+    expected = 3.0 / 2 * torch.tensor([1 - 1 / (1 + s3), -s3 / (1 + s3)])
+    assert torch.allclose(logits.grad[0, 0], expected.float(), atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_selective_log_softmax_passes_gradcheck(temperature: float) -> None:
+    gen = torch.Generator().manual_seed(2)
+    logits = (torch.randn(2, 3, 9, generator=gen, dtype=torch.float64) * 2).requires_grad_()
+    index_NT = torch.randint(0, 9, (2, 3), generator=gen)
+    weights = torch.randn(2, 3, generator=gen, dtype=torch.float64)
+
+    def weighted_logp(x: torch.Tensor) -> torch.Tensor:  # float64 in, float32 out: compare in float64
+        from purplerl.algorithms.logprobs import _GatheredLogSoftmax
+
+        return _GatheredLogSoftmax.apply(x.reshape(-1, 9), index_NT.reshape(-1), temperature) * weights.reshape(-1)
+
+    assert torch.autograd.gradcheck(weighted_logp, (logits,))
+
+
+def test_selective_log_softmax_bf16_gradient_stays_bf16_and_near_fp32() -> None:
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(4, 6, 50, generator=gen) * 4
+    index_NT = torch.randint(0, 50, (4, 6), generator=gen)
+    low = base.bfloat16().requires_grad_()
+    selective_log_softmax(low, index_NT, chunk_rows=5).sum().backward()
+    full = base.bfloat16().float().requires_grad_()  # the same rounded inputs, reference maths in fp32
+    _reference_logp(full, index_NT, 1.0).sum().backward()
+    assert low.grad.dtype == torch.bfloat16
+    assert torch.allclose(low.grad.float(), full.grad, atol=4e-3)  # bf16 rounding of values in [-1, 1]
+
+
 def test_entropy_uniform_is_log_v() -> None:
     got = entropy_from_logits(torch.zeros(2, 3, 8), chunk_rows=4)
     assert torch.allclose(got, torch.full((2, 3), math.log(8.0)))

@@ -228,13 +228,15 @@ def test_short_sequences_score_with_eager_attention_and_the_choice_is_restored()
 
     from purplerl.engines.local import EAGER_ATTENTION_MAX_WIDTH, _attention_for
 
-    config = LlamaConfig()
+    config, cpu = LlamaConfig(), torch.device("cpu")
     config._attn_implementation = "sdpa"
-    with _attention_for(config, EAGER_ATTENTION_MAX_WIDTH):
+    with _attention_for(config, EAGER_ATTENTION_MAX_WIDTH, cpu):
         assert config._attn_implementation == "eager"
     assert config._attn_implementation == "sdpa"
-    with _attention_for(config, EAGER_ATTENTION_MAX_WIDTH + 1):  # long: the T x T scores would cost memory
+    with _attention_for(config, EAGER_ATTENTION_MAX_WIDTH + 1, cpu):  # long: the T x T scores would cost memory
+        assert config._attn_implementation == "sdpa"
+    with _attention_for(config, 8, torch.device("cuda")):  # CUDA's fused SDPA kernels win at every width
         assert config._attn_implementation == "sdpa"
     config._attn_implementation = "flash_attention_2"  # a user's explicit choice is never overridden
-    with _attention_for(config, 8):
+    with _attention_for(config, 8, cpu):
         assert config._attn_implementation == "flash_attention_2"
