@@ -5,7 +5,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DEMO_CONFIG ?= examples/configs/demo.yaml
 
-.PHONY: setup demo test test-slow lint clean-cache bench-reward bench
+.PHONY: setup demo test test-slow test-gpu lint clean-cache bench-reward bench
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# the engine on a CUDA device against the CPU (skipped where there is none)
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -47,6 +47,7 @@ HEAD_CHECKPOINT_ROWS = 2048
 # avoids are small. Decoding keeps SDPA: eager attention would copy the grouped KV cache at every token.
 # On CUDA, SDPA's fused kernels win at every width, so this is a CPU-only switch.
 EAGER_ATTENTION_MAX_WIDTH = 128
+DECODE_SYNC_EVERY = 8  # on GPUs: decode steps between reads of the stop / non-finite flags
 
 
 @contextlib.contextmanager
@@ -92,7 +93,8 @@ def _draw(probs_NV: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     total_N1 = cdf_NV[:, -1:]
     # u * total can round up to total itself; below it, the first cdf entry above the draw is a token with p > 0
     x_N1 = torch.minimum(u_N1 * total_N1, torch.nextafter(total_N1, torch.zeros_like(total_N1)))
-    return torch.searchsorted(cdf_NV, x_N1, right=True).squeeze(-1)
+    # clamped: rows of NaN probabilities (caught by the caller) must still give valid token ids
+    return torch.searchsorted(cdf_NV, x_N1, right=True).squeeze(-1).clamp_(max=probs_NV.shape[-1] - 1)
 
 
 class LocalEngine:
@@ -105,6 +107,7 @@ class LocalEngine:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
+        self.decode_sync_every = 1 if self.device.type == "cpu" else DECODE_SYNC_EVERY
         self.tokenizer = load_tokenizer(cfg.name, cfg.revision)
         base = load_causal_lm(cfg.name, cfg.revision, cfg.dtype, cfg.device)
         self.stop_ids = stop_token_ids(self.tokenizer, base)
@@ -230,12 +233,16 @@ class LocalEngine:
         attn, next_pos = attn_NP, position_NP[:, -1:] + 1
         finished_N = torch.zeros(N, dtype=torch.bool, device=self.device)
         lengths_N = torch.zeros(N, dtype=torch.long, device=self.device)
+        nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
+        # Reading a flag back from a GPU waits for every queued kernel, so the host cannot queue the next step
+        # while the GPU runs this one; there the flags are read every DECODE_SYNC_EVERY tokens. Steps past the
+        # end of every sequence only draw padding, so stopping a few tokens late changes no completion.
+        sync_every = self.decode_sync_every
         toks, lps, ents = [], [], []
-        for _ in range(sampling.max_new_tokens):
+        for step in range(sampling.max_new_tokens):
             greedy = sampling.temperature == 0  # greedy decoding reports logprobs at temperature 1
             scaled_NV = out.logits[:, -1, :].float() / (1.0 if greedy else sampling.temperature)
-            if not bool(torch.isfinite(scaled_NV).all()):  # else torch.multinomial fails with a bare RuntimeError
-                raise ExperimentError("sampling produced non-finite logits (model weights or logits are NaN/inf)")
+            nonfinite |= ~torch.isfinite(scaled_NV).all()
             logp_NV = torch.log_softmax(scaled_NV, dim=-1)
             p_NV = logp_NV.exp()
             if greedy:
@@ -250,8 +257,11 @@ class LocalEngine:
             ents.append(-(p_NV * logp_NV).sum(-1))
             lengths_N += (~finished_N).long()
             finished_N |= torch.isin(tok_N, stop)
-            if bool(finished_N.all()):
-                break
+            if (step + 1) % sync_every == 0 or step + 1 == sampling.max_new_tokens:
+                if bool(nonfinite):  # a NaN model draws garbage tokens: stop at once, loudly
+                    raise ExperimentError("sampling produced non-finite logits (model weights or logits are NaN/inf)")
+                if bool(finished_N.all()):
+                    break
             attn = torch.cat([attn, torch.ones((N, 1), dtype=attn.dtype, device=self.device)], dim=1)
             with self._autocast():
                 out = model(input_ids=tok_N[:, None], attention_mask=attn, position_ids=next_pos,

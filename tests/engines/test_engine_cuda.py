@@ -127,3 +127,16 @@ def test_attack_cli_runs_on_cuda(tiny_model_dir: Path, tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (tmp_path / "cuda" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["train/loss"] == r["train/loss"] and r["train/grad_norm"] > 0 for r in rows)  # not NaN, learning
+
+
+def test_cuda_sampling_fails_loudly_on_nan_weights(tiny_model_dir: Path) -> None:
+    engine = _engine(tiny_model_dir, "cuda")
+    assert engine.decode_sync_every > 1  # the GPU path reads its flags only every few tokens
+    with torch.no_grad():
+        for name, param in engine.model.named_parameters():
+            if "lora_B" in name:
+                param.fill_(float("nan"))
+    from purplerl.errors import ExperimentError
+
+    with pytest.raises(ExperimentError, match="sampling produced non-finite logits"):
+        engine.sample(PROMPTS, 2, SamplingParams(max_new_tokens=20, seed=0))

@@ -16,6 +16,7 @@ import torch
 from purplerl.config import Config, ModelConfig, TrainingConfig
 from purplerl.engines import loading
 from purplerl.engines.local import LocalEngine, _draw
+from purplerl.errors import ExperimentError
 from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.train.loop import old_logprobs_mode
 from purplerl.types import AdamParams, LossSpec, SamplingParams, TrainBatch
@@ -240,3 +241,28 @@ def test_short_sequences_score_with_eager_attention_and_the_choice_is_restored()
     config._attn_implementation = "flash_attention_2"  # a user's explicit choice is never overridden
     with _attention_for(config, 8, cpu):
         assert config._attn_implementation == "flash_attention_2"
+
+
+def test_reading_decode_flags_every_few_tokens_changes_no_completion(tiny_model_dir: Path) -> None:
+    """GPUs read the stop / non-finite flags every few tokens: the completions are the same as every token."""
+    every, sparse = _engine(tiny_model_dir), _engine(tiny_model_dir)
+    sparse.decode_sync_every = 5
+    params = SamplingParams(max_new_tokens=23, seed=3)
+    # a tiny random model rarely draws its EOS: stop on every 20th token id (some sequences stop, some run to
+    # the limit), then on every 3rd (all stop early, so decoding ends before max_new_tokens)
+    for stride, endings in ((20, {"stop", "length"}), (3, {"stop"})):
+        every.stop_ids = sparse.stop_ids = list(range(0, len(every.tokenizer), stride))
+        a = [c for g in every.sample(PROMPTS, 4, params) for c in g]
+        b = [c for g in sparse.sample(PROMPTS, 4, params) for c in g]
+        assert {c.finish_reason for c in a} == endings
+        assert [(c.tokens, c.finish_reason) for c in a] == [(c.tokens, c.finish_reason) for c in b]
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x.logprobs_C, y.logprobs_C)
+    assert max(len(c.tokens) for c in a) < params.max_new_tokens
+    with torch.no_grad():
+        for name, param in sparse.model.named_parameters():
+            if "lora_B" in name:
+                param.fill_(float("nan"))
+    sparse._sampler_synced = False
+    with pytest.raises(ExperimentError, match="sampling produced non-finite logits"):
+        sparse.sample(PROMPTS, 1, params)
