@@ -241,7 +241,9 @@ class LocalEngine:
         toks, lps, ents = [], [], []
         for step in range(sampling.max_new_tokens):
             greedy = sampling.temperature == 0  # greedy decoding reports logprobs at temperature 1
-            scaled_NV = out.logits[:, -1, :].float() / (1.0 if greedy else sampling.temperature)
+            scaled_NV = out.logits[:, -1, :].float()
+            if not greedy and sampling.temperature != 1.0:
+                scaled_NV = scaled_NV / sampling.temperature
             nonfinite |= ~torch.isfinite(scaled_NV).all()
             logp_NV = torch.log_softmax(scaled_NV, dim=-1)
             p_NV = logp_NV.exp()
