@@ -8,8 +8,9 @@ purplerl's rendering of the same step's prompts, and the reward function checks 
 the run rather than benchmarking different work.
 
 Settings that differ from TRL's defaults, so that both systems do the same work: gradient_checkpointing=False
-(purplerl keeps activations; TRL's default would recompute the forward), bf16=False (fp32 like purplerl's default;
-`trl-bf16` sets bf16=True, autocast over fp32 weights, like purplerl's model.autocast_bf16), shuffle_dataset=False
+(purplerl keeps activations; TRL's default would recompute the forward), bf16=False (TRL's fp32 default on CPU;
+`trl-bf16` sets bf16=True, autocast over fp32 weights, the nearest TRL setting to purplerl's bf16 `dtype auto`,
+so run both), shuffle_dataset=False
 (the dataset rows already are purplerl's prompt order), beta=0.1 (TRL's default 0 skips the reference pass).
 """
 
