@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,32 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+class ChatCompletionsStub(BaseHTTPRequestHandler):
+    """An OpenAI-style chat-completions endpoint for judge tests: records each request (path, Authorization
+    header, JSON body) in the subclass's own `requests` list and answers with `reply(body)`."""
+
+    requests: list[dict] = []
+
+    def reply(self, body: dict) -> tuple[int, str]:
+        """(HTTP status, assistant message) for a request body; a non-200 status sends the message as the body."""
+        raise NotImplementedError
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+        status, content = self.reply(body)
+        if status == 200:
+            content = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
+        data = content.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
 
 
 def serve_on_loopback(handler: type, path: str = "/v1"):

@@ -7,11 +7,10 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from conftest import serve_on_loopback
+from conftest import ChatCompletionsStub, serve_on_loopback
 
 from purplerl.errors import UserError
 from purplerl.eval.run import EvalSettings, validate
@@ -25,20 +24,11 @@ ROWS = [{"category": cat, "source": "custom", "forbidden_prompt": f"FORBIDDEN-{i
         for i, cat in enumerate(["violence", "fraud", "violence"])]
 
 
-class _Stub(BaseHTTPRequestHandler):
+class _Stub(ChatCompletionsStub):
     requests: list[dict] = []
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _Stub.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
-        data = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": RUBRIC}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    def reply(self, body: dict) -> tuple[int, str]:
+        return 200, RUBRIC
 
 
 @pytest.fixture(scope="module")

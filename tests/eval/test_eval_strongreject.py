@@ -1,9 +1,7 @@
-import json
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 
 import pytest
-from conftest import serve_on_loopback
+from conftest import ChatCompletionsStub, serve_on_loopback
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.eval.judges import StrongRejectJudge, parse_rubric, strongreject_score
@@ -18,28 +16,14 @@ CANNED = {
 }
 
 
-class _Stub(BaseHTTPRequestHandler):
+class _Stub(ChatCompletionsStub):
     requests: list[dict] = []
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _Stub.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+    def reply(self, body: dict) -> tuple[int, str]:
         content = body["messages"][0]["content"]
         if "FAIL500" in content:
-            self._send(500, b"internal error")
-            return
-        reply = next(text for marker, text in CANNED.items() if marker in content)
-        payload = {"choices": [{"index": 0, "message": {"role": "assistant", "content": reply}}]}
-        self._send(200, json.dumps(payload).encode())
-
-    def _send(self, status: int, data: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+            return 500, "internal error"
+        return 200, next(text for marker, text in CANNED.items() if marker in content)
 
 
 @pytest.fixture(scope="module")
