@@ -95,6 +95,28 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+def save_tiny_bert_classifier(path: Path, words: list[str], id2label: dict[int, str]) -> Path:
+    """Save a tiny random BERT sequence classifier with a word-level tokenizer over `words` into `path`."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(words)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]")
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32, initializer_range=0.5,
+                        num_labels=len(id2label), id2label=id2label, label2id={v: k for k, v in id2label.items()})
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 class ChatCompletionsStub(BaseHTTPRequestHandler):
     """An OpenAI-style chat-completions endpoint for judge tests: records each request (path, Authorization
     header, JSON body) in the subclass's own `requests` list and answers with `reply(body)`."""

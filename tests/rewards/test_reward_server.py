@@ -13,6 +13,7 @@ import httpx
 import pytest
 import torch
 import uvicorn
+from conftest import save_tiny_bert_classifier
 from fastapi import FastAPI
 
 from purplerl.config import Config, RewardServerConfig
@@ -52,25 +53,8 @@ class ThreadServer:
 @pytest.fixture(scope="module")
 def tiny_classifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random BERT classifier with labels safe/unsafe and a word-level tokenizer, saved locally."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
-
     words = sorted({w for text in TEXTS for w in text.lower().split()})
-    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(words)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
-                                        cls_token="[CLS]", sep_token="[SEP]")
-    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32, initializer_range=0.5, num_labels=2,
-                        id2label={0: "safe", 1: "unsafe"}, label2id={"safe": 0, "unsafe": 1})
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny_bert")
-    BertForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_bert_classifier(tmp_path_factory.mktemp("tiny_bert"), words, {0: "safe", 1: "unsafe"})
 
 
 @pytest.fixture(scope="module")

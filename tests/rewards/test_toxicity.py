@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import save_tiny_bert_classifier
 
 from purplerl.config import ToxicityConfig
 from purplerl.errors import ExperimentError, UserError
@@ -14,23 +15,7 @@ TEXTS = ["you are a nice kind person", "you stupid idiot", "", "hello", "thank y
 
 
 def _save_tiny_classifier(path: Path, num_labels: int) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
-
-    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
-                                        cls_token="[CLS]", sep_token="[SEP]")
-    id2label = {0: "safe", 1: "unsafe"} if num_labels == 2 else {0: "toxic"}
-    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=32, initializer_range=0.5,
-                        num_labels=num_labels, id2label=id2label, label2id={v: k for k, v in id2label.items()})
-    torch.manual_seed(0)
-    BertForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    save_tiny_bert_classifier(path, WORDS, {0: "safe", 1: "unsafe"} if num_labels == 2 else {0: "toxic"})
 
 
 @pytest.fixture(scope="module")
