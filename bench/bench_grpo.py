@@ -301,7 +301,10 @@ def main() -> None:
         run_child_process(args.child, work, sets, args.child_out)
         return
     systems = checked_systems(args)
-    model_path = resolve_model_path(work.model)  # builds the embedded model's cache once, before any child
+    try:
+        model_path = resolve_model_path(work.model)  # builds the embedded model's cache once, before any child
+    except UserError as err:
+        raise SystemExit(f"--model: {err}") from None
     from transformers import AutoConfig
 
     shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(model_path))

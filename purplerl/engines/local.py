@@ -237,7 +237,6 @@ class LocalEngine:
         # Reading a flag back from a GPU waits for every queued kernel, so the host cannot queue the next step
         # while the GPU runs this one; there the flags are read every DECODE_SYNC_EVERY tokens. Steps past the
         # end of every sequence only draw padding, so stopping a few tokens late changes no completion.
-        sync_every = self.decode_sync_every
         toks, lps, ents = [], [], []
         for step in range(sampling.max_new_tokens):
             greedy = sampling.temperature == 0  # greedy decoding reports logprobs at temperature 1
@@ -259,7 +258,7 @@ class LocalEngine:
             ents.append(-(p_NV * logp_NV).sum(-1))
             lengths_N += (~finished_N).long()
             finished_N |= torch.isin(tok_N, stop)
-            if (step + 1) % sync_every == 0 or step + 1 == sampling.max_new_tokens:
+            if (step + 1) % self.decode_sync_every == 0 or step + 1 == sampling.max_new_tokens:
                 if bool(nonfinite):  # a NaN model draws garbage tokens: stop at once, loudly
                     raise ExperimentError("sampling produced non-finite logits (model weights or logits are NaN/inf)")
                 if bool(finished_N.all()):
