@@ -76,10 +76,11 @@ def build_attack(config: Config) -> tuple[RewardFn, Callable[[dict[str, float]],
     return attack_reward_fn(config), attack_early_stop(config)
 
 
-def run_attack(config: Config, resume_dir: Path | None = None) -> dict[str, Any]:
+def run_attack(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
     """Start a new attack run, or continue `resume_dir` from its latest checkpoint."""
     run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
-    return execute_run(config, run_dir, resume=resume_dir is not None, build=build_attack)
+    return execute_run(config, run_dir, resume=resume_dir is not None, build=build_attack,
+                       restart=restart)
 
 
 def summarize_attack(run_dir: Path, summary: dict[str, Any]) -> str:

@@ -52,9 +52,10 @@ def build_defend(config: Config) -> tuple[RewardFn, Callable[[dict[str, float]],
     return defend_reward_fn(config), attack_early_stop(config)
 
 
-def run_defend(config: Config, resume_dir: Path | None = None) -> dict[str, Any]:
+def run_defend(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
     run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
-    return execute_run(config, run_dir, resume=resume_dir is not None, build=build_defend)
+    return execute_run(config, run_dir, resume=resume_dir is not None, build=build_defend,
+                       restart=restart)
 
 
 def summarize_defend(run_dir: Path, summary: dict[str, Any]) -> str:

@@ -223,6 +223,8 @@ def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 
             last_step = step
             finished = stop_reason is not None or step == config.training.steps
             if finished or step % config.run.save_every == 0:
+                metrics_sink.sync()  # on disk before the checkpoint that claims these steps
+                samples_sink.sync()
                 save_checkpoint(run_dir, step, parts.engine, {"finished": finished, "stop_reason": stop_reason},
                                 config.run.keep_last)
             if stop_reason is not None:

@@ -3,23 +3,45 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import Config, save_config
+from purplerl.config import Config, build_config, commented_yaml, read_config_file
 from purplerl.data import PromptSampler, load_prompts
 from purplerl.engines import make_engine
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
-from purplerl.train.checkpoint import latest_checkpoint, read_state
+from purplerl.train.checkpoint import (
+    CHECKPOINTS,
+    checkpoint_candidates,
+    describe_skipped,
+    discard_checkpoint,
+    newest_intact,
+    read_state,
+    remove_stale,
+    write_bytes_durably,
+)
 from purplerl.train.loop import LoopParts, RewardFn, run_loop
-from purplerl.train.sinks import truncate_after_step
+from purplerl.train.sinks import JsonlSink, last_logged_step, read_jsonl, truncate_after_step
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+HISTORY_FILE = "config_history.jsonl"  # the resolved config of every segment of a run, with its first step
+# Settings a resume may not change: the checkpoints, data order and logs of the run were made with them, so a
+# run continued with other values would be neither the old experiment nor a new one.
+FIXED_ON_RESUME = frozenset({
+    "recipe", "engine", "model.name", "model.revision", "model.lora_rank", "model.lora_alpha", "model.lora_targets",
+    "model.init_adapter", "sampling.group_size", "training.batch_size", "training.seed", "data.source", "data.split",
+    "data.prompt_field", "data.hf_config", "data.filters", "data.limit", "data.shuffle", "run.output_dir", "run.name",
+})
 
 
 def run_dir_name(config: Config) -> str:
@@ -38,21 +60,107 @@ def new_run_dir(config: Config) -> Path:
     return run_dir
 
 
+def flat_config(config: Config) -> dict[str, Any]:
+    """Every leaf field by dotted name: {'training.lr': 0.0001, ...}."""
+    out: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and key != "filters":
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[prefix + key] = value
+
+    walk(config.model_dump(mode="json"), "")
+    return out
+
+
+def resume_changes(saved: Config, new: Config) -> dict[str, list[Any]]:
+    """{field: [old, new]} for the settings a resume changes; UserError for one that would make the
+    continued run a different experiment from the one its checkpoints and logs hold."""
+    old_flat, new_flat = flat_config(saved), flat_config(new)
+    changed = {k: [old_flat.get(k), v] for k, v in new_flat.items() if old_flat.get(k) != v}
+    fixed = [k for k in changed if k in FIXED_ON_RESUME]
+    if fixed:
+        old, value = changed[fixed[0]]
+        raise UserError(f"--{fixed[0]} cannot change when resuming ({old!r} -> {value!r}): the checkpoints and "
+                        f"logs were made with {old!r}; start a new run for {value!r} instead (--name NEW)")
+    return changed
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def resume_point(run_dir: Path, restart: bool, notify: Callable[[str], None] = _warn) -> Path | None:
+    """The checkpoint a resume continues from (None: from step 1), checked before anything is touched."""
+    checkpoint, skipped = newest_intact(run_dir)
+    if checkpoint is not None:
+        if restart:
+            raise UserError(f"--restart would throw away the intact checkpoint {checkpoint}: resume without "
+                            f"--restart, or start a new run with --name NEW")
+        if skipped:
+            notify(f"warning: skipped damaged checkpoints ({describe_skipped(skipped)}); "
+                   f"resuming from {checkpoint.name}")
+        return checkpoint
+    if restart:
+        return None
+    if skipped:
+        raise UserError(f"no intact checkpoint in {run_dir / CHECKPOINTS} ({describe_skipped(skipped)}); "
+                        f"start the run again from step 1 with --resume {run_dir} --restart")
+    logged = last_logged_step(run_dir / METRICS_FILE)
+    if logged:
+        raise UserError(f"{run_dir} has logs up to step {logged} but no checkpoint to continue from; start it "
+                        f"again from step 1 with --resume {run_dir} --restart (its logs are then replaced)")
+    return None  # killed before its first step was logged: nothing to lose
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write_bytes_durably(tmp, text.encode())
+    os.replace(tmp, path)
+
+
+def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[str, list[Any]] | None,
+                  restarted: bool = False) -> None:
+    """Append the resolved config in force from `from_step` to the history and rewrite config.yaml, whose
+    header lists every resume that changed a setting: config.yaml always describes what ran."""
+    row: dict[str, Any] = {"from_step": from_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if changed is not None:
+        row["changed"] = changed
+    if restarted:
+        row["restarted"] = True
+    JsonlSink(run_dir / HISTORY_FILE).write([{**row, "config": config.model_dump(mode="json")}])
+    header = []
+    for past in read_jsonl(run_dir / HISTORY_FILE):
+        if past.get("restarted"):
+            header = [f"# restarted from step 1 at {past['time']}"]
+        for key, (old, value) in (past.get("changed") or {}).items():
+            header.append(f"# from step {past['from_step']} (resumed): {key} {json.dumps(old)} -> {json.dumps(value)}")
+    if header:
+        header.insert(0, f"# the settings below are in force from the last resume on; every segment's full config "
+                         f"is in {HISTORY_FILE}")
+    _write_atomically(run_dir / CONFIG_FILE, "".join(line + "\n" for line in header) + commented_yaml(config))
+
+
 def execute_run(config: Config, run_dir: Path, resume: bool,
                 build: Callable[[Config], tuple[RewardFn, Callable[[dict[str, float]], str | None]]],
-                ) -> dict[str, Any]:
-    """Load data, engine and recipe parts, restore the latest checkpoint when resuming, and run the loop."""
-    start_step = 1
-    checkpoint = latest_checkpoint(run_dir) if resume else None
-    if checkpoint is not None:
-        state = read_state(checkpoint)
-        if state.get("stop_reason") or state["step"] >= config.training.steps:
-            summary = {"last_step": state["step"], "stop_reason": state.get("stop_reason") or "completed all steps",
-                       "run_dir": str(run_dir), "resumed_from": str(checkpoint), "nothing_to_do": True}
-            return summary
-        start_step = state["step"] + 1
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        truncate_after_step(run_dir / name, start_step - 1)
+                restart: bool = False, notify: Callable[[str], None] = _warn) -> dict[str, Any]:
+    """Load data, engine and recipe parts, restore the latest intact checkpoint when resuming, run the loop.
+
+    Everything a resume needs is checked first (settings, checkpoint, data, reward scorer, that the engine
+    loads the checkpoint); only then are stale temporaries removed, the config recorded and the logs cut
+    back to the checkpoint's step, so a resume that fails leaves the run dir exactly as it was."""
+    start_step, checkpoint, changed = 1, None, None
+    if resume:
+        changed = resume_changes(build_config(read_config_file(run_dir / CONFIG_FILE)), config)
+        checkpoint = resume_point(run_dir, restart, notify)
+        if checkpoint is not None:
+            state = read_state(checkpoint)
+            if state.get("stop_reason") or state["step"] >= config.training.steps:
+                return {"last_step": state["step"], "stop_reason": state.get("stop_reason") or "completed all steps",
+                        "run_dir": str(run_dir), "resumed_from": str(checkpoint), "nothing_to_do": True}
+            start_step = state["step"] + 1
 
     records = load_prompts(config.data)
     sampler = PromptSampler(records, config.training.batch_size, config.training.seed, shuffle=config.data.shuffle)
@@ -63,11 +171,20 @@ def execute_run(config: Config, run_dir: Path, resume: bool,
     d = config.data
     render = partial(render_prompt, engine.tokenizer, template=d.template, system_prompt=d.system_prompt,
                      max_prompt_tokens=d.max_prompt_tokens)
-    if not resume:
+
+    if resume:
+        remove_stale(run_dir)
+        if restart:
+            for damaged in checkpoint_candidates(run_dir):
+                discard_checkpoint(damaged)
+        record_config(run_dir, config, start_step, changed, restarted=restart)
+        for name in (METRICS_FILE, SAMPLES_FILE):
+            truncate_after_step(run_dir / name, start_step - 1)
+    else:
         # written only now: a run that failed to start (bad model, missing data) must not claim its name
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(config, run_dir / CONFIG_FILE)
+        record_config(run_dir, config, 1, None)
     summary = run_loop(config, LoopParts(engine, sampler, render, reward_fn, early_stop), run_dir, start_step)
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+    _write_atomically(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary
