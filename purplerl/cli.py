@@ -84,19 +84,27 @@ def _recipe_config(recipe: str, args: list[str], config: Path | None, resume: Pa
     return cfg
 
 
+def _restart(restart: bool, resume: Path | None) -> bool:
+    if restart and resume is None:
+        raise UserError("--restart goes with --resume RUN_DIR (it starts that run again from step 1)")
+    return restart
+
+
 @app.command(context_settings=OVERRIDES, epilog=_config_epilog())
 @reports_errors
 def attack(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Option(help="YAML or JSON config file")] = None,
-    resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest checkpoint")] = None,
+    resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest intact checkpoint")] = None,
+    restart: Annotated[bool, typer.Option(help="with --resume: start a run that has no intact checkpoint again "
+                                               "from step 1 (its logs are replaced)")] = False,
 ) -> None:
     """Red-team a model by GRPO: reward toxicity, penalize repetition and KL to the base model."""
     from purplerl.recipes.attack import run_attack, summarize_attack
 
     cfg = _recipe_config("attack", ctx.args, config, resume)
     _quiet_libraries()
-    summary = run_attack(cfg, resume_dir=resume)
+    summary = run_attack(cfg, resume_dir=resume, restart=_restart(restart, resume))
     typer.echo(summarize_attack(Path(summary["run_dir"]), summary))
 
 
@@ -105,7 +113,9 @@ def attack(
 def defend(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Option(help="YAML or JSON config file")] = None,
-    resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest checkpoint")] = None,
+    resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest intact checkpoint")] = None,
+    restart: Annotated[bool, typer.Option(help="with --resume: start a run that has no intact checkpoint again "
+                                               "from step 1 (its logs are replaced)")] = False,
 ) -> None:
     """Token Buncher defense: reward low response entropy on harmful prompts, with Token Noiser steps.
 
@@ -115,7 +125,7 @@ def defend(
 
     cfg = _recipe_config("defend", ctx.args, config, resume, defaults=DEFEND_DEFAULTS)
     _quiet_libraries()
-    summary = run_defend(cfg, resume_dir=resume)
+    summary = run_defend(cfg, resume_dir=resume, restart=_restart(restart, resume))
     typer.echo(summarize_defend(Path(summary["run_dir"]), summary))
 
 

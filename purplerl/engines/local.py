@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import io
 from collections import Counter
 from pathlib import Path
 
@@ -463,30 +464,67 @@ class LocalEngine:
         path = Path(path)
         with self._fp32_adapter():  # the exported adapter holds the exact fp32 weights
             self.model.save_pretrained(path)  # adapter_config.json + adapter_model.safetensors
-        torch.save(self.optimizer.state_dict(), path / OPTIMIZER_FILE)
         # sampling draws from its own seeded generator; the global RNG still drives LoRA dropout
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, path / RNG_FILE)
+        # serialized in memory and written by Python: a full disk then raises OSError(ENOSPC), where torch's
+        # own file writer reports only "unexpected pos"
+        for name, obj in ((OPTIMIZER_FILE, self.optimizer.state_dict()), (RNG_FILE, rng)):
+            buffer = io.BytesIO()
+            torch.save(obj, buffer)
+            with open(path / name, "wb") as f:
+                f.write(buffer.getbuffer())
 
     def load(self, path: Path) -> None:
         from peft import set_peft_model_state_dict
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         path = Path(path)
         weights = path / "adapter_model.safetensors"
         if not weights.is_file():
             raise UserError(f"{path} holds no adapter_model.safetensors")
+        try:
+            state = load_file(str(weights), device=str(self.device))
+        except (SafetensorError, OSError) as err:
+            raise UserError(f"cannot read {weights}: {_first_line(err)}") from None
         with self._fp32_adapter():  # loads in place into the masters; the bf16 copies follow on exit
-            result = set_peft_model_state_dict(self.model, load_file(str(weights), device=str(self.device)))
+            try:
+                result = set_peft_model_state_dict(self.model, state)
+            except RuntimeError as err:  # a tensor of another shape: another LoRA rank or model
+                raise UserError(f"adapter in {path} does not match the model: {_first_line(err)}") from None
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
             raise UserError(f"adapter in {path} does not match the model ({len(unexpected)} unexpected keys)")
-        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=self.device))
+        try:
+            self.optimizer.load_state_dict(load_tensors(path / OPTIMIZER_FILE, self.device))
+        except (KeyError, ValueError, TypeError) as err:
+            raise UserError(f"optimizer state in {path} does not match this adapter: {_first_line(err)}") from None
         self._sampler_synced = False
         if (path / RNG_FILE).is_file():
-            rng = torch.load(path / RNG_FILE, weights_only=False)
+            rng = load_tensors(path / RNG_FILE, torch.device("cpu"))
+            if not isinstance(rng, dict) or not isinstance(rng.get("cpu"), torch.Tensor):
+                raise UserError(f"{path / RNG_FILE} does not hold an RNG state")
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def load_tensors(path: Path, device: torch.device):
+    """torch.load restricted to tensors and plain containers: a pickle that would run code is refused, unrun."""
+    import pickle
+
+    if not path.is_file():
+        raise UserError(f"{path} is missing")
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise UserError(f"{path} holds objects other than tensors and plain values: refused without "
+                        "unpickling them (only tensors are ever loaded from a checkpoint)") from None
+    except (RuntimeError, OSError, EOFError) as err:
+        raise UserError(f"cannot read {path}: {_first_line(err)}") from None
