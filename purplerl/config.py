@@ -8,22 +8,54 @@ naming the field. The resolved config is written into each run directory.
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from purplerl.errors import UserError
+from purplerl.files import plain_name_problem, read_text
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 # the reward server's API key comes from this env var only: a key must never land in a saved config.yaml
 API_KEY_ENV = "PURPLERL_REWARD_API_KEY"
 
 
+def _plain_types(annotation: Any) -> set[Any]:
+    """The value types a field admits: `int | None` -> {int, NoneType}; anything else (a Literal, a section,
+    a dict, Any) stands for itself, and pydantic's own message for it is clear."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return set().union(*(_plain_types(arg) for arg in get_args(annotation)))
+    return {annotation}
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN and inf mean nothing in any setting here (null already says "never"), and a NaN threshold would
+    # silently switch its check off: no float field takes them, new fields included.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_yaml_type_punning(cls, value: Any, info: Any) -> Any:
+        """YAML reads `yes`/`on`/`true` as booleans and `007` as a number; pydantic would then take True as
+        the int 1 (`--steps yes` -> 1 step) and refuse the number for a text field without saying why."""
+        admitted = _plain_types(cls.model_fields[info.field_name].annotation)
+        if isinstance(value, bool) and bool not in admitted and admitted & {int, float, str}:
+            hint = "; quote text that YAML reads as a boolean ('yes')" if str in admitted else ""
+            raise ValueError(f"expected {_kind_of(admitted)}, got a boolean (YAML reads yes/no/on/off/true/false "
+                             f"as booleans){hint}")
+        if isinstance(value, int | float) and not isinstance(value, bool) and admitted <= {str, type(None)}:
+            raise ValueError(f"expected text, got the number {value!r}: quote the value in YAML")
+        return value
+
+
+def _kind_of(admitted: set[Any]) -> str:
+    if str in admitted:
+        return "text or a number" if admitted & {int, float} else "text"
+    return "a number" if float in admitted else "an integer"
 
 
 class ModelConfig(Section):
@@ -171,6 +203,15 @@ class RunConfig(Section):
     save_every: int = Field(10, ge=1, description="checkpoint every N steps (and always at the end)")
     keep_last: int = Field(3, ge=1, description="checkpoints kept on disk")
 
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str | None) -> str | None:
+        # the name is one directory under output_dir: '../x' or '/tmp/x' would put the run somewhere else
+        problem = None if name is None else plain_name_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
+
 
 class Config(Section):
     recipe: str = Field("attack", description="recipe this config is for")
@@ -228,7 +269,7 @@ FLAT_NAMES: dict[str, str] = {
 def _format_validation_error(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "config"
-    msg = first["msg"]
+    msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown field"
     return f"config field '{where}': {msg}" + (f" (got {first['input']!r})" if first["type"] != "extra_forbidden"
@@ -260,7 +301,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
-    text = path.read_text()
+    text = read_text(path)
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
@@ -295,8 +336,12 @@ def _parse_value(text: str, dotted: str) -> Any:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
-    if value is not None and _leaf_annotation(dotted) in (str, str | None):
+    annotation = _leaf_annotation(dotted)
+    if value is not None and annotation in (str, str | None):
         return text
+    admitted = _plain_types(annotation)
+    if isinstance(value, bool) and str in admitted and bool not in admitted:
+        return text  # `--reward.toxicity.label yes` names a label; it is not the index True == 1
     return value
 
 

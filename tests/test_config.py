@@ -9,7 +9,18 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from purplerl.config import EMBEDDED_MODEL, FLAT_NAMES, Config, field_help, load_config, read_config_file, save_config
+from purplerl.config import (
+    EMBEDDED_MODEL,
+    FLAT_NAMES,
+    Config,
+    RewardServerConfig,
+    build_config,
+    build_server_config,
+    field_help,
+    load_config,
+    read_config_file,
+    save_config,
+)
 from purplerl.errors import UserError
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "configs" / "attack.yaml"
@@ -107,7 +118,7 @@ def test_override_values_are_yaml():
     assert cfg.reward.zscore is True
 
 
-@pytest.mark.parametrize("value", ["123", "2024-05-01", "yes", "1.5"])
+@pytest.mark.parametrize("value", ["123", "2024-05-01", "yes", "1.5", "on", "off", "no"])
 def test_string_fields_keep_text_that_looks_like_another_type(value: str):
     cfg = load_config(None, ["--name", value, "--system_prompt", value])
     assert cfg.run.name == value
@@ -122,6 +133,8 @@ def test_toxicity_label_keeps_int_or_name():
     base = ["--toxicity_model", "/some/classifier"]
     assert load_config(None, [*base, "--toxicity_label", "1"]).reward.toxicity.label == 1
     assert load_config(None, [*base, "--toxicity_label", "toxic"]).reward.toxicity.label == "toxic"
+    # a label named like a YAML boolean stays a name; it would otherwise become the index True == 1
+    assert load_config(None, [*base, "--toxicity_label", "yes"]).reward.toxicity.label == "yes"
 
 
 def test_precedence_defaults_file_cli(tmp_path: Path):
@@ -248,7 +261,7 @@ def test_save_config_round_trips(tmp_path: Path):
 @pytest.mark.parametrize("text", ["a # not a comment", "key: value", "two\nlines", "'quoted' \"both\"", "", "null",
                                   "- item", "{x: 1}", "trailing space "])
 def test_save_config_round_trips_awkward_strings(tmp_path: Path, text: str):
-    cfg = Config.model_validate({"data": {"system_prompt": text}, "run": {"name": text or "x"}})
+    cfg = Config.model_validate({"data": {"system_prompt": text, "split": text or "x"}})
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
 
@@ -287,3 +300,121 @@ def test_example_config_shows_the_defaults():
     text = EXAMPLE_CONFIG.read_text()
     for name in _leaf_fields(Config):
         assert f"{name.split('.')[-1]}:" in text, f"{name} missing from {EXAMPLE_CONFIG.name}"
+
+
+# ------------------------------------------------------------------------- values YAML would mistype
+
+
+def _typed_leaves(model: type[BaseModel], wanted: type, prefix: str = "") -> list[str]:
+    """Dotted names of the leaf fields whose annotation admits `wanted` (float: `float | None` counts)."""
+    names = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            names += _typed_leaves(ann, wanted, f"{prefix}{name}.")
+        elif ann is wanted or wanted in getattr(ann, "__args__", ()):
+            names.append(f"{prefix}{name}")
+    return names
+
+
+def _nested(dotted: str, value: object) -> dict:
+    *sections, leaf = dotted.split(".")
+    node: dict = {leaf: value}
+    for part in reversed(sections):
+        node = {part: node}
+    return node
+
+
+@pytest.mark.parametrize(("args", "field", "why"), [
+    (["--steps", "yes"], "training.steps", "got a boolean"),
+    (["--training.early_stop_toxicity", ".nan"], "training.early_stop_toxicity", "finite number"),
+    (["--reward.toxicity_weight", ".nan"], "reward.toxicity_weight", "finite number"),
+    (["--training.weight_decay", ".inf"], "training.weight_decay", "finite number"),
+    (["--reward.toxicity.timeout_s", ".inf"], "reward.toxicity.timeout_s", "finite number"),
+    (["--lr", "on"], "training.lr", "got a boolean"),
+    (["--training.max_grad_norm", "-.inf"], "training.max_grad_norm", "finite number"),
+])
+def test_booleans_and_non_finite_numbers_are_refused_on_the_cli(args: list[str], field: str, why: str):
+    msg = _error(None, args)
+    assert f"config field '{field}'" in msg and why in msg, msg
+    assert "\n" not in msg
+
+
+def test_every_float_field_refuses_nan_and_inf():
+    floats = _typed_leaves(Config, float)
+    # the walk must see the fields the issue names, or this test checks nothing
+    assert {"training.early_stop_toxicity", "reward.toxicity_weight", "training.weight_decay",
+            "reward.toxicity.timeout_s", "reward.entropy_bonus_cap"} <= set(floats)
+    assert len(floats) >= 20
+    for dotted in floats:
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            with pytest.raises(UserError, match=f"config field '{dotted}': Input should be a finite number"):
+                build_config(_nested(dotted, bad))
+
+
+def test_every_int_field_refuses_booleans():
+    ints = _typed_leaves(Config, int)
+    assert {"training.steps", "training.batch_size", "sampling.group_size", "run.save_every"} <= set(ints)
+    for dotted in ints:
+        for flag in (True, False):
+            with pytest.raises(UserError, match=f"config field '{dotted}': expected (an integer|text or a number), "
+                                                "got a boolean"):
+                build_config(_nested(dotted, flag))
+
+
+def test_reward_server_settings_refuse_nan_inf_and_booleans():
+    floats, ints = _typed_leaves(RewardServerConfig, float), _typed_leaves(RewardServerConfig, int)
+    assert "batch_wait_ms" in floats and {"port", "max_chars", "max_texts"} <= set(ints)
+    for name in floats:
+        for bad in (float("nan"), float("inf")):
+            with pytest.raises(UserError, match=f"--{name.replace('_', '-')}: Input should be a finite number"):
+                build_server_config({name: bad})
+    for name in ints:
+        with pytest.raises(UserError, match=f"--{name.replace('_', '-')}: expected (an integer|text or a number), "
+                                            "got a boolean"):
+            build_server_config({name: True})
+
+
+def test_yaml_file_booleans_are_not_integers(tmp_path: Path):
+    msg = _error(_write(tmp_path / "c.yaml", "training:\n  steps: yes\n  batch_size: 4\n"))
+    assert "config field 'training.steps': expected an integer, got a boolean" in msg
+    assert "config field 'sampling.group_size'" in _error(_write(tmp_path / "d.json",
+                                                                 '{"sampling": {"group_size": true}}'))
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("data:\n  system_prompt: on\n", "got a boolean"),
+    ("data:\n  split: no\n", "got a boolean"),
+    ("run:\n  name: 007\n", "got the number 7"),
+])
+def test_yaml_file_text_that_yaml_retypes_asks_for_quotes(tmp_path: Path, text: str, needle: str):
+    msg = _error(_write(tmp_path / "c.yaml", text))
+    assert needle in msg and "quote" in msg, msg
+    quoted = text.replace(": on", ": 'on'").replace(": no", ": 'no'").replace(": 007", ": '007'")
+    cfg = load_config(_write(tmp_path / "quoted.yaml", quoted))
+    assert "'on'" not in quoted or cfg.data.system_prompt == "on"
+    assert "'no'" not in quoted or cfg.data.split == "no"
+    assert "'007'" not in quoted or cfg.run.name == "007"
+
+
+# -------------------------------------------------------------------------------------------- run names
+
+
+@pytest.mark.parametrize("name", ["../x", "/tmp/x", "x/../../y", ".", "..", "a\\b", "a\x00b", "-x", ".hidden",
+                                  "two words", "x" * 129, "tab\there"])
+def test_run_name_must_be_a_plain_name(name: str):
+    msg = _error(None, ["--name", name])
+    assert msg.startswith("config field 'run.name': must be") and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("name", ["r1", "007", "demo_20260101_120000", "attack_smollm2_lr1e-05_kl0.1_rep0.3_G4_B8_s0",
+                                  "a+b=c,d@e", "x" * 128])
+def test_plain_run_names_are_kept(name: str):
+    assert load_config(None, ["--name", name]).run.name == name
+
+
+def test_config_file_that_is_not_utf8_names_file_and_line(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"training:\n  steps: 2\ndata:\n  system_prompt: caf\xe9\n")
+    msg = _error(path)
+    assert msg == f"{path}:4: not UTF-8 text (byte 0xe9 at column 21); save the file as UTF-8"

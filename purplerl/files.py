@@ -1,0 +1,139 @@
+"""Reading the text, JSON and JSONL files users and runs hand to purplerl, and naming files after data.
+
+Every reader here fails with one `UserError` that names the file and the line: bytes that are not UTF-8,
+text that is not JSON, a JSONL line that is not an object. Lines are split on b"\\n" only, so a JSON
+string holding U+2028 or a form feed (valid JSON, and what other tools write) stays one row.
+
+File names built from data (metric keys, target labels) go through `safe_file_stem`, so no key can name a
+path outside the directory it is written to; a name the user chooses for a directory is checked by
+`plain_name_problem` and refused, never changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from purplerl.errors import UserError
+
+# Plain names: what a directory name may be without quoting in a shell or escaping its parent.
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=,@-]*")
+MAX_NAME_CHARS = 128  # well under every file system's 255-byte limit on one path component
+_STEM_CHAR = re.compile(r"[^A-Za-z0-9_.-]")
+_BOM = "\ufeff"
+
+
+def plain_name_problem(name: str) -> str | None:
+    """Why `name` is not a plain directory name (one path component, no surprises), or None when it is."""
+    if name in (".", ".."):
+        return f"must be a plain name, not '{name}'"
+    if "/" in name or "\\" in name:
+        return "must be a plain name without path separators (choose the parent directory with run.output_dir)"
+    if len(name) > MAX_NAME_CHARS or not PLAIN_NAME.fullmatch(name):
+        return (f"must be 1-{MAX_NAME_CHARS} letters, digits and _ . + = , @ - "
+                "starting with a letter, digit or _")
+    return None
+
+
+def safe_file_stem(text: str) -> str:
+    """A file name stem for `text` that stays inside its directory: `text` itself when it is already safe,
+    else its safe characters plus a short hash of `text`, so two different texts never share a file."""
+    if text and len(text) <= 100 and not _STEM_CHAR.search(text) and not text.startswith("."):
+        return text
+    cleaned = _STEM_CHAR.sub("_", text)[:80].lstrip(".") or "_"
+    return f"{cleaned}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+
+
+def _not_utf8(path: Path, lineno: int, byte: int, column: int) -> UserError:
+    return UserError(f"{path}:{lineno}: not UTF-8 text (byte 0x{byte:02x} at column {column}); save the file as UTF-8")
+
+
+def _decode(raw: bytes, path: Path, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _not_utf8(path, lineno, raw[err.start], err.start + 1) from None
+
+
+def read_text(path: str | Path) -> str:
+    """The whole file as text; bytes that are not UTF-8 give a UserError naming the file and line."""
+    path = Path(path)
+    data = _read_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        lineno, line_start = data.count(b"\n", 0, err.start) + 1, data.rfind(b"\n", 0, err.start) + 1
+        raise _not_utf8(path, lineno, data[err.start], err.start - line_start + 1) from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"file not found: {path}") from None
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror}") from None
+
+
+def read_json(path: str | Path) -> Any:
+    """One JSON document; bad UTF-8 or bad JSON give a UserError naming the file and line."""
+    path = Path(path)
+    text = read_text(path).removeprefix(_BOM)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
+
+
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """A JSON file that must hold one object (a config, a state file)."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object, got {_kind(data)}")
+    return data
+
+
+def read_jsonl(path: str | Path, *, cut_tail: bool = False) -> list[dict[str, Any]]:
+    """The objects of a JSONL file, one per non-blank line.
+
+    `cut_tail=True` is for files this project appends to: a last line without its newline that does not
+    parse is a write cut short by a kill, and is dropped instead of refused.
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    lines = data.split(b"\n")
+    rows: list[dict[str, Any]] = []
+    for lineno, raw in enumerate(lines, start=1):
+        unfinished = lineno == len(lines) and raw.strip() != b""
+        try:
+            row = _parse_line(raw, path, lineno)
+        except UserError:
+            if cut_tail and unfinished:
+                break
+            raise
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _parse_line(raw: bytes, path: Path, lineno: int) -> dict[str, Any] | None:
+    text = _decode(raw, path, lineno)
+    if lineno == 1:
+        text = text.removeprefix(_BOM)
+    if not text.strip():
+        return None
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
+    if not isinstance(row, dict):
+        raise UserError(f"{path}:{lineno}: expected a JSON object, got {_kind(row)}")
+    return row
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
