@@ -171,12 +171,32 @@ class RewardServerConfig(ClassifierConfig):
     max_batch_texts: int = Field(256, ge=1, description="micro-batching: most texts per scorer call, gathered from pending requests")
     batch_wait_ms: float = Field(2.0, ge=0.0, le=1000.0, description="micro-batching: how long to wait for more requests when a batch is not full")
     max_pending: int = Field(4096, ge=1, description="requests waiting for the scorer before new ones get HTTP 503 (busy)")
+    score_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="a scorer call unanswered after this many seconds: its requests get HTTP 503 and /health says 'degraded' until it returns")
+    header_timeout_s: float = Field(10.0, gt=0.0, le=3600.0, description="seconds a client has to send a request's headers, from connecting or from the previous answer (then the connection is closed)")
+    body_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="seconds a client has to send a request body once its headers are in (more: HTTP 408)")
+    keep_alive_s: float = Field(5.0, gt=0.0, le=3600.0, description="an idle kept-alive connection is closed after this many seconds")
+    max_connections: int = Field(1000, ge=1, description="open connections served at once, idle ones included; a request on one more gets HTTP 503")
+    max_header_bytes: int = Field(16384, ge=1024, description="largest request line plus headers in bytes (more: HTTP 400)")
+
+    @staticmethod
+    def key_problem(key: str) -> str | None:
+        """Why `key` cannot serve as a bearer token, or None; the reward server's client checks its key with it too."""
+        if not key.strip():
+            return "an empty API key would let anyone in; leave it unset instead"
+        bad = next((i for i, ch in enumerate(key) if not "!" <= ch <= "~"), None)
+        if bad is not None:
+            # an HTTP header carries ASCII, and servers strip the spaces around it: such a key can never match.
+            # The character itself is not shown: the key is a secret.
+            return (f"an API key must be printable ASCII without spaces, but character {bad + 1} of "
+                    f"{len(key)} is not")
+        return None
 
     @field_validator("api_key")
     @classmethod
     def _check_key(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None and not key.get_secret_value().strip():
-            raise ValueError("an empty API key would let anyone in; leave it unset instead")
+        problem = None if key is None else cls.key_problem(key.get_secret_value())
+        if problem is not None:
+            raise ValueError(problem)
         return key
 
 
