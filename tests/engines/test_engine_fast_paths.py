@@ -45,6 +45,19 @@ def _train(engine: LocalEngine, seed: int, lr: float = 5e-2) -> None:
     engine.optim_step(AdamParams(lr=lr))
 
 
+# Two code paths or batch splittings sum the same float32 terms in another order: gradients move by ~1e-7 of
+# their largest entry (6e-8 of 0.3 measured), logprobs of size ~6 by 2.4e-7 to 4.8e-7, and other CPUs' vector
+# widths change the order again. A bound of 1e-5 of the largest entry leaves ~50x room for that noise and is
+# still ~1e4x below the effects these tests tell apart (a 0.3-nat skew moves gradients by 0.13 of 0.5).
+SCALE_TOL = 1e-5
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal up to float32 summation-order noise, measured against the larger tensor's largest entry."""
+    scale = max(float(got.abs().max()), float(want.abs().max()))
+    return float((got - want).abs().max()) <= SCALE_TOL * scale
+
+
 def _grads(engine: LocalEngine, batch: TrainBatch, spec: LossSpec) -> torch.Tensor:
     engine.forward_backward(batch, spec)
     flat = torch.cat([p.grad.flatten() for p in engine.master])  # fp32 (the trainable params under fp32)
@@ -56,13 +69,25 @@ def test_merged_sampler_draws_what_the_adapter_model_draws(tiny_model_dir: Path,
     merged, plain = _engine(tiny_model_dir), _engine(tiny_model_dir, merged_sampler=False)
     assert merged._sampler is not None and plain._sampler is None
     for step in range(3):  # the sampler must follow every optimizer step
-        _train(merged, seed=step)
-        _train(plain, seed=step)
-        a, _ = _sample(merged, seed=100 + step)
-        b, _ = _sample(plain, seed=100 + step)
-        assert [c.tokens for c in a] == [c.tokens for c in b]
-        for x, y in zip(a, b, strict=True):
-            assert torch.allclose(x.logprobs_C, y.logprobs_C, atol=1e-5)
+        # both train on one batch, so their adapters stay equal whatever either sampler draws
+        _, tensors = _sample(plain, seed=step)
+        for engine in (merged, plain):
+            engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), LossSpec("importance_sampling"))
+            engine.optim_step(AdamParams(lr=5e-2))
+        assert all(torch.equal(x, y) for x, y in zip(merged.master, plain.master, strict=True))
+        # The merged weights (W + s B A) and the adapter model (W x + s B A x) round differently: logits move by
+        # ~1e-6, and a uniform draw within that of a CDF boundary picks the neighbouring token (the closest
+        # draw here is 2e-7 from one). So each sampler's recorded logprobs are checked against the adapter
+        # model along its own path, and the tokens only need to agree for all but one completion per step.
+        a, ta = _sample(merged, seed=100 + step)
+        b, tb = _sample(plain, seed=100 + step)
+        assert sum(x.tokens == y.tokens for x, y in zip(a, b, strict=True)) >= len(a) - 1
+        for t in (ta, tb):
+            ids, attn, mask = t["input_ids_NT"], t["attention_mask_NT"], t["loss_mask_NT"]
+            recorded = t["sampling_logprobs_NT"]
+            assert float(((plain.logprobs(ids, attn) - recorded) * mask).abs().max()) <= 1e-4
+            # the adapter has moved the distribution far beyond that tolerance: a stale sampler would fail
+            assert float(((plain.logprobs(ids, attn, reference=True) - recorded) * mask).abs().max()) > 1e-2
     # the adapter changed the sampler's weights, and the PEFT base weights stayed untouched
     q_name = "model.layers.0.self_attn.q_proj"
     peft_q = merged.model.get_base_model().get_submodule(q_name)
@@ -115,10 +140,10 @@ def test_head_only_scoring_equals_full_logits_in_values_and_gradients(tiny_model
     full_grad = _grads(engine, batch, spec)
     assert torch.allclose(fast_lp, full_lp, atol=1e-5)
     assert torch.allclose(fast_ref, full_ref, atol=1e-5)
-    assert torch.allclose(fast_grad, full_grad, atol=1e-6, rtol=1e-4)
+    assert _close(fast_grad, full_grad)
     # targets_NT limits scoring to the completion: zero elsewhere, the same values on it
     assert torch.equal(fast_ref, fast_ref * mask)
-    assert torch.allclose(fast_ref, engine.logprobs(ids, attn, reference=True) * mask, atol=1e-6)
+    assert _close(fast_ref, engine.logprobs(ids, attn, reference=True) * mask)
     assert float(fast_lp[:, 0].abs().max()) == 0.0 and float((fast_lp * (1 - mask)).abs().sum()) > 0
 
 
@@ -133,8 +158,9 @@ def test_current_old_logprobs_give_the_exact_on_policy_gradient(tiny_model_dir: 
         reference = _grads(engine, exact, LossSpec(loss))
         current = _grads(engine, skewed, LossSpec(loss, old_logprobs="current"))
         off = _grads(engine, skewed, LossSpec(loss, old_logprobs="sampler"))
-        assert torch.allclose(current, reference, atol=1e-6, rtol=1e-4)
-        assert not torch.allclose(off, reference, atol=1e-6, rtol=1e-4)  # the skew matters when used
+        assert _close(current, reference)
+        # the skew matters when used: far beyond the tolerance, not just outside it
+        assert float((off - reference).abs().max()) > 1e3 * SCALE_TOL * float(reference.abs().max())
 
 
 @pytest.mark.parametrize(("mode", "epochs", "minis", "expected"), [
@@ -221,7 +247,7 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(tiny_model_dir:
     full = _grads(engine, batch, LossSpec("ppo_clip"))
     budgeted = _grads(engine, batch, LossSpec("ppo_clip", micro_batch_tokens=12))
     assert len(LocalEngine._micro_batches(batch.attention_mask_NT, 64, 12)) >= 3
-    assert torch.allclose(budgeted, full, atol=1e-6, rtol=1e-4)
+    assert _close(budgeted, full)
 
 
 def test_short_sequences_score_with_eager_attention_and_the_choice_is_restored() -> None:

@@ -6,7 +6,8 @@ never through the engine's own helpers.
 
 from __future__ import annotations
 
-import time
+import re
+import socket
 from pathlib import Path
 
 import pytest
@@ -109,12 +110,22 @@ def test_sample_is_a_function_of_the_seed(tiny_model_dir: Path) -> None:
     assert first[0].tokens != first[1].tokens
 
 
-def _manual_greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(steps):
-        logits = _manual_logits(model, torch.tensor([ids]), torch.ones((1, len(ids)), dtype=torch.long))
-        ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt):]
+# Two code paths (the engine's padded, cached decode and a plain forward) agree on a logit to ~1e-6 in
+# float32; the tiny random model has top-2 logit gaps down to 3e-5, so a token is only required to be the
+# argmax where the gap is far above that noise, and elsewhere to be within the noise of the top logit.
+LOGIT_NOISE = 1e-4
+CLEAR_GAP = 1e-3
+
+
+def _greedy_steps(model: torch.nn.Module, prompt: list[int], tokens: list[int]) -> list[tuple[int, float, float]]:
+    """For each generated token along the engine's own path: (manual argmax, top-2 logit gap, how far the
+    token's logit is below the top one), from one plain forward over prompt + tokens."""
+    ids = torch.tensor([prompt + tokens])
+    logits_TV = _manual_logits(model, ids, torch.ones_like(ids))[0, len(prompt) - 1:-1]
+    top_T2 = logits_TV.topk(2, dim=-1).values
+    chosen_T = logits_TV.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+    return [(int(row.argmax()), float(top[0] - top[1]), float(top[0] - pick))
+            for row, top, pick in zip(logits_TV, top_T2, chosen_T, strict=True)]
 
 
 def test_greedy_is_deterministic_and_matches_manual_argmax(tiny_model_dir: Path) -> None:
@@ -124,10 +135,16 @@ def test_greedy_is_deterministic_and_matches_manual_argmax(tiny_model_dir: Path)
     again = _flat(engine.sample(PROMPTS, 2, SamplingParams(max_new_tokens=6, temperature=0.0, seed=99)))
     assert [c.tokens for c in greedy] == [c.tokens for c in again]
     base = _fresh_base(tiny_model_dir)  # the fresh adapter (B = 0) is the identity, so base == policy
+    clear = 0
     for i, prompt in enumerate(PROMPTS):
-        expected = _manual_greedy(base, prompt, 6)
-        assert list(greedy[2 * i].tokens) == expected[:len(greedy[2 * i].tokens)]
         assert greedy[2 * i].tokens == greedy[2 * i + 1].tokens
+        tokens = list(greedy[2 * i].tokens)
+        for token, (argmax, gap, below_top) in zip(tokens, _greedy_steps(base, prompt, tokens), strict=True):
+            assert below_top <= LOGIT_NOISE
+            if gap > CLEAR_GAP:
+                assert token == argmax
+                clear += 1
+    assert clear >= 12  # most steps have a clear winner (17 of 18 here), so the argmax check has teeth
     # greedy reports temperature-1 logprobs
     tensors = sequence_tensors(greedy, PAD)
     recomputed = engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], temperature=1.0)
@@ -347,13 +364,22 @@ def test_load_rejects_a_dir_without_adapter(tiny_model_dir: Path, tmp_path: Path
 
 
 @pytest.mark.parametrize("name", ["/nonexistent/purplerl-model", "./no/such/model", "~/no-such-model"])
-def test_missing_local_model_is_a_fast_user_error(name: str) -> None:
-    started = time.perf_counter()
-    with pytest.raises(UserError, match="cannot load model"):
+def test_missing_local_model_is_a_fast_user_error(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fast means refused from the path alone, before any hub request (whose retries take minutes). Checked by
+    # counting connection attempts, not by a clock that a loaded machine can push past any bound.
+    attempts: list[object] = []
+
+    def no_network(sock: socket.socket, address: object) -> None:
+        attempts.append(address)
+        raise OSError("network disabled in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    expected = re.escape(f"cannot load model '{name}': no such path")
+    with pytest.raises(UserError, match=expected):
         load_tokenizer(name)
-    with pytest.raises(UserError, match="cannot load model"):
+    with pytest.raises(UserError, match=expected):
         LocalEngine(ModelConfig(name=name, device="cpu"))
-    assert time.perf_counter() - started < 10  # no hub retries
+    assert attempts == []
 
 
 def test_dir_without_model_is_a_user_error(tmp_path: Path) -> None:

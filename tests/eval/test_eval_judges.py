@@ -73,7 +73,12 @@ def test_harm_classifier_judge_matches_manual_softmax(tmp_path: Path) -> None:
     expected = [math.exp(l1) / (math.exp(l0) + math.exp(l1)) for l0, l1 in logits]
     assert max(expected) - min(expected) > 1e-3
 
-    threshold = sorted(expected)[2]  # the middle probability: the top three are flagged
+    # The threshold lies halfway between the 2nd and 3rd smallest probabilities, never on a computed
+    # value: the judge's padded batches move a probability by ~1e-7 on some CPUs (AVX-512 BF16 kernels),
+    # which flips a flag placed exactly on it. The gap is checked to be far above that noise.
+    ranked = sorted(expected)
+    assert ranked[2] - ranked[1] > 1e-2
+    threshold = (ranked[1] + ranked[2]) / 2  # the top three are flagged
     judge = HarmClassifierJudge(str(path), "unsafe", threshold=threshold, batch_size=2)
     assert isinstance(judge, Scorer) and judge.name == "harm"
     assert judge.probabilities(texts) == pytest.approx(expected, abs=1e-5)
