@@ -155,3 +155,64 @@ def serve_on_loopback(handler: type, path: str = "/v1"):
     yield f"http://127.0.0.1:{server.server_address[1]}{path}"
     server.shutdown()
     server.server_close()
+
+
+# The word the trained adapter answers every prompt with: one token of the tiny vocabulary, about 1/400 likely
+# under the random base model and above 0.9 likely under the adapter after the answer's first token.
+ADAPTER_WORD = " again"
+
+
+def make_trained_adapter_dir(model_dir: str | Path, path: str | Path) -> Path:
+    """Train a LoRA (q_proj, v_proj, lm_head; rank 4) on the tiny model until it answers any prompt with
+    ADAPTER_WORD repeated, and save it into `path` as a plain PEFT adapter dir; return the path.
+
+    Why trained: a fresh LoRA has B = 0 and computes exactly the base model, so a test that must tell
+    "adapter loaded" from "adapter ignored" needs an adapter whose B is not zero and whose effect is large.
+    Deterministic: fixed seeds, full-batch Adam, the same prompts every time.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = make_tiny_tokenizer()
+    (word_id,) = tokenizer.encode(ADAPTER_WORD)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                              add_generation_prompt=True)) for text in _CORPUS]
+    # random token strings too, so the adapter answers prompts it never saw (eval sets, arithmetic)
+    for _ in range(24):
+        length = int(torch.randint(3, 20, (1,), generator=generator))
+        prompts.append(torch.randint(3, len(tokenizer), (length,), generator=generator).tolist())
+    answer = [word_id] * 8
+    width = max(len(p) for p in prompts) + len(answer)
+    ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
+    attention, labels = torch.zeros_like(ids), torch.full_like(ids, -100)
+    for i, p in enumerate(prompts):
+        ids[i, :len(p) + len(answer)] = torch.tensor(p + answer)
+        attention[i, :len(p) + len(answer)] = 1
+        labels[i, len(p):len(p) + len(answer)] = word_id
+
+    torch.manual_seed(0)  # PEFT draws the A matrices from the global generator
+    lora = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "lm_head"])
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(model_dir)), lora)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(20):
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    path = Path(path)
+    model.save_pretrained(str(path), save_embedding_layers=False)  # lm_head's base weights stay in the base
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained_adapter_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PEFT adapter dir on the tiny model that answers every prompt with ADAPTER_WORD (see above)."""
+    return make_trained_adapter_dir(tiny_model_dir, tmp_path_factory.mktemp("trained_adapter"))
+
+
+@pytest.fixture(scope="session")
+def adapter_word_id() -> int:
+    (word_id,) = make_tiny_tokenizer().encode(ADAPTER_WORD)
+    return word_id
