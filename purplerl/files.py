@@ -24,6 +24,7 @@ PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=,@-]*")
 MAX_NAME_CHARS = 128  # well under every file system's 255-byte limit on one path component
 _STEM_CHAR = re.compile(r"[^A-Za-z0-9_.-]")
 _BOM = "\ufeff"
+_BLANK = object()
 
 
 def plain_name_problem(name: str) -> str | None:
@@ -99,39 +100,37 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
 def read_jsonl(path: str | Path, *, cut_tail: bool = False) -> list[dict[str, Any]]:
     """The objects of a JSONL file, one per non-blank line.
 
-    `cut_tail=True` is for files this project appends to: a last line without its newline that does not
-    parse is a write cut short by a kill, and is dropped instead of refused.
+    `cut_tail=True` is for files this project appends objects to: a last line without its newline that
+    does not parse is a write cut short by a kill, and is dropped instead of refused.
     """
     path = Path(path)
-    data = _read_bytes(path)
-    lines = data.split(b"\n")
+    lines = _read_bytes(path).split(b"\n")
     rows: list[dict[str, Any]] = []
     for lineno, raw in enumerate(lines, start=1):
-        unfinished = lineno == len(lines) and raw.strip() != b""
         try:
             row = _parse_line(raw, path, lineno)
         except UserError:
-            if cut_tail and unfinished:
+            if cut_tail and lineno == len(lines):
                 break
             raise
-        if row is not None:
-            rows.append(row)
+        if row is _BLANK:
+            continue
+        if not isinstance(row, dict):
+            raise UserError(f"{path}:{lineno}: expected a JSON object, got {_kind(row)}")
+        rows.append(row)
     return rows
 
 
-def _parse_line(raw: bytes, path: Path, lineno: int) -> dict[str, Any] | None:
+def _parse_line(raw: bytes, path: Path, lineno: int) -> Any:
     text = _decode(raw, path, lineno)
     if lineno == 1:
         text = text.removeprefix(_BOM)
     if not text.strip():
-        return None
+        return _BLANK
     try:
-        row = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
-    if not isinstance(row, dict):
-        raise UserError(f"{path}:{lineno}: expected a JSON object, got {_kind(row)}")
-    return row
 
 
 def _kind(value: Any) -> str:

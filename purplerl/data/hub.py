@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from purplerl.data.sources import first_line, is_saved_dataset, load_saved_split, read_jsonl_rows, read_parquet_rows
+from purplerl.data.sources import first_line, is_saved_dataset, load_saved_split, read_parquet_rows
 from purplerl.errors import UserError
+from purplerl.files import read_jsonl
 
 Rows = list[dict[str, Any]]
 
@@ -93,5 +94,5 @@ def _read_file(path: Path) -> Rows:
     if path.suffix == ".parquet":
         return read_parquet_rows(path)
     if path.suffix == ".jsonl":
-        return read_jsonl_rows(path)
+        return read_jsonl(path)
     raise UserError(f"unsupported source file {path}: use .parquet or .jsonl")

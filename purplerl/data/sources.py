@@ -14,13 +14,13 @@ none of these fields exists either the usual "no prompt field 'prompt'" error na
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from purplerl.config import DataConfig
 from purplerl.errors import UserError
+from purplerl.files import read_json, read_jsonl
 from purplerl.types import PromptRecord
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -78,7 +78,7 @@ def _read_source(cfg: DataConfig, split: str) -> _Rows:
         if name not in BUILTIN_SOURCES:
             raise UserError(f"unknown built-in data source '{source}' (available: "
                             + ", ".join(f"builtin:{n}" for n in BUILTIN_SOURCES) + ")")
-        rows = read_jsonl_rows(BUILTIN_DIR / f"{name}.jsonl")
+        rows = read_jsonl(BUILTIN_DIR / f"{name}.jsonl")
         return _Rows(rows, name=source, where=source, split_done=False)
     if source.startswith("hf:"):
         return _read_hf(source.removeprefix("hf:"), cfg.hf_config, split)
@@ -95,7 +95,7 @@ def _read_source(cfg: DataConfig, split: str) -> _Rows:
 
 def _read_file(path: Path) -> _Rows:
     if path.suffix == ".jsonl":
-        rows = read_jsonl_rows(path)
+        rows = read_jsonl(path)
     elif path.suffix == ".json":
         rows = _read_json(path)
     else:
@@ -103,27 +103,8 @@ def _read_file(path: Path) -> _Rows:
     return _Rows(rows, name=path.name, where=str(path), split_done=False)
 
 
-def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            rows.append(row)
-    return rows
-
-
 def _read_json(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: invalid JSON ({err.msg}, line {err.lineno})") from None
+    data = read_json(path)
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):

@@ -10,13 +10,13 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from purplerl.errors import UserError
+from purplerl.files import read_json_object, read_jsonl, read_text, safe_file_stem
 
 # sample columns that describe a row rather than score it
 SAMPLE_FIELDS = {"step", "uid", "category", "prompt", "completion", "finish_reason", "num_tokens", "advantage",
@@ -101,18 +101,6 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}:{lineno} is not JSON ({err.msg})") from None
-    return rows
-
-
 def components(metrics: list[dict[str, Any]], samples: list[dict[str, Any]]) -> list[str]:
     """Reward component names: samples' numeric score columns, else the metrics' `<name>/mean` keys."""
     if samples:
@@ -177,6 +165,7 @@ def summary_rows(metrics: list[dict[str, Any]], names: list[str]) -> list[list[A
 def _plots(run_dir: Path, metrics: list[dict[str, Any]], names: list[str]) -> list[str]:
     plots_dir = run_dir / "plots"
     plots_dir.mkdir(exist_ok=True)
+    # families are named by logged keys, which are data: a key like '../../x' must not name a path
     steps = [_number(m.get("step")) for m in metrics]
     images = []
     for family, keys in metric_families(names).items():
@@ -185,7 +174,7 @@ def _plots(run_dir: Path, metrics: list[dict[str, Any]], names: list[str]) -> li
         if not series:
             continue
         png = plot_png(steps, series, family)
-        (plots_dir / f"{family}.png").write_bytes(png)
+        (plots_dir / f"{safe_file_stem(family)}.png").write_bytes(png)
         images.append(image(png, f"{family} over training steps"))
     return images
 
@@ -207,21 +196,18 @@ def training_report(run_dir: Path) -> Path:
     metrics_path = run_dir / "metrics.jsonl"
     if not metrics_path.is_file():
         raise UserError(f"{run_dir} is not a run dir (no metrics.jsonl)")
-    metrics = _read_rows(metrics_path)
+    metrics = read_jsonl(metrics_path, cut_tail=True)
     if not metrics:
         raise UserError(f"{metrics_path} is empty: the run logged no step yet")
-    samples = _read_rows(run_dir / "samples.jsonl") if (run_dir / "samples.jsonl").is_file() else []
+    samples = read_jsonl(run_dir / "samples.jsonl", cut_tail=True) if (run_dir / "samples.jsonl").is_file() else []
     names = components(metrics, samples)
 
     overview = [["steps", len(metrics)], ["last step", metrics[-1].get("step")]]
     summary_path = run_dir / "summary.json"
     if summary_path.is_file():
-        try:
-            overview.append(["stop reason", json.loads(summary_path.read_text()).get("stop_reason")])
-        except json.JSONDecodeError as err:
-            raise UserError(f"{summary_path} is not JSON ({err.msg})") from None
+        overview.append(["stop reason", read_json_object(summary_path).get("stop_reason")])
     config_path = run_dir / "config.yaml"
-    config = details("config.yaml", config_path.read_text()) if config_path.is_file() else "<p>no config.yaml</p>"
+    config = details("config.yaml", read_text(config_path)) if config_path.is_file() else "<p>no config.yaml</p>"
 
     sections = [
         ("Run", table(["field", "value"], overview) + config),

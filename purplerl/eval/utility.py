@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.data.prepare import Template, math_prompt
-from purplerl.data.sources import read_jsonl_rows, read_parquet_rows
+from purplerl.data.sources import read_parquet_rows
 from purplerl.errors import ExperimentError, UserError
+from purplerl.files import read_jsonl
 from purplerl.types import PromptRecord
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -131,7 +132,7 @@ def read_eval_rows(source: str, split: str, *, kind: str, builtin_sets: tuple[st
         if name not in builtin_sets:
             raise UserError(f"unknown built-in {kind} set '{source}' (available: "
                             + ", ".join(f"builtin:{n}" for n in builtin_sets) + ")")
-        return read_jsonl_rows(BUILTIN_DIR / f"{name}.jsonl"), source, source
+        return read_jsonl(BUILTIN_DIR / f"{name}.jsonl"), source, source
     path = Path(source).expanduser()
     if path.is_dir():
         for file in (path / f"{split}.parquet", path / f"{split}.jsonl"):
@@ -146,7 +147,7 @@ def read_eval_rows(source: str, split: str, *, kind: str, builtin_sets: tuple[st
 
 
 def _read_file(path: Path) -> list[dict[str, Any]]:
-    return read_jsonl_rows(path) if path.suffix == ".jsonl" else read_parquet_rows(path)
+    return read_jsonl(path) if path.suffix == ".jsonl" else read_parquet_rows(path)
 
 
 def _to_item(row: dict[str, Any], index: int, where: str, name: str) -> dict[str, str]:

@@ -270,13 +270,32 @@ def test_bad_json_lines(tmp_path):
     with pytest.raises(UserError, match=r"bad.jsonl:3: invalid JSON"):
         load_prompts(DataConfig(source=str(bad)))
     bad.write_text('{"prompt": "ok"}\n[1, 2]\n')
-    with pytest.raises(UserError, match=r"bad.jsonl:2: expected a JSON object, got list"):
+    with pytest.raises(UserError, match=r"bad.jsonl:2: expected a JSON object, got an array"):
         load_prompts(DataConfig(source=str(bad)))
+
+
+def test_files_that_are_not_utf8_name_file_and_line(tmp_path):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"prompt": "one"}\n{"prompt": "two"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(UserError) as info:
+        load_prompts(DataConfig(source=str(bad)))
+    assert str(info.value) == f"{bad}:3: not UTF-8 text (byte 0xe9 at column 16); save the file as UTF-8"
+    whole = tmp_path / "latin1.json"
+    whole.write_bytes(b'[\n{"prompt": "one"},\n{"prompt": "\xff\xfe"}\n]')
+    with pytest.raises(UserError, match=r"latin1.json:3: not UTF-8 text \(byte 0xff at column 13\)"):
+        load_prompts(DataConfig(source=str(whole)))
+
+
+def test_jsonl_rows_split_on_newlines_only(tmp_path):
+    # U+2028 and U+0085 are valid inside a JSON string; splitting on them would cut the row in two
+    path = tmp_path / "sep.jsonl"
+    path.write_text('{"prompt": "a\u2028b\x85c"}\n', encoding="utf-8")
+    assert [r.messages for r in load_prompts(DataConfig(source=str(path)))] == [user("a\u2028b\x85c")]
 
 
 def test_bad_json_files(tmp_path):
     (tmp_path / "a.json").write_text("{nope")
-    with pytest.raises(UserError, match="a.json: invalid JSON"):
+    with pytest.raises(UserError, match="a.json:1: invalid JSON"):
         load_prompts(DataConfig(source=str(tmp_path / "a.json")))
     (tmp_path / "b.json").write_text('{"rows": []}')
     with pytest.raises(UserError, match="b.json: expected a list of objects"):

@@ -113,6 +113,77 @@ def test_cli_report(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error:") and "no metrics.jsonl" in lines[0]
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_cli_report_keeps_files_named_by_metric_keys_inside_the_run_dir(tmp_path):
+    from purplerl.files import safe_file_stem
+
+    nest = tmp_path / "a" / "b"
+    (nest / "x").mkdir(parents=True)  # where run/plots/../../x/evil.png would land
+    run = make_run(nest)
+    evil = "../../x/evil"
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        rows = [json.loads(line) for line in (run / name).read_text().splitlines()]
+        extra = {evil: 0.5, f"{evil}/mean": 0.5} if name == "metrics.jsonl" else {evil: 0.5}
+        _write_jsonl(run / name, [{**row, **extra} for row in rows])
+    before = _tree(tmp_path)
+    done = _cli(str(run))
+    assert done.returncode == 0, done.stderr
+    after = _tree(tmp_path)
+    written = {name for name in after if name not in before or after[name] != before[name]}
+    inside = str(run.relative_to(tmp_path))
+    assert written and all(name.startswith(inside + "/") for name in written), written
+    assert not list((nest / "x").iterdir()) and not (run / "x").exists()
+    stem = safe_file_stem(evil)
+    assert "/" not in stem and not stem.startswith(".")
+    assert (run / "plots" / f"{stem}.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.parametrize("row", ["[1, 2]", '"x"', "3", "null"])
+def test_report_refuses_rows_that_are_not_objects(tmp_path, row):
+    run = make_run(tmp_path)
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        good = (run / name).read_text()
+        lines = good.splitlines()
+        (run / name).write_text("\n".join([lines[0], row, *lines[1:]]) + "\n")
+        with pytest.raises(UserError, match=f"{name}:2: expected a JSON object, got"):
+            training_report(run)
+        (run / name).write_text(good)
+    (run / "summary.json").write_text(row)
+    with pytest.raises(UserError, match="summary.json: expected a JSON object"):
+        training_report(run)
+
+
+def test_cli_report_on_rows_that_are_not_objects_or_not_utf8_is_one_line(tmp_path):
+    cases = {"array": b"[1,2]", "string": b'"x"', "number": b"3", "latin1": b'{"step": 2, "note": "\xff\xfe"}'}
+    procs = {}
+    for name, line in cases.items():
+        (tmp_path / name).mkdir()
+        run = make_run(tmp_path / name)
+        lines = (run / "metrics.jsonl").read_bytes().splitlines()
+        (run / "metrics.jsonl").write_bytes(b"\n".join([lines[0], lines[1], line, *lines[2:]]) + b"\n")
+        procs[name] = (run, subprocess.Popen([sys.executable, "-m", "purplerl.cli", "report", str(run)],
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                             env={**os.environ, "HF_HUB_OFFLINE": "1"}))
+    for name, (run, proc) in procs.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in err, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {run / 'metrics.jsonl'}:3: "), err
+        assert ("not UTF-8" if name == "latin1" else "expected a JSON object") in lines[0]
+        assert not (run / "report.html").exists()
+
+
+def test_report_drops_a_last_line_cut_by_a_kill(tmp_path):
+    run = make_run(tmp_path, steps=3)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "reward/me')
+    page = training_report(run).read_text()
+    assert re.search(r"<td class=\"text\">steps</td><td class=\"num\">3</td>", page)
+
+
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
