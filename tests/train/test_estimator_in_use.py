@@ -1,0 +1,126 @@
+"""The loop uses the advantage estimator it is configured with: on a fixed reward, the advantages it trains on
+(the TrainBatch handed to forward_backward), logs (samples' `advantage`) and reports (`adv/adv_abs_mean`) are
+that estimator's, computed by hand here.
+
+Rewards by group: [0, 1, 5] and [2, 2, 8] (B = 2 prompts, G = 3 completions). Group means 2 and 4.
+- grpo: r - mean = [-2, -1, 3], [-2, -2, 4]; dr_grpo is the same function (an equivalent swap, not tested).
+- grpo with advantage_std: divided by the population std sqrt(14/3) and sqrt(8).
+- rloo: r minus the mean of the other two = G/(G-1) * (r - mean) = [-3, -1.5, 4.5], [-3, -3, 6].
+- reinforce_pp (kl_beta 0): every completion token's return is its row's reward; whitened over all
+  completion tokens of the batch (token-weighted mean and population std).
+Also: the sampling temperature reaches the reference pass and the loss (at a fresh adapter the KL is 0 and
+the importance ratio 1 only if both score at the temperature the tokens were drawn at).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from purplerl.config import Config, LoggingConfig, ModelConfig, RewardConfig, RunConfig, SamplingConfig, TrainingConfig
+from purplerl.data import PromptSampler
+from purplerl.engines.local import LocalEngine
+from purplerl.prompting import render_prompt
+from purplerl.rewards import combine
+from purplerl.train.loop import LoopParts, old_logprobs_mode, rl_step
+from purplerl.types import PromptRecord
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i}")
+           for i, text in enumerate(["hello world", "tell me a joke", "roast my friend", "say goodbye"])]
+REWARDS = [0.0, 1.0, 5.0, 2.0, 2.0, 8.0]  # row-major: group 0 then group 1
+GROUPS = [[-2.0, -1.0, 3.0], [-2.0, -2.0, 4.0]]  # r - group mean
+STD = [math.sqrt(14 / 3), math.sqrt(8.0)]  # population std of each group
+
+
+class RecordingEngine:
+    """The engine, plus a record of every TrainBatch it was asked to train on."""
+
+    def __init__(self, engine: LocalEngine) -> None:
+        self.engine = engine
+        self.batches = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    def forward_backward(self, batch, loss):
+        self.batches.append(batch)
+        return self.engine.forward_backward(batch, loss)
+
+
+def _step(model_dir: Path, sampling: dict | None = None, **training: object):
+    config = Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
+                    sampling=SamplingConfig(**{"group_size": 3, "max_new_tokens": 4, **(sampling or {})}),
+                    training=TrainingConfig(steps=1, batch_size=2, lr=1e-2, micro_batch_size=8, **training),
+                    reward=RewardConfig(kl_beta=0.0), run=RunConfig(save_every=100, keep_last=1),
+                    logging=LoggingConfig(progress=False))
+    engine = RecordingEngine(LocalEngine(config.model, seed=0))
+    render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
+
+    def fixed_reward(prompts, completions, kl_N):
+        return combine({"score": (1.0, torch.tensor(REWARDS)), "kl": (0.0, kl_N)})
+
+    parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, fixed_reward, lambda m: None)
+    metrics, samples = rl_step(1, config, parts)
+    (batch,) = engine.batches
+    return metrics, samples, batch
+
+
+def _check_sequence_level(metrics, samples, batch, expected_N: list[float]) -> None:
+    mask = batch.loss_mask_NT
+    # the batch carries each row's advantage on its completion tokens and 0 elsewhere
+    torch.testing.assert_close(batch.advantages_NT, torch.tensor(expected_N)[:, None] * mask, atol=1e-5, rtol=0)
+    assert [s["advantage"] for s in samples] == pytest.approx(expected_N, abs=1e-5)
+    assert metrics["adv/adv_abs_mean"] == pytest.approx(sum(map(abs, expected_N)) / len(expected_N), abs=1e-5)
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "dr_grpo"])
+def test_group_mean_baseline(tiny_model_dir: Path, advantage: str) -> None:
+    agg = "seq_mean_token_sum_norm" if advantage == "dr_grpo" else "token_mean"
+    _check_sequence_level(*_step(tiny_model_dir, advantage=advantage, loss_agg=agg), [a for g in GROUPS for a in g])
+
+
+def test_grpo_divided_by_the_group_std(tiny_model_dir: Path) -> None:
+    expected = [a / s for g, s in zip(GROUPS, STD, strict=True) for a in g]
+    assert expected[:3] == pytest.approx([-0.9258201, -0.4629100, 1.3887301])  # worked once by hand
+    _check_sequence_level(*_step(tiny_model_dir, advantage="grpo", advantage_std=True), expected)
+
+
+def test_rloo_leave_one_out(tiny_model_dir: Path) -> None:
+    _check_sequence_level(*_step(tiny_model_dir, advantage="rloo"), [-3.0, -1.5, 4.5, -3.0, -3.0, 6.0])
+
+
+def test_reinforce_pp_whitened_returns(tiny_model_dir: Path) -> None:
+    metrics, samples, batch = _step(tiny_model_dir, advantage="reinforce_pp")
+    mask = batch.loss_mask_NT
+    lengths = mask.sum(-1).tolist()
+    total = sum(lengths)
+    mean = sum(n * r for n, r in zip(lengths, REWARDS, strict=True)) / total
+    std = math.sqrt(sum(n * (r - mean) ** 2 for n, r in zip(lengths, REWARDS, strict=True)) / total)
+    expected_N = [(r - mean) / std for r in REWARDS]  # kl_beta 0: every token's return is the row's reward
+    torch.testing.assert_close(batch.advantages_NT, torch.tensor(expected_N)[:, None] * mask, atol=1e-5, rtol=0)
+    assert [s["advantage"] for s in samples] == pytest.approx(expected_N, abs=1e-5)
+    token_abs = sum(n * abs(a) for n, a in zip(lengths, expected_N, strict=True)) / total
+    assert metrics["adv/adv_abs_mean"] == pytest.approx(token_abs, abs=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["importance_sampling", "ppo_clip"])
+def test_temperature_reaches_the_reference_pass_and_the_loss(tiny_model_dir: Path, loss: str) -> None:
+    # temperature 0.25 multiplies the tiny model's logits by 4; scoring at temperature 1 instead shifts the
+    # logprobs by ~0.1, far above the 1e-4 float noise between the sampler and the scoring pass
+    metrics, _, _ = _step(tiny_model_dir, sampling={"temperature": 0.25}, loss=loss, old_logprobs="sampler")
+    assert metrics["kl/mean"] == pytest.approx(0.0, abs=1e-4)  # a fresh adapter is the base
+    assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["train/approx_kl_sampling"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_old_logprobs_auto_is_current_only_for_one_update_per_batch() -> None:
+    assert old_logprobs_mode(TrainingConfig()) == "current"
+    assert old_logprobs_mode(TrainingConfig(ppo_epochs=2)) == "sampler"
+    assert old_logprobs_mode(TrainingConfig(mini_batches=2)) == "sampler"
+    assert old_logprobs_mode(TrainingConfig(old_logprobs="sampler")) == "sampler"
