@@ -284,6 +284,11 @@ def _server_default(field: str) -> Any:
     return RewardServerConfig.model_fields[field].default
 
 
+def _server_option_name(field: str) -> str:
+    name = "--" + field.replace("_", "-")
+    return f"{name} (or env {API_KEY_ENV})" if field == "api_key" else name
+
+
 @app.command(name="serve-reward")
 @reports_errors
 def serve_reward(
@@ -299,12 +304,18 @@ def serve_reward(
     batch_wait_ms: Annotated[float, _server_option("batch_wait_ms")] = _server_default("batch_wait_ms"),
     max_pending: Annotated[int, _server_option("max_pending")] = _server_default("max_pending"),
     max_body_bytes: Annotated[int, _server_option("max_body_bytes")] = _server_default("max_body_bytes"),
+    score_timeout_s: Annotated[float, _server_option("score_timeout_s")] = _server_default("score_timeout_s"),
+    header_timeout_s: Annotated[float, _server_option("header_timeout_s")] = _server_default("header_timeout_s"),
+    body_timeout_s: Annotated[float, _server_option("body_timeout_s")] = _server_default("body_timeout_s"),
+    keep_alive_s: Annotated[float, _server_option("keep_alive_s")] = _server_default("keep_alive_s"),
+    max_connections: Annotated[int, _server_option("max_connections")] = _server_default("max_connections"),
+    max_header_bytes: Annotated[int, _server_option("max_header_bytes")] = _server_default("max_header_bytes"),
     batch_size: Annotated[int, _server_option("batch_size")] = _server_default("batch_size"),
     max_length: Annotated[int, _server_option("max_length")] = _server_default("max_length"),
 ) -> None:
     """Serve a toxicity scorer over HTTP (POST /score) for runs with --reward.toxicity.url URL."""
     options = {k: v for k, v in locals().items() if k in RewardServerConfig.model_fields and v is not None}
-    settings = build_server_config(options)  # before the server's imports: a typo fails in a blink
+    settings = build_server_config(options, _server_option_name)  # before the server's imports: a typo fails fast
     from purplerl.rewards.server import exposure_warning, serve
 
     warning = exposure_warning(settings)

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -78,7 +79,11 @@ BAD_OPTIONS = {
     "max-texts": (["--max-texts", "0"], "--max-texts: Input should be greater than or equal to 1"),
     "device": (["--device", "gpu"], "--device: Input should be 'auto', 'cpu' or 'cuda'"),
     "model": (["--model", "/nonexistent/classifier", "--label", "1"], "/nonexistent/classifier"),
+    "score-timeout": (["--score-timeout-s", "0"], "--score-timeout-s: Input should be greater than 0"),
+    "non-ascii-key": (["--api-key", "clé"], "--api-key (or env PURPLERL_REWARD_API_KEY): an API key must be "
+                                            "printable ASCII without spaces, but character 3 of 3 is not"),
 }
+KEY_PROBLEM = "an API key must be printable ASCII without spaces, but character 2 of 4 is not"
 
 
 def test_server_killed_mid_training_stops_the_run_and_resume_finishes(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -88,6 +93,10 @@ def test_server_killed_mid_training_stops_the_run_and_resume_finishes(tiny_model
     # side jobs started first so they overlap the slow part (imports): bad options, an exposed host
     side = {name: start("serve-reward", *args, env=env) for name, (args, _) in BAD_OPTIONS.items()}
     side["exposed"] = start("serve-reward", "--host", "0.0.0.0", "--model", "/nonexistent/x", "--label", "1", env=env)
+    # a key that can never match, from the env var, on both sides
+    side["env-key-server"] = start("serve-reward", env={**env, "PURPLERL_REWARD_API_KEY": "k€y!"})
+    side["env-key-client"] = start(*attack_args(tiny_model_dir, tmp_path / "runs", "key", url),
+                                   env={**env, "PURPLERL_REWARD_API_KEY": "k€y!"})
     server = start("serve-reward", "--port", str(port), env=env)
     try:
         wait_healthy(url, server)
@@ -126,6 +135,11 @@ def test_server_killed_mid_training_stops_the_run_and_resume_finishes(tiny_model
         assert code == 2 and message in one_error_line(err), (name, err)
     code, _, err = finish(side["exposed"])
     assert code == 2 and "warning: serving on 0.0.0.0 without an API key" in err, err
+    code, _, err = finish(side["env-key-server"])
+    assert code == 2 and one_error_line(err) == f"error: --api-key (or env PURPLERL_REWARD_API_KEY): {KEY_PROBLEM}"
+    code, _, err = finish(side["env-key-client"])
+    assert code == 2, err
+    assert one_error_line(err) == f"error: reward server API key (env PURPLERL_REWARD_API_KEY): {KEY_PROBLEM}"
     code, _, err = finish(side["port-taken"])
     assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in one_error_line(err), err
 
@@ -134,5 +148,66 @@ def test_serve_reward_help(tmp_path: Path) -> None:
     code, out, err = finish(start("serve-reward", "--help", env=cli_env(tmp_path)), timeout=60)
     assert code == 0, err
     for text in ("--model", "--label", "--host", "--port", "--device", "--api-key", "PURPLERL_REWARD_API_KEY",
-                 "--max-texts", "--max-chars", "[default: 50050]"):
+                 "--max-texts", "--max-chars", "[default: 50050]", "--score-timeout-s", "--header-timeout-s",
+                 "--body-timeout-s", "--keep-alive-s", "--max-connections", "--max-header-bytes"):
         assert text in out, text
+
+
+class Lines:
+    """A process's stderr, read line by line in a thread, so a test can wait for a line without a deadline."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.lines: list[str] = []
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stderr:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: any(text in line for line in self.lines), timeout), self.lines
+
+
+def raw_request(port: int, data: bytes, read: bool) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(data)
+        return sock.recv(65536) if read else b""
+
+
+def test_slow_and_vanishing_clients_are_one_log_line_each(tmp_path: Path) -> None:
+    env = cli_env(tmp_path / "cache")
+    port = free_port()
+    server = start("serve-reward", "--port", str(port), "--header-timeout-s", "0.2", "--body-timeout-s", "0.2",
+                   env=env)
+    stderr = Lines(server)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", server)
+        for _ in range(3):  # gone mid-body: uvicorn alone logged a ~60-line traceback for each
+            raw_request(port, b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"texts\": [", False)
+        raw_request(port, b"POST /score HTTP/1.1\r\n", read=True)  # stalled headers: closed
+        answer = raw_request(port, b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{", read=True)
+        assert answer.startswith(b"HTTP/1.1 408 ")
+        stderr.wait_for("sent no complete request body")
+        stderr.wait_for("sent no complete request headers")
+        with stderr.changed:
+            assert stderr.changed.wait_for(lambda: sum("disconnected" in line for line in stderr.lines) == 3, 60)
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0
+        stderr.thread.join(timeout=60)
+    lines = stderr.lines
+    assert lines[0].startswith("reward server: model 'embedded'") and lines[-1] == "reward server stopped", lines
+    assert not [line for line in lines if "Traceback" in line or "ERROR" in line], lines
+    disconnects = [line for line in lines if "disconnected" in line]
+    assert len(disconnects) == 3 and all(line.endswith("before sending its whole request body (500 bytes declared): "
+                                                       "request dropped") for line in disconnects), lines
+    assert sum("sent no complete request headers within header_timeout_s=0.2 s: connection closed" in line
+               for line in lines) == 1, lines
+    assert sum("sent no complete request body within body_timeout_s=0.2 s: answered 408" in line
+               for line in lines) == 1, lines
+    assert len(lines) == 2 + 5, lines  # start, stop, and one line for each of the 5 clients

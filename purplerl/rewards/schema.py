@@ -2,10 +2,17 @@
 
 Errors are `{"detail": "one line"}` with a 4xx/5xx status (FastAPI's convention), so any HTTP client can
 show the server's reason as it is.
+
+Texts are Unicode scalar values. A Python string can also hold lone surrogates (U+D800..U+DFFF, e.g. from
+JSON's "\\ud800" escape), which UTF-8 cannot carry: both sides replace them with U+FFFD (`scrub_surrogates`),
+the character a decoder writes for what it cannot decode. The embedded scorer, which scores such text
+in-process, gives the same score for either (neither is a word character), so a text scores the same
+in-process and over HTTP.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -46,7 +53,9 @@ class ServerInfo(Message):
 
 
 class Health(Message):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "degraded"] = "ok"
+    reason: str | None = Field(None, description="why the status is 'degraded' (None when ok)")
+    pending: int = Field(0, description="score requests waiting for the scorer")
     requests: int = Field(0, description="score requests answered with scores since start")
     batches: int = Field(0, description="scorer calls since start (fewer than requests: micro-batching merged some)")
     texts: int = Field(0, description="texts scored since start")
@@ -54,3 +63,22 @@ class Health(Message):
 
 class ErrorBody(Message):
     detail: str
+
+
+SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def scrub_surrogates(text: str) -> str:
+    """`text` with each surrogate code point replaced by U+FFFD (same length, so max_chars cuts the same)."""
+    return SURROGATES.sub("\ufffd", text)
+
+
+def cut_to_max_chars(texts: list[str], prompts: list[str] | None, max_chars: int,
+                     ) -> tuple[list[str], list[str] | None, list[int]]:
+    """Texts and prompts cut to their first `max_chars` characters, and the indices where either was cut.
+    The client cuts with it before sending and the server again on receipt, so a cut counts the same on both."""
+    cut = [i for i, text in enumerate(texts)
+           if len(text) > max_chars or (prompts is not None and len(prompts[i]) > max_chars)]
+    if not cut:
+        return texts, prompts, []
+    return [t[:max_chars] for t in texts], None if prompts is None else [p[:max_chars] for p in prompts], cut

@@ -3,16 +3,26 @@ different processes or on different machines (the red-team trainer's reward serv
 
 Run it with `purplerl serve-reward`, or as an ASGI app, `uvicorn purplerl.rewards.server:app`, which
 reads its settings from `PURPLERL_REWARD_<FIELD>` env vars (MODEL, LABEL, DEVICE, API_KEY, MAX_TEXTS,
-MAX_CHARS, ... : every field of `purplerl.config.RewardServerConfig`).
+MAX_CHARS, ... : every field of `purplerl.config.RewardServerConfig`). Under plain uvicorn the
+connection settings (header_timeout_s, keep_alive_s, max_connections, max_header_bytes) are uvicorn's
+own options instead; everything else applies.
 
 Endpoints (wire format in `purplerl.rewards.schema`):
   POST /score  {texts, prompts?} -> {scores, model, label, truncated}
-  GET  /info   model, label, limits, version          GET /health  liveness and counters (never needs a key)
+  GET  /info   model, label, limits, version
+  GET  /health status ok/degraded, why, counters (never needs a key)
 
 Bad input is answered, never crashes the server: malformed JSON or bad UTF-8 -> 400; a body that is not
 {texts: [str, ...], prompts?: [str, ...]}, an empty batch, or prompts of another length -> 422; more than
 `max_texts` texts or a body over `max_body_bytes` -> 413; a content type other than JSON -> 415; a
-missing or wrong API key -> 401; the scorer failing -> 500 naming the error; too many queued requests -> 503.
+missing or wrong API key -> 401; the scorer failing -> 500 naming the error; too many queued requests, a
+wedged scorer (see `purplerl.rewards.batcher`) or too many connections -> 503.
+
+Slow or vanishing clients cost a bounded amount: headers must arrive within `header_timeout_s` (else the
+connection is closed), a body within `body_timeout_s` (else 408), idle connections close after
+`keep_alive_s`, and at most `max_connections` are served at once. Each such event, and a client that
+disconnects mid-body, is one log line, never a traceback: anyone who can reach the port could otherwise
+flood the log.
 
 Texts (and prompts) over `max_chars` characters are cut to their first `max_chars` characters, scored,
 and their indices returned in `truncated`, rather than rejected. A long completion is an ordinary RL
@@ -20,154 +30,49 @@ outcome (policies drift to long outputs), not a client bug, and rejecting it wou
 run; classifiers cut their input anyway (an HF classifier keeps its first `max_length` tokens, far
 fewer than the default 20,000 characters); and the response says exactly which texts were cut, so the
 client logs it (`toxicity_truncated` in the attack's metrics) instead of it passing silently.
-
-Micro-batching: each request becomes a job on an asyncio queue; one worker task takes the first job,
-adds the jobs already queued up to `max_batch_texts` texts, and runs the scorer once in a worker thread,
-so model work never blocks the event loop and one model call serves many small requests. When the batch
-is not full and other requests are still being received, it first waits `batch_wait_ms` (default 2) for
-them; a lone client never waits. (On 2 CPU cores a scorer call of the embedded model costs ~2.8 ms plus
-~11 us per text, so merging 8 requests of 32 texts costs ~5.7 ms instead of ~26 ms: see bench/NOTES.md.)
-A request is never split across batches. When a merged batch fails, its jobs are rescored one by one so
-one bad request cannot fail its neighbours.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
+import json
+import logging
 import os
+import re
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
+import h11
+import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import purplerl
 from purplerl.config import RewardServerConfig, build_server_config
 from purplerl.errors import UserError
-from purplerl.rewards.base import Scorer, checked_values
-from purplerl.rewards.schema import ErrorBody, Health, ScoreRequest, ScoreResponse, ServerInfo
+from purplerl.rewards.base import Scorer
+from purplerl.rewards.batcher import MicroBatcher, ScorerStalled, ScoringError
+from purplerl.rewards.schema import (
+    ErrorBody,
+    Health,
+    ScoreRequest,
+    ScoreResponse,
+    ServerInfo,
+    cut_to_max_chars,
+    scrub_surrogates,
+)
 from purplerl.rewards.toxicity import make_classifier
 
 ENV_PREFIX = "PURPLERL_REWARD_"
-
-
-@dataclass
-class _Job:
-    texts: list[str]
-    prompts: list[str] | None
-    future: asyncio.Future[list[float]]
-
-
-@dataclass
-class _Counters:
-    requests: int = 0
-    batches: int = 0
-    texts: int = 0
-
-
-class ScoringError(Exception):
-    """The scorer failed on a request: answered with HTTP 500 and this message."""
-
-
-@dataclass
-class MicroBatcher:
-    """Merges concurrent score requests into few scorer calls, run one at a time in a worker thread.
-
-    One at a time on purpose: neither torch models nor scikit-learn pipelines promise thread safety, and
-    a bigger batch is the cheaper way to use the hardware than several threads.
-    """
-
-    scorer: Scorer
-    max_batch_texts: int
-    wait_s: float
-    max_pending: int
-    counters: _Counters = field(default_factory=_Counters)
-    arriving: int = 0  # requests whose body is being read or checked: they will join the queue shortly
-    _queue: asyncio.Queue[_Job] = field(default_factory=asyncio.Queue)
-
-    async def submit(self, texts: list[str], prompts: list[str] | None) -> list[float]:
-        if self._queue.qsize() >= self.max_pending:
-            raise HTTPException(503, f"server busy: {self.max_pending} requests already waiting; retry later")
-        job = _Job(texts, prompts, asyncio.get_running_loop().create_future())
-        self._queue.put_nowait(job)
-        return await job.future
-
-    async def run(self) -> None:
-        """The worker loop; runs until cancelled at shutdown."""
-        carry: _Job | None = None
-        while True:
-            first = carry if carry is not None else await self._queue.get()
-            jobs = [first]
-            carry = self._gather(jobs)
-            if carry is None and self.arriving and self.wait_s > 0 and self._size(jobs) < self.max_batch_texts:
-                # requests already on their way join this scorer call; a lone client never waits
-                await asyncio.sleep(self.wait_s)
-                carry = self._gather(jobs)
-            try:
-                await self._score(jobs)
-            except Exception as err:  # a bug here must fail these requests, not stop the worker for all later ones
-                for job in jobs:
-                    _settle(job, error=ScoringError(f"internal error: {type(err).__name__}: {err}"))
-
-    def _size(self, jobs: list[_Job]) -> int:
-        return sum(len(job.texts) for job in jobs)
-
-    def _gather(self, jobs: list[_Job]) -> _Job | None:
-        """Move queued jobs into `jobs` while they fit; return the first job that does not (or None)."""
-        while not self._queue.empty():
-            job = self._queue.get_nowait()
-            if job.future.done():  # its client went away (request cancelled)
-                continue
-            # texts with and without prompts are not mixed: a judge must not see made-up empty prompts
-            fits = self._size(jobs) + len(job.texts) <= self.max_batch_texts
-            if not fits or (job.prompts is None) != (jobs[0].prompts is None):
-                return job
-            jobs.append(job)
-        return None
-
-    async def _score(self, jobs: list[_Job]) -> None:
-        jobs = [job for job in jobs if not job.future.done()]
-        if not jobs:
-            return
-        try:
-            scores = await self._call([t for job in jobs for t in job.texts],
-                                      None if jobs[0].prompts is None else [p for job in jobs for p in job.prompts])
-        except ScoringError as err:
-            if len(jobs) > 1:  # find the culprit: rescore alone, so other requests still get their scores
-                for job in jobs:
-                    await self._score([job])
-                return
-            _settle(jobs[0], error=err)
-            return
-        start = 0
-        for job in jobs:
-            _settle(job, result=scores[start:start + len(job.texts)])
-            start += len(job.texts)
-            self.counters.requests += 1
-
-    async def _call(self, texts: list[str], prompts: list[str] | None) -> list[float]:
-        self.counters.batches += 1
-        try:
-            scores = await asyncio.to_thread(checked_values, self.scorer, texts, prompts)
-        except Exception as err:  # any scorer failure becomes a 500 for its request; the server lives on
-            first = (str(err).strip().splitlines() or [""])[0]
-            raise ScoringError(f"scorer '{self.scorer.name}' failed: {type(err).__name__}: {first}") from err
-        self.counters.texts += len(texts)
-        return scores
-
-
-def _settle(job: _Job, result: list[float] | None = None, error: Exception | None = None) -> None:
-    if job.future.done():
-        return
-    if error is not None:
-        job.future.set_exception(error)
-    else:
-        job.future.set_result(result or [])
+log = logging.getLogger("uvicorn.error")  # uvicorn gives it a stderr handler; a server line belongs there
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def is_loopback(host: str) -> bool:
@@ -203,6 +108,10 @@ def _one_line(err: ValidationError) -> str:
     return f"{where}: {msg}" + (f" (and {len(err.errors()) - 1} more errors)" if len(err.errors()) > 1 else "")
 
 
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "a client"
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 past `limit` bytes without reading the rest."""
     declared = request.headers.get("content-length")
@@ -217,12 +126,59 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def receive_body(request: Request, settings: RewardServerConfig) -> bytes:
+    """`_read_body` within `body_timeout_s` (else 408, and the connection is closed); a client gone mid-body
+    is one log line (starlette's ClientDisconnect would otherwise reach uvicorn as a 60-line traceback)."""
+    try:
+        return await asyncio.wait_for(_read_body(request, settings.max_body_bytes), settings.body_timeout_s)
+    except TimeoutError:
+        log.warning("%s sent no complete request body within body_timeout_s=%g s: answered 408",
+                    _client(request), settings.body_timeout_s)
+        raise HTTPException(408, f"request body not received within body_timeout_s={settings.body_timeout_s:g} s",
+                            headers={"Connection": "close"}) from None
+    except ClientDisconnect:
+        declared = request.headers.get("content-length", "unknown")
+        log.warning("%s disconnected before sending its whole request body (%s bytes declared): request dropped",
+                    _client(request), declared)
+        raise HTTPException(400, "client disconnected") from None  # an answer nobody reads
+
+
+def _scrubbed_json(body: bytes) -> bytes | None:
+    """`body` with lone surrogate escapes replaced by U+FFFD (see `schema`), or None if it is no JSON at all.
+
+    pydantic's parser refuses a lone surrogate escape ("unexpected end of hex escape"), Python's accepts it.
+    """
+    def scrub(value: Any) -> Any:
+        if isinstance(value, str):
+            return scrub_surrogates(value)
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        if isinstance(value, dict):
+            return {scrub(k): scrub(v) for k, v in value.items()}
+        return value
+
+    def refuse_constant(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=refuse_constant)
+    except ValueError:  # bad UTF-8, malformed JSON, NaN: the first parser's error says it better
+        return None
+    return json.dumps(scrub(data), ensure_ascii=False).encode()
+
+
 def parse_score_request(body: bytes, content_type: str, settings: RewardServerConfig) -> ScoreRequest:
     """Validate a /score body against the schema and the server's limits; HTTPException names the problem."""
     if content_type.split(";")[0].strip().lower() not in ("application/json", ""):
         raise HTTPException(415, f"content type must be application/json, got '{content_type}'")
     try:
-        request = ScoreRequest.model_validate_json(body)
+        try:
+            request = ScoreRequest.model_validate_json(body)
+        except ValidationError as err:
+            rescued = _scrubbed_json(body) if SURROGATE_ESCAPE.search(body) else None
+            if err.errors()[0]["type"] != "json_invalid" or rescued is None:
+                raise
+            request = ScoreRequest.model_validate_json(rescued)
     except ValidationError as err:
         if err.errors()[0]["type"] == "json_invalid":
             raise HTTPException(400, f"malformed JSON: {err.errors()[0]['msg']}") from None
@@ -235,20 +191,14 @@ def parse_score_request(body: bytes, content_type: str, settings: RewardServerCo
 
 def truncate(request: ScoreRequest, max_chars: int) -> tuple[list[str], list[str] | None, list[int]]:
     """Texts and prompts cut to max_chars, and the indices where either was cut."""
-    prompts = request.prompts
-    cut = [i for i, text in enumerate(request.texts)
-           if len(text) > max_chars or (prompts is not None and len(prompts[i]) > max_chars)]
-    if not cut:
-        return request.texts, prompts, []
-    texts = [text[:max_chars] for text in request.texts]
-    return texts, None if prompts is None else [p[:max_chars] for p in prompts], cut
+    return cut_to_max_chars(request.texts, request.prompts, max_chars)
 
 
 # the body is parsed by hand (see `parse_score_request`), so OpenAPI learns its schema from here
 SCORE_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": ScoreRequest.model_json_schema()}}}}
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 413, 415, 422, 500, 503)}
+    code: {"model": ErrorBody} for code in (400, 401, 408, 413, 415, 422, 500, 503)}
 
 
 def _key_checker(settings: RewardServerConfig) -> Callable[[Request], None]:
@@ -270,7 +220,8 @@ def create_app(settings: RewardServerConfig, scorer: Scorer | None = None, label
     before the port opens). `label` is what /info reports for an injected scorer."""
     if scorer is None:
         scorer, label = load_scorer(settings)
-    batcher = MicroBatcher(scorer, settings.max_batch_texts, settings.batch_wait_ms / 1000, settings.max_pending)
+    batcher = MicroBatcher(scorer, settings.max_batch_texts, settings.batch_wait_ms / 1000, settings.max_pending,
+                           settings.score_timeout_s)
     info = ServerInfo(model=settings.model, label=label, version=purplerl.__version__, max_texts=settings.max_texts,
                       max_chars=settings.max_chars, max_batch_texts=settings.max_batch_texts,
                       max_body_bytes=settings.max_body_bytes)
@@ -291,7 +242,7 @@ def create_app(settings: RewardServerConfig, scorer: Scorer | None = None, label
         # the body is parsed here rather than by FastAPI so every bad input gets a status and message we chose
         batcher.arriving += 1
         try:
-            body = await _read_body(request, settings.max_body_bytes)
+            body = await receive_body(request, settings)
             parsed = parse_score_request(body, request.headers.get("content-type", ""), settings)
         finally:
             batcher.arriving -= 1
@@ -300,6 +251,8 @@ def create_app(settings: RewardServerConfig, scorer: Scorer | None = None, label
             scores = await batcher.submit(texts, prompts)
         except ScoringError as err:
             raise HTTPException(500, str(err)) from None
+        except ScorerStalled as err:
+            raise HTTPException(503, str(err)) from None
         return ScoreResponse(scores=scores, model=info.model, label=info.label, truncated=cut)
 
     @app.get("/info", response_model=ServerInfo, responses=ERROR_RESPONSES, dependencies=[require_key])
@@ -308,8 +261,9 @@ def create_app(settings: RewardServerConfig, scorer: Scorer | None = None, label
 
     @app.get("/health", response_model=Health)
     async def health() -> Health:
-        c = batcher.counters
-        return Health(requests=c.requests, batches=c.batches, texts=c.texts)
+        c, trouble = batcher.counters, batcher.trouble()
+        return Health(status="ok" if trouble is None else "degraded", reason=trouble, pending=batcher.pending,
+                      requests=c.requests, batches=c.batches, texts=c.texts)
 
     return app
 
@@ -321,6 +275,67 @@ def settings_from_env(environ: dict[str, str] | None = None) -> RewardServerConf
     values = {name: environ[ENV_PREFIX + name.upper()] for name in RewardServerConfig.model_fields
               if environ.get(ENV_PREFIX + name.upper())}
     return build_server_config(values, lambda field: ENV_PREFIX + field.upper())
+
+
+class HeaderDeadlineProtocol(H11Protocol):
+    """uvicorn's h11 protocol plus a deadline for each request's headers.
+
+    uvicorn has none: its keep-alive timer stops at the first byte, so a client that sends half a request
+    line holds its connection (and one of `max_connections`) forever. The deadline runs from connecting,
+    and from the end of each answer on a kept-alive connection, until the headers are complete.
+    """
+
+    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.header_timeout_s = header_timeout_s
+        self.header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the headers are in (or the connection failed)
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self.header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def _disarm(self) -> None:
+        if self.header_timer is not None:
+            self.header_timer.cancel()
+            self.header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self.header_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            where = "%s:%d" % self.client if self.client else "a client"
+            log.warning("%s sent no complete request headers within header_timeout_s=%g s: connection closed",
+                        where, self.header_timeout_s)
+            self.transport.close()
+
+
+def uvicorn_config(app: FastAPI, settings: RewardServerConfig) -> uvicorn.Config:
+    """uvicorn's settings for `app`: the connection limits of `settings`, access logs off (at thousands of
+    requests a second they cost more than the scoring)."""
+    return uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+        http=functools.partial(HeaderDeadlineProtocol, header_timeout_s=settings.header_timeout_s),
+        timeout_keep_alive=settings.keep_alive_s,  # typed int, but a float works: it goes to call_later
+        # uvicorn refuses when the open connections, this one included, reach the limit
+        limit_concurrency=settings.max_connections + 1,
+        h11_max_incomplete_event_size=settings.max_header_bytes)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -341,17 +356,17 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(settings: RewardServerConfig, announce: Callable[[str], None] = print) -> None:
     """Load the scorer, then serve it with uvicorn until SIGINT/SIGTERM."""
-    import uvicorn
-
     sock = _bind(settings.host, settings.port)
     with sock:
         app = create_app(settings)
         info = app.state.info
         announce(f"reward server: model '{info.model}' label '{info.label}' on "
                  f"http://{settings.host}:{settings.port} (POST /score, GET /info, GET /health)")
-        # access logs off: at thousands of requests a second they cost more than the scoring
-        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[sock])
+        try:
+            uvicorn.Server(uvicorn_config(app, settings)).run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn raises the signal again after its graceful shutdown; Ctrl-C is how to stop
+            pass
+        announce("reward server stopped")
 
 
 _env_app: FastAPI | None = None

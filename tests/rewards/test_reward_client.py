@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 from collections.abc import Callable
 
 import httpx
@@ -12,7 +11,7 @@ import pytest
 
 from purplerl.config import ToxicityConfig, load_config
 from purplerl.errors import ExperimentError, UserError
-from purplerl.rewards.client import HTTPScorer, record_server
+from purplerl.rewards.client import HTTPScorer, encode_string, record_server, score_body, split_ranges
 from purplerl.rewards.schema import ServerInfo
 from purplerl.rewards.toxicity import make_toxicity_scorer
 
@@ -24,20 +23,26 @@ INFO = {"model": "org/deberta", "label": "unsafe", "version": "0.1.0", "max_text
 class Script:
     """A fake server: answers /info with INFO and each /score with the next scripted answer."""
 
-    def __init__(self, *answers: Callable[[list[str]], httpx.Response]) -> None:
+    def __init__(self, *answers: Callable[[list[str]], httpx.Response], **limits: int) -> None:
         self.answers = list(answers)
+        self.info = {**INFO, **limits}
         self.requests: list[httpx.Request] = []
+        self.sleeps: list[float] = []  # the client's waits between retries, recorded instead of slept
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         if request.url.path == "/info":
-            return httpx.Response(200, json=INFO)
+            return httpx.Response(200, json=self.info)
         texts = json.loads(request.content)["texts"]
         return self.answers.pop(0)(texts) if len(self.answers) > 1 else self.answers[0](texts)
 
+    @property
+    def bodies(self) -> list[bytes]:
+        return [r.content for r in self.requests if r.url.path == "/score"]
+
     def scorer(self, **kwargs: float) -> HTTPScorer:
         options = {"retries": 2, "backoff_s": 0.001, **kwargs}
-        return HTTPScorer(URL, transport=httpx.MockTransport(self), **options)
+        return HTTPScorer(URL, transport=httpx.MockTransport(self), sleep=self.sleeps.append, **options)
 
 
 def ok(texts: list[str], model: str = "org/deberta", truncated: list[int] | None = None) -> httpx.Response:
@@ -52,7 +57,9 @@ def status(code: int, detail: str = "nope") -> Callable[[list[str]], httpx.Respo
 def test_scores_and_sends_prompts() -> None:
     script = Script(ok)
     assert script.scorer().score(["a", "abc"], prompts=["p", "q"]) == [0.1, 0.3]
-    assert json.loads(script.requests[0].content) == {"texts": ["a", "abc"], "prompts": ["p", "q"]}
+    assert [r.url.path for r in script.requests] == ["/info", "/score"]  # the limits are read first
+    assert script.bodies == [b'{"texts":["a","abc"],"prompts":["p","q"]}']
+    assert script.requests[1].headers["content-type"] == "application/json"
 
 
 def test_splits_batches_to_max_texts_and_counts_truncation() -> None:
@@ -60,14 +67,16 @@ def test_splits_batches_to_max_texts_and_counts_truncation() -> None:
     scorer = script.scorer()
     assert scorer.info() == ServerInfo.model_validate(INFO)
     assert scorer.score(["a", "bb", "ccc", "dddd", "e"]) == [0.1, 0.2, 0.3, 0.4, 0.1]
-    assert [len(json.loads(r.content)["texts"]) for r in script.requests[1:]] == [3, 2]  # max_texts=3
+    assert [len(json.loads(body)["texts"]) for body in script.bodies] == [3, 2]  # max_texts=3
     assert scorer.last_truncated == [1, 4] and scorer.truncated_total == 2
+    assert [r.url.path for r in script.requests].count("/info") == 1  # info() already read the limits
 
 
 def test_5xx_is_retried_then_succeeds() -> None:
     script = Script(status(503, "busy"), status(500, "oom"), ok)
-    assert script.scorer().score(["ab"]) == [0.2]
-    assert len(script.requests) == 3
+    assert script.scorer(backoff_s=0.25).score(["ab"]) == [0.2]
+    assert len(script.bodies) == 3
+    assert script.sleeps == [0.25, 0.5]
 
 
 def test_5xx_until_retries_run_out_names_url_and_last_error() -> None:
@@ -76,22 +85,25 @@ def test_5xx_until_retries_run_out_names_url_and_last_error() -> None:
         script.scorer(retries=2).score(["ab"])
     assert str(info.value) == (f"reward server {URL} did not answer POST /score after 3 attempts; last error: "
                                "HTTP 500: scorer 'toxicity' failed: CUDA out of memory")
-    assert len(script.requests) == 3
+    assert len(script.bodies) == 3
 
 
 def test_4xx_is_not_retried() -> None:
     script = Script(status(413, "9 texts in one request is over max_texts=8; split the batch"))
     with pytest.raises(ExperimentError, match=r"HTTP 413: 9 texts in one request is over max_texts=8"):
         script.scorer().score(["a"])
-    assert len(script.requests) == 1
+    assert len(script.bodies) == 1 and script.sleeps == []
 
 
-def test_backoff_doubles() -> None:
+def test_backoff_doubles_up_to_its_cap() -> None:
     script = Script(status(502))
-    started = time.monotonic()
     with pytest.raises(ExperimentError, match="after 3 attempts"):
         script.scorer(retries=2, backoff_s=0.1).score(["a"])
-    assert 0.3 <= time.monotonic() - started < 2  # 0.1 + 0.2
+    assert script.sleeps == [0.1, 0.2]
+    script = Script(status(502))
+    with pytest.raises(ExperimentError, match="after 5 attempts"):
+        script.scorer(retries=4, backoff_s=10).score(["a"])
+    assert script.sleeps == [10, 20, 30, 30]  # MAX_BACKOFF_S
 
 
 def test_closed_port_fails_with_a_clear_error() -> None:
@@ -100,7 +112,7 @@ def test_closed_port_fails_with_a_clear_error() -> None:
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with pytest.raises(ExperimentError) as info:
         HTTPScorer(url, retries=1, backoff_s=0.01).score(["a"])
-    assert str(info.value).startswith(f"reward server {url} did not answer POST /score after 2 attempts; "
+    assert str(info.value).startswith(f"reward server {url} did not answer GET /info after 2 attempts; "
                                       "last error: ConnectError: ")
     assert "\n" not in str(info.value)
 
@@ -138,6 +150,76 @@ def test_bad_client_settings() -> None:
         HTTPScorer("localhost:50050")
     with pytest.raises(UserError, match="timeout_s > 0"):
         HTTPScorer(URL, timeout_s=0)
+
+
+# ------------------------------------------------------------------------------------- limits from /info
+
+
+def test_split_ranges_by_count_and_bytes() -> None:
+    # frame 10, separator 1, max 20 bytes: [3, 4] = 10 + 3 + 1 + 4 = 18; + 1 + 5 would be 24
+    assert split_ranges([3, 4, 5, 2, 9], frame=10, separator=1, max_items=3, max_bytes=20) == [(0, 2), (2, 4), (4, 5)]
+    # a body of exactly max_bytes fits: 10 + 4 + 1 + 5 = 20
+    assert split_ranges([4, 5, 1], frame=10, separator=1, max_items=9, max_bytes=20) == [(0, 2), (2, 3)]
+    assert split_ranges([1] * 5, frame=0, separator=0, max_items=2, max_bytes=99) == [(0, 2), (2, 4), (4, 5)]
+    assert split_ranges([], frame=10, separator=1, max_items=3, max_bytes=20) == []
+
+
+def test_body_size_counts_escapes_and_utf8() -> None:
+    texts = ["a\"b", "é✓😀", "\x00\n", "\ud800"]
+    encoded = [encode_string(t) for t in texts]
+    # a\"b: 2 quotes + 4; é✓😀: 2 + 2 + 3 + 4 bytes; NUL and newline escaped: 2 + 6 + 2; lone surrogate as U+FFFD
+    assert [len(e) for e in encoded] == [6, 11, 10, 5]
+    body = score_body(encoded, encoded)
+    assert len(body) == len(b'{"texts":[],"prompts":[]}') + 2 * (sum(len(e) for e in encoded) + 3)
+    assert json.loads(body) == {"texts": [*texts[:3], "\ufffd"], "prompts": [*texts[:3], "\ufffd"]}
+
+
+def test_cuts_to_max_chars_and_splits_to_max_body_bytes() -> None:
+    # cut to max_chars=100, a text of ✓ (3 bytes of UTF-8) is 2 + 300 = 302 bytes of JSON; the first body is
+    # {"texts":[]} (12) + 302 + 302 + 300 + "ab" (4) + 3 commas = 923 bytes, one more text would make it 1,226
+    texts = ["✓" * 150, "✓" * 100, "✓" * 99 + "x", "ab", "✓" * 100, "✓" * 200, "✓" * 101]
+    script = Script(lambda t: ok(t), max_texts=50, max_chars=100, max_body_bytes=1000)
+    scorer = script.scorer()
+    assert scorer.score(texts) == [10.0, 10.0, 10.0, 0.2, 10.0, 10.0, 10.0]
+    sent = [json.loads(body)["texts"] for body in script.bodies]
+    assert sent == [["✓" * 100, "✓" * 100, "✓" * 99 + "x", "ab"], ["✓" * 100] * 3]
+    assert [len(body) for body in script.bodies] == [923, 12 + 3 * 302 + 2]
+    assert scorer.last_truncated == [0, 5, 6] and scorer.truncated_total == 3
+    # a cut prompt counts too, and a server-side cut is merged with the client's
+    script = Script(lambda t: ok(t, truncated=[0]), max_chars=100)
+    scorer = script.scorer()
+    scorer.score(["a", "b", "c"], prompts=["p", "p" * 101, "p"])
+    assert json.loads(script.bodies[0])["prompts"] == ["p", "p" * 100, "p"]
+    assert scorer.last_truncated == [0, 1]
+
+
+def test_a_text_too_big_for_any_request_is_refused() -> None:
+    script = Script(ok, max_chars=400, max_body_bytes=1024)  # 400 NULs are 2,402 bytes of JSON
+    with pytest.raises(ExperimentError) as info:
+        script.scorer().score(["fine", "\x00" * 500])
+    assert str(info.value) == (
+        f"text 1 cannot be sent to reward server {URL}: cut to max_chars=400 characters, its request body is "
+        "still 2414 bytes, over max_body_bytes=1024; start the server with a larger --max-body-bytes or a "
+        "smaller --max-chars")
+    assert script.bodies == []  # refused before anything was sent
+
+
+def test_lone_surrogates_are_sent_as_replacement_characters() -> None:
+    script = Script(ok)
+    assert script.scorer().score(["you \ud800idiot", "\udfff"]) == [1.0, 0.1]
+    assert json.loads(script.bodies[0])["texts"] == ["you \ufffdidiot", "\ufffd"]
+
+
+@pytest.mark.parametrize(("key", "position"), [("clé", 3), ("key with space", 4), ("tab\tkey", 4),
+                                               ("trailing-space ", 15)])
+def test_a_key_that_cannot_be_sent_is_refused_at_start(monkeypatch: pytest.MonkeyPatch, key: str,
+                                                       position: int) -> None:
+    monkeypatch.setenv("PURPLERL_REWARD_API_KEY", key)
+    with pytest.raises(UserError) as info:
+        make_toxicity_scorer(ToxicityConfig(url=URL))
+    # one line that does not echo the secret
+    assert str(info.value) == ("reward server API key (env PURPLERL_REWARD_API_KEY): an API key must be printable "
+                               f"ASCII without spaces, but character {position} of {len(key)} is not")
 
 
 # ------------------------------------------------------------------------------------------------ config

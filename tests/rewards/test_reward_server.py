@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-import uvicorn
 from conftest import save_tiny_bert_classifier
-from fastapi import FastAPI
+from reward_servers import BlockingScorer, ThreadServer
 
 from purplerl.config import Config, RewardServerConfig
 from purplerl.errors import ExperimentError, UserError
@@ -28,26 +26,6 @@ from purplerl.types import Completion, PromptRecord
 KEY = "s3cret-key"
 TEXTS = ["you stupid idiot", "Thank you for your help, have a lovely day.", "", "  ", "what the hell is this crap",
          "I will find you and hurt you", "the weather is nice today", "go to hell you moron", "ünïcödé ✓ text"]
-
-
-class ThreadServer:
-    """uvicorn serving `app` in a daemon thread on a free 127.0.0.1 port (bound here, so no race)."""
-
-    def __init__(self, app: FastAPI) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY, see _bind
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "test server did not start"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -201,16 +179,14 @@ def test_scorer_error_is_500_and_spares_other_requests() -> None:
         server.stop()
 
 
-class BlockingScorer:
-    name = "toxicity"
+async def wait_for_health(http: httpx.AsyncClient, condition: Callable[[dict], bool], timeout: float = 30) -> dict:
+    """The first /health answer that meets `condition`; a generous timeout only catches a hung test."""
+    async def poll() -> dict:
+        while not condition(health := (await http.get("/health")).json()):
+            await asyncio.sleep(0.01)
+        return health
 
-    def __init__(self) -> None:
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
-        self.entered.set()
-        assert self.release.wait(timeout=10)
-        return [0.5] * len(texts)
+    return await asyncio.wait_for(poll(), timeout)
 
 
 def test_full_queue_answers_503() -> None:
@@ -222,7 +198,7 @@ def test_full_queue_answers_503() -> None:
                 first = asyncio.create_task(http.post("/score", json={"texts": ["a"]}))
                 await asyncio.to_thread(scorer.entered.wait, 10)  # the scorer holds the first request
                 second = asyncio.create_task(http.post("/score", json={"texts": ["b"]}))
-                await asyncio.sleep(0.3)  # the second one is queued now
+                await wait_for_health(http, lambda health: health["pending"] == 1)  # the second one is queued
                 third = await http.post("/score", json={"texts": ["c"]})
                 scorer.release.set()
                 return third, await first, await second
@@ -250,11 +226,11 @@ def test_auth_required_when_key_set(with_key: ThreadServer) -> None:
 
 
 def test_client_with_wrong_key_stops_at_once(with_key: ThreadServer) -> None:
-    scorer = HTTPScorer(with_key.url, api_key="nope", retries=5, backoff_s=10)  # a retry would take 10 s
-    started = time.monotonic()
+    sleeps: list[float] = []
+    scorer = HTTPScorer(with_key.url, api_key="nope", retries=5, backoff_s=10, sleep=sleeps.append)
     with pytest.raises(ExperimentError, match="HTTP 401.*API key.*PURPLERL_REWARD_API_KEY"):
         scorer.score(["hi"])
-    assert time.monotonic() - started < 5
+    assert sleeps == []  # not retried
 
 
 def test_no_key_configured_ignores_authorization(embedded: ThreadServer) -> None:
