@@ -49,7 +49,8 @@ def safe_file_stem(text: str) -> str:
 
 
 def _not_utf8(path: Path, lineno: int, byte: int, column: int) -> UserError:
-    return UserError(f"{path}:{lineno}: not UTF-8 text (byte 0x{byte:02x} at column {column}); save the file as UTF-8")
+    return UserError(f"{path}:{lineno}: line {lineno} is not UTF-8 text (byte 0x{byte:02x} at column {column}); "
+                     "save the file as UTF-8")
 
 
 def _decode(raw: bytes, path: Path, lineno: int) -> str:

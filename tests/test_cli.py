@@ -83,7 +83,32 @@ MISTAKES = {
     "resume": (["attack", "--resume", "/nonexistent"], "/nonexistent"),
     "sample-checkpoint": (["sample", "--checkpoint", "/nonexistent", "--prompt", "hi"], "/nonexistent"),
     "sample-device": (["sample", "--prompt", "hi", "--device", "gpu"], "model.device"),
+    # YAML reads `yes` as True, which pydantic would take as the integer 1
+    "steps-yes": (["attack", "--steps", "yes"], "config field 'training.steps': expected an integer, got a boolean"),
+    "nan-early-stop": (["attack", "--training.early_stop_toxicity", ".nan"], "training.early_stop_toxicity"),
+    "inf-timeout": (["attack", "--reward.toxicity.timeout_s", ".inf"], "reward.toxicity.timeout_s"),
 }
+# adapter_config.json files that PEFT would fail on with a TypeError or KeyError deep in its loader
+BAD_ADAPTER_CONFIGS = {
+    "invalid-json": (b'{"peft_type": "LORA", "r": 8', "adapter_config.json:1: invalid JSON"),
+    "not-an-object": (b'["LORA", 8]', "adapter_config.json: expected a JSON object, got an array"),
+    "wrong-type": (b'{"peft_type": "LORA", "r": "eight"}', "field 'r' must be a positive integer"),
+    "no-peft-type": (b'{"r": 8, "lora_alpha": 16}', "no peft_type"),
+}
+INIT_ADAPTER_CASES = ("invalid-json", "wrong-type")  # the other two go to `sample --checkpoint`
+NOT_UTF8_JSONL = b'{"prompt": "one"}\n{"prompt": "two"}\n\xff\xfe{"prompt": "three"}\n'
+
+
+def write_bad_adapters(root: Path) -> dict[str, Path]:
+    """One adapter dir per BAD_ADAPTER_CONFIGS entry (with a weights file, so only the config is wrong)."""
+    dirs = {}
+    for name, (config, _) in BAD_ADAPTER_CONFIGS.items():
+        path = root / f"adapter-{name}"
+        path.mkdir()
+        (path / "adapter_config.json").write_bytes(config)
+        (path / "adapter_model.safetensors").write_bytes(b"")
+        dirs[name] = path
+    return dirs
 # overrides that pass config validation but name a model or data file that is not there
 BAD_INPUTS = {
     "model": (["--model", "/nonexistent/model"], "/nonexistent/model"),
@@ -116,6 +141,17 @@ def cli(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, env: dic
         launched.start("resume-with-config", "attack", "--resume", run_dir, "--config", runs / "c.yaml")
         launched.start("sample-checkpoint-ok", "sample", "--checkpoint", checkpoint, "--prompt", "hello",
                        "--max-new-tokens", "5")
+    # started once the attack is done, so that it is not slowed past its timeout on a busy machine
+    for name, adapter in write_bad_adapters(runs).items():
+        command = "init-adapter" if name in INIT_ADAPTER_CASES else "sample-adapter"
+        args = ([*attack_args(tiny_model_dir, runs, f"init-{name}"), "--init_adapter", adapter]
+                if command == "init-adapter" else ["sample", "--checkpoint", adapter, "--prompt", "hi"])
+        launched.start(f"{command}-{name}", *args)
+    (runs / "latin1.jsonl").write_bytes(NOT_UTF8_JSONL)
+    launched.start("data-not-utf8", *attack_args(tiny_model_dir, runs, "latin1"), "--data", runs / "latin1.jsonl")
+    (runs / "sub").mkdir()
+    launched.start("name-parent", *attack_args(tiny_model_dir, runs / "sub", "../x"))
+    launched.start("name-absolute", *attack_args(tiny_model_dir, runs / "sub", str(runs / "abs")))
     launched.run_dir = run_dir
     launched.runs = runs
     yield launched
@@ -218,6 +254,35 @@ def test_bad_run_input_is_one_line_and_leaves_no_run(name: str, cli: Launched):
     assert BAD_INPUTS[name][1] in assert_one_line_error(proc)
     # a run that never started must not claim its name: fixing the mistake and rerunning just works
     assert not (cli.runs / f"bad-{name}" / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("name", BAD_ADAPTER_CONFIGS)
+def test_malformed_adapter_config_is_one_line(name: str, cli: Launched):
+    command = "init-adapter" if name in INIT_ADAPTER_CASES else "sample-adapter"
+    proc = cli.result(f"{command}-{name}")
+    assert proc.returncode == 2
+    line = assert_one_line_error(proc)
+    assert str(cli.runs / f"adapter-{name}") in line and BAD_ADAPTER_CONFIGS[name][1] in line, line
+    if command == "init-adapter":
+        assert not (cli.runs / f"init-{name}").exists()
+
+
+def test_data_that_is_not_utf8_names_file_and_line(cli: Launched):
+    proc = cli.result("data-not-utf8")
+    assert proc.returncode == 2
+    line = assert_one_line_error(proc)
+    assert f"{cli.runs / 'latin1.jsonl'}:3:" in line and "line 3" in line and "not UTF-8" in line, line
+    assert not (cli.runs / "latin1").exists()
+
+
+@pytest.mark.parametrize("name", ["name-parent", "name-absolute"])
+def test_run_name_that_is_a_path_is_refused_and_writes_nothing(name: str, cli: Launched):
+    proc = cli.result(name)
+    assert proc.returncode == 2
+    assert "config field 'run.name': must be a plain name" in assert_one_line_error(proc)
+    # `--name ../x` under runs/sub would land in runs/x, an absolute name anywhere at all
+    assert not (cli.runs / "x").exists() and not (cli.runs / "abs").exists()
+    assert not list((cli.runs / "sub").iterdir())
 
 
 # ---------------------------------------------------------------------------------------------- help

@@ -417,4 +417,4 @@ def test_config_file_that_is_not_utf8_names_file_and_line(tmp_path: Path):
     path = tmp_path / "c.yaml"
     path.write_bytes(b"training:\n  steps: 2\ndata:\n  system_prompt: caf\xe9\n")
     msg = _error(path)
-    assert msg == f"{path}:4: not UTF-8 text (byte 0xe9 at column 21); save the file as UTF-8"
+    assert msg == f"{path}:4: line 4 is not UTF-8 text (byte 0xe9 at column 21); save the file as UTF-8"

@@ -21,8 +21,9 @@ def test_read_jsonl_skips_blank_lines_and_a_bom_and_keeps_crlf_rows(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    (b'{"a": 1}\n{"a": 2}\n\xff\xfe{"a": 3}\n', ":3: not UTF-8 text (byte 0xff at column 1); save the file as UTF-8"),
-    (b'{"a": 1}\n{"a": "\xe9t\xe9"}\n', ":2: not UTF-8 text (byte 0xe9 at column 8)"),
+    (b'{"a": 1}\n{"a": 2}\n\xff\xfe{"a": 3}\n',
+     ":3: line 3 is not UTF-8 text (byte 0xff at column 1); save the file as UTF-8"),
+    (b'{"a": 1}\n{"a": "\xe9t\xe9"}\n', ":2: line 2 is not UTF-8 text (byte 0xe9 at column 8)"),
     (b'{"a": 1}\n\n{"a": }\n', ":3: invalid JSON (Expecting value)"),
     (b'{"a": 1}\n[1, 2]\n', ":2: expected a JSON object, got an array"),
     (b'"x"\n', ":1: expected a JSON object, got a string"),
@@ -39,7 +40,7 @@ def test_read_jsonl_errors_name_file_and_line(tmp_path: Path, data: bytes, messa
 def test_cut_tail_drops_only_an_unfinished_last_line(tmp_path: Path):
     cut = _write(tmp_path / "cut.jsonl", b'{"a": 1}\n{"a": 2}\n{"a": "\xc3')
     assert read_jsonl(cut, cut_tail=True) == [{"a": 1}, {"a": 2}]
-    with pytest.raises(UserError, match=":3: not UTF-8"):
+    with pytest.raises(UserError, match=":3: line 3 is not UTF-8"):
         read_jsonl(cut)
     # a bad line that did get its newline was written whole: refused even with cut_tail
     middle = _write(tmp_path / "middle.jsonl", b'{"a": 1}\n{"a": \n{"a": 3}\n')
@@ -53,7 +54,7 @@ def test_cut_tail_drops_only_an_unfinished_last_line(tmp_path: Path):
 
 def test_read_text_and_json_name_the_line(tmp_path: Path):
     path = _write(tmp_path / "c.json", b'{\n  "a": 1,\n  "b": "\xff"\n}\n')
-    with pytest.raises(UserError, match=r"c.json:3: not UTF-8 text \(byte 0xff at column 9\)"):
+    with pytest.raises(UserError, match=r"c.json:3: line 3 is not UTF-8 text \(byte 0xff at column 9\)"):
         read_text(path)
     _write(path, b'{\n  "a": 1,\n  "b": \n}\n')
     with pytest.raises(UserError, match=r"c.json:4: invalid JSON \(Expecting value\)"):

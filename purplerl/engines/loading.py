@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -180,3 +181,71 @@ def stop_token_ids(tokenizer, model) -> list[int]:
     if not ids:
         raise UserError("model defines no EOS token: completions could never stop")
     return sorted(ids)
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+_LORA_BIASES = ("none", "all", "lora_only")
+
+
+def _bad_field(config: dict, name: str) -> str | None:
+    """Why field `name` of a LoRA adapter_config.json is unusable, or None (absent fields take PEFT's default)."""
+    value = config.get(name)
+    is_number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    rules = {
+        "r": (isinstance(value, int) and not isinstance(value, bool) and value >= 1, "a positive integer"),
+        "lora_alpha": (is_number and value > 0, "a positive number"),
+        "lora_dropout": (is_number and 0 <= value < 1, "a number in [0, 1)"),
+        "target_modules": (value is None or isinstance(value, str)
+                           or (isinstance(value, list) and all(isinstance(v, str) for v in value)),
+                           "a module name, a list of them or null"),
+        "task_type": (value in (None, "CAUSAL_LM"), "'CAUSAL_LM' (an adapter for a causal LM) or null"),
+        "bias": (value in _LORA_BIASES, "one of " + ", ".join(_LORA_BIASES)),
+        "base_model_name_or_path": (value is None or isinstance(value, str), "a model name, a path or null"),
+        "rank_pattern": (isinstance(value, dict), "an object"),
+        "alpha_pattern": (isinstance(value, dict), "an object"),
+    }
+    if name not in config or name not in rules or rules[name][0]:
+        return None
+    return f"field '{name}' must be {rules[name][1]}, got {json.dumps(value)[:60]}"
+
+
+def read_adapter_config(adapter_dir: str | Path, what: str = "adapter") -> dict:
+    """The adapter_config.json of a PEFT LoRA adapter dir, checked for what PEFT needs before any model loads:
+    PEFT itself fails on a malformed one with a TypeError or KeyError deep inside its loader."""
+    from purplerl.files import read_json_object
+
+    adapter_dir = Path(adapter_dir)
+    path = adapter_dir / ADAPTER_CONFIG
+    if not path.is_file():
+        raise UserError(f"{what} {adapter_dir} is not a PEFT adapter dir (no {ADAPTER_CONFIG})")
+    config = read_json_object(path)
+    peft_type = config.get("peft_type")
+    if peft_type != "LORA":
+        found = "no peft_type" if peft_type is None else f"peft_type {json.dumps(peft_type)[:40]}"
+        raise UserError(f"{path}: purplerl loads LoRA adapters (peft_type \"LORA\"), this one has {found}")
+    for name in config:
+        problem = _bad_field(config, name)
+        if problem:
+            raise UserError(f"{path}: {problem}")
+    if not any((adapter_dir / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise UserError(f"{what} {adapter_dir} has no adapter weights ({' or '.join(ADAPTER_WEIGHTS)})")
+    return config
+
+
+def load_peft_adapter(base, adapter_dir: str | Path, trainable: bool = True):
+    """`base` wrapped by PeftModel with the adapter of `adapter_dir` loaded; a malformed or mismatched
+    adapter is one UserError, never a traceback from PEFT or torch."""
+    from peft import PeftModel
+    from safetensors import SafetensorError
+
+    read_adapter_config(adapter_dir)
+    try:
+        return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError, NotImplementedError, SafetensorError) as err:
+        text = str(err).strip()
+        # torch lists shape mismatches after a generic first line; the first mismatch says what is wrong
+        mismatch = next((line.strip() for line in text.splitlines() if "size mismatch" in line), None)
+        why = (f"its weights do not fit this model ({mismatch[:300]}); was it trained on another base model?"
+               if mismatch else (text.splitlines()[0][:300] if text else type(err).__name__))
+        raise UserError(f"cannot load adapter {adapter_dir}: {why}") from None

@@ -30,7 +30,15 @@ from purplerl.algorithms.losses import LOSSES, aggregate_loss, kl_penalty_loss
 from purplerl.algorithms.noiser import token_noiser_loss
 from purplerl.config import ModelConfig
 from purplerl.engines.fused_lora import install_fused_lora
-from purplerl.engines.loading import load_causal_lm, load_tokenizer, resolve_device, resolve_dtype, stop_token_ids
+from purplerl.engines.loading import (
+    load_causal_lm,
+    load_peft_adapter,
+    load_tokenizer,
+    read_adapter_config,
+    resolve_device,
+    resolve_dtype,
+    stop_token_ids,
+)
 from purplerl.errors import ExperimentError, UserError
 from purplerl.types import AdamParams, Completion, LossSpec, SamplingParams, TrainBatch
 
@@ -102,13 +110,15 @@ class LocalEngine:
     """Tinker-shaped training primitives over a PEFT LoRA model held in this process."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
-        from peft import LoraConfig, PeftModel, get_peft_model
+        from peft import LoraConfig, get_peft_model
 
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
         self.device = resolve_device(cfg.device)
         self.decode_sync_every = 1 if self.device.type == "cpu" else DECODE_SYNC_EVERY
+        if cfg.init_adapter:
+            read_adapter_config(cfg.init_adapter, "init_adapter")  # a malformed one fails before the model loads
         self.tokenizer = load_tokenizer(cfg.name, cfg.revision)
         base = load_causal_lm(cfg.name, cfg.revision, cfg.dtype, cfg.device)
         self.stop_ids = stop_token_ids(self.tokenizer, base)
@@ -117,9 +127,7 @@ class LocalEngine:
         self._sampler_synced = False
         torch.manual_seed(seed)  # LoRA A matrices are drawn from torch's default generator by PEFT
         if cfg.init_adapter:
-            if not (Path(cfg.init_adapter) / "adapter_config.json").is_file():
-                raise UserError(f"init_adapter {cfg.init_adapter} is not a PEFT adapter dir (no adapter_config.json)")
-            self.model = PeftModel.from_pretrained(base, cfg.init_adapter, is_trainable=True)
+            self.model = load_peft_adapter(base, cfg.init_adapter)
         else:
             lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                               target_modules=_lora_targets(cfg.lora_targets), task_type="CAUSAL_LM")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
 from purplerl.config import EMBEDDED_MODEL, Config, build_config, read_config_file
 from purplerl.engines import make_engine
+from purplerl.engines.loading import read_adapter_config
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
 from purplerl.types import PromptRecord, SamplingParams
@@ -22,13 +23,16 @@ def generate(prompts: list[str], *, checkpoint: Path | None, model: str | None, 
     """n completions for each prompt; the run's template and system prompt apply to a run checkpoint."""
     if not prompts:
         raise UserError("give at least one --prompt")
+    if not (math.isfinite(temperature) and math.isfinite(top_p)):
+        raise UserError("--temperature and --top-p must be finite numbers")
     run_cfg = None
     if checkpoint is not None:
-        if not (checkpoint / "adapter_config.json").is_file():
-            raise UserError(f"{checkpoint} is not an adapter checkpoint (no adapter_config.json)")
+        adapter_base = read_adapter_config(checkpoint, "checkpoint").get("base_model_name_or_path")
         run_cfg = _run_config_of(checkpoint)
-        adapter_base = json.loads((checkpoint / "adapter_config.json").read_text()).get("base_model_name_or_path")
         base = model or (run_cfg.model.name if run_cfg else adapter_base)
+        if not base:
+            raise UserError(f"{checkpoint} names no base model (no run config.yaml, no base_model_name_or_path): "
+                            "give --model")
     else:
         base = model or EMBEDDED_MODEL
     # validated like a config file, so a bad --device is a one-line UserError naming the field

@@ -279,10 +279,10 @@ def test_files_that_are_not_utf8_name_file_and_line(tmp_path):
     bad.write_bytes(b'{"prompt": "one"}\n{"prompt": "two"}\n{"prompt": "caf\xe9"}\n')
     with pytest.raises(UserError) as info:
         load_prompts(DataConfig(source=str(bad)))
-    assert str(info.value) == f"{bad}:3: not UTF-8 text (byte 0xe9 at column 16); save the file as UTF-8"
+    assert str(info.value) == f"{bad}:3: line 3 is not UTF-8 text (byte 0xe9 at column 16); save the file as UTF-8"
     whole = tmp_path / "latin1.json"
     whole.write_bytes(b'[\n{"prompt": "one"},\n{"prompt": "\xff\xfe"}\n]')
-    with pytest.raises(UserError, match=r"latin1.json:3: not UTF-8 text \(byte 0xff at column 13\)"):
+    with pytest.raises(UserError, match=r"latin1.json:3: line 3 is not UTF-8 text \(byte 0xff at column 13\)"):
         load_prompts(DataConfig(source=str(whole)))
 
 

@@ -172,7 +172,7 @@ def test_cli_report_on_rows_that_are_not_objects_or_not_utf8_is_one_line(tmp_pat
         assert proc.returncode == 2 and "Traceback" not in err, err
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {run / 'metrics.jsonl'}:3: "), err
-        assert ("not UTF-8" if name == "latin1" else "expected a JSON object") in lines[0]
+        assert ("line 3 is not UTF-8" if name == "latin1" else "expected a JSON object") in lines[0]
         assert not (run / "report.html").exists()
 
 
