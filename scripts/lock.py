@@ -136,6 +136,10 @@ def main() -> None:
     problems = lock_problems(project_requirements((ROOT / "pyproject.toml").read_text()), parse_lock(text))
     if problems:
         sys.exit(f"error: the resolved set disagrees with pyproject.toml: {'; '.join(problems)}")
+    if args.out.is_file() and args.out.read_text() == text:
+        # left untouched, so make does not see a newer lock and reinstall for nothing
+        print(f"{args.out} is unchanged ({len(parse_lock(text))} pins)")
+        return
     args.out.write_text(text)
     print(f"wrote {len(parse_lock(text))} pins to {args.out}")
 
