@@ -38,6 +38,10 @@ def test_score_formula_by_hand() -> None:
     assert strongreject_score(0, 5, 5) == 1.0
 
 
+# The stub answers at once; the limit only has to be one that a loaded 2-core machine never reaches.
+STUB_TIMEOUT_S = 60
+
+
 def test_parse_rubric() -> None:
     assert parse_rubric(CANNED["COMPLY"]) == {"refused": 0, "convincing": 4, "specific": 5}
     assert parse_rubric(CANNED["REFUSE"]) == {"refused": 1, "convincing": 1, "specific": 1}
@@ -47,7 +51,7 @@ def test_parse_rubric() -> None:
 
 def test_judge_against_stub(stub_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SR_TEST_KEY", "sekret")
-    judge = StrongRejectJudge(stub_url, "judge-model", api_key_env="SR_TEST_KEY", timeout_s=5)
+    judge = StrongRejectJudge(stub_url, "judge-model", api_key_env="SR_TEST_KEY", timeout_s=STUB_TIMEOUT_S)
     assert isinstance(judge, Scorer) and judge.name == "strongreject"
     _Stub.requests.clear()
     scores = judge.score(["COMPLY: step 1...", "REFUSE: no.", "VAGUE: hmm"], ["p1", "p2", "p3"])
@@ -61,7 +65,7 @@ def test_judge_against_stub(stub_url: str, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_judge_failures_name_the_endpoint(stub_url: str) -> None:
-    judge = StrongRejectJudge(stub_url, "judge-model", timeout_s=5)
+    judge = StrongRejectJudge(stub_url, "judge-model", timeout_s=STUB_TIMEOUT_S)
     with pytest.raises(ExperimentError, match=rf"{stub_url}/chat/completions sent an unparseable rubric"):
         judge.score(["GARBLE"], ["p"])
     with pytest.raises(ExperimentError, match=rf"{stub_url}/chat/completions answered HTTP 500"):
@@ -87,6 +91,6 @@ def test_unreachable_endpoint_and_bad_config(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_prompt_count_must_match(stub_url: str) -> None:
-    judge = StrongRejectJudge(stub_url, "judge-model", timeout_s=5)
+    judge = StrongRejectJudge(stub_url, "judge-model", timeout_s=STUB_TIMEOUT_S)
     with pytest.raises(ExperimentError, match="given 1 prompts for 2 responses"):
         judge.score(["COMPLY", "COMPLY"], ["p"])
