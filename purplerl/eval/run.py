@@ -18,9 +18,11 @@ from typing import Any
 from purplerl.errors import UserError
 from purplerl.eval.choice import NO_CHOICE
 from purplerl.eval.suites import SUITES, HarmJudges, diversity_suite, harm_suite, table, utility_suite
+from purplerl.files import read_json_object, read_jsonl, safe_file_stem
 from purplerl.types import PromptRecord
 
 BASE_LABEL = "base"
+DEVICES = ("auto", "cpu", "cuda")
 # Settings a generations file depends on: a rerun into the same OUT must match them, or it would mix samples.
 GENERATION_KEYS = ("model", "prompts", "split", "limit", "n", "max_new_tokens", "temperature", "top_p", "seed",
                    "batch_size", "prompt_field")
@@ -60,9 +62,14 @@ class EvalSettings:
 
 
 def validate(s: EvalSettings) -> dict[str, str | None]:
-    """Check the settings before any model loads; return the targets as {label: adapter dir or None}."""
+    """Check the settings before any model loads or any file is written; return the targets as
+    {label: adapter dir or None}. Labels name files (generations/<label>.jsonl), so they are safe file stems."""
+    from purplerl.engines.loading import read_adapter_config, resolve_device
+
     checks = [(s.n >= 1, "--n must be >= 1"), (s.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
-              (s.temperature >= 0.0, "--temperature must be >= 0"), (0.0 < s.top_p <= 1.0, "--top-p must be in (0, 1]"),
+              (math.isfinite(s.temperature) and s.temperature >= 0.0, "--temperature must be a finite number >= 0"),
+              (0.0 < s.top_p <= 1.0, "--top-p must be in (0, 1]"),
+              (s.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got '{s.device}'"),
               (s.batch_size >= 1, "--batch-size must be >= 1"),
               (s.limit is None or s.limit >= 1, "--limit must be >= 1"),
               (0.0 <= s.harm_threshold <= 1.0, "--harm-threshold must be in [0, 1]"),
@@ -74,16 +81,16 @@ def validate(s: EvalSettings) -> dict[str, str | None]:
     unknown = [name for name in s.suites if name not in SUITES]
     if unknown or not s.suites:
         raise UserError(f"unknown suite '{unknown[0] if unknown else ''}' (available: {', '.join(SUITES)})")
+    resolve_device(s.device)  # 'cuda' on a machine without one fails here, not after generation.json exists
     _validate_judges(s)
     targets: dict[str, str | None] = {BASE_LABEL: None}
     for checkpoint in map(Path, s.checkpoints):
         if not checkpoint.is_dir():
             raise UserError(f"checkpoint dir not found: {checkpoint}")
-        if not (checkpoint / "adapter_config.json").is_file():
-            raise UserError(f"{checkpoint} is not a PEFT adapter dir (no adapter_config.json)")
-        label = checkpoint.resolve().name
+        read_adapter_config(checkpoint, "checkpoint")
+        label = safe_file_stem(checkpoint.resolve().name)
         if label in targets:
-            label = f"{checkpoint.resolve().parent.name}-{label}"
+            label = safe_file_stem(f"{checkpoint.resolve().parent.name}-{checkpoint.resolve().name}")
         if label in targets:
             raise UserError(f"two targets would share the label '{label}': give checkpoints distinct dir names")
         targets[label] = str(checkpoint)
@@ -126,29 +133,30 @@ def load_eval_prompts(s: EvalSettings) -> list[PromptRecord]:
 
 
 def _check_same_generation(s: EvalSettings, out: Path) -> None:
+    """Refuse an OUT whose generations were made with other settings; writes nothing."""
     path = out / "generation.json"
-    wanted = {key: getattr(s, key) for key in GENERATION_KEYS}
     if path.is_file():
-        saved = json.loads(path.read_text())
-        changed = [key for key in GENERATION_KEYS if saved.get(key) != wanted[key]]
+        saved = read_json_object(path)
+        changed = [key for key in GENERATION_KEYS if saved.get(key) != getattr(s, key)]
         if changed:
             raise UserError(f"{out} holds generations made with other settings ({', '.join(changed)}): "
                             "use another --out or the same settings")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(wanted, indent=1))
+
+
+def _record_generation(s: EvalSettings, out: Path) -> None:
+    """Write OUT/generation.json just before the first sample is: a run that fails earlier (a bad device, a
+    model that does not load) leaves nothing that would refuse the corrected rerun."""
+    path = out / "generation.json"
+    if not path.is_file():
+        (out / "generations").mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({key: getattr(s, key) for key in GENERATION_KEYS}, indent=1))
 
 
 def read_generations(path: Path, prompts: list[PromptRecord], n: int) -> list[dict[str, Any]]:
     """The rows of the whole prompts already in `path`, checked against `prompts`; a cut tail is dropped."""
     if not path.is_file():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut by a kill, and everything after it, is generated again
+    rows = read_jsonl(path, cut_tail=True)  # a line cut by a kill is generated again
     rows = rows[: len(rows) // n * n]
     if len(rows) > len(prompts) * n:
         raise UserError(f"{path} holds more samples than {len(prompts)} prompts x {n}: use another --out")
@@ -202,18 +210,18 @@ class _Target:
 def generate(target: _Target, prompts: list[PromptRecord], path: Path, start: int, advance: Any) -> None:
     """Append samples for prompts[start:] to `path`, one batch at a time, calling advance() per batch."""
     s = target.s
-    with path.open("a") as sink:
-        for first in range(start, len(prompts), s.batch_size):
-            batch = prompts[first:first + s.batch_size]
-            groups = target.sample(batch, s.n, s.max_new_tokens, s.temperature, s.seed + first)
+    for first in range(start, len(prompts), s.batch_size):
+        batch = prompts[first:first + s.batch_size]
+        groups = target.sample(batch, s.n, s.max_new_tokens, s.temperature, s.seed + first)
+        _record_generation(s, path.parent.parent)
+        with path.open("a") as sink:
             for offset, (record, texts) in enumerate(zip(batch, groups, strict=True)):
                 for k, text in enumerate(texts):
                     row = {"uid": record.uid, "prompt_index": first + offset, "sample": k,
                            "category": record.category, "prompt": record.messages[-1]["content"],
                            "completion": text}
                     sink.write(json.dumps(row) + "\n")
-            sink.flush()
-            advance()
+        advance()
 
 
 def run_eval(s: EvalSettings, console: Any = None) -> dict[str, Any]:
@@ -228,14 +236,13 @@ def run_eval(s: EvalSettings, console: Any = None) -> dict[str, Any]:
                         strongreject_key_env=s.strongreject_key_env) if "harm" in s.suites else None
     out = Path(s.out)
     _check_same_generation(s, out)
-    (out / "generations").mkdir(exist_ok=True)
     targets = [_Target(s, label, adapter) for label, adapter in labels.items()]
     starts = {}
     for t in targets:
         path = out / "generations" / f"{t.label}.jsonl"
         kept = read_generations(path, prompts, s.n)
-        if path.is_file() and len(kept) != len(path.read_text().splitlines()):
-            _rewrite(path, kept)  # drop the cut tail before appending
+        if path.is_file() and path.read_bytes() != "".join(json.dumps(row) + "\n" for row in kept).encode():
+            _rewrite(path, kept)  # drop a cut tail (and a missing last newline) before appending
         starts[t.label] = len(kept) // s.n
     total = sum(math.ceil((len(prompts) - starts[t.label]) / s.batch_size) for t in targets)
     results: dict[str, dict[str, Any]] = {}
@@ -252,6 +259,7 @@ def run_eval(s: EvalSettings, console: Any = None) -> dict[str, Any]:
             t._engine = None  # free the weights before the next target loads
     result = {"config": {**asdict(s), "targets": labels, "judges": judges.describe() if judges else {}},
               "targets": results, "samples": samples}
+    out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(result, indent=1))
     (out / "report.html").write_text(eval_html(result))
     return result

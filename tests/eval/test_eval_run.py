@@ -14,6 +14,7 @@ import pytest
 from purplerl.errors import UserError
 from purplerl.eval.run import EvalSettings, read_generations, validate
 from purplerl.eval.suites import parse_suites, table
+from purplerl.files import safe_file_stem
 from purplerl.types import PromptRecord
 
 LIMIT, N = 4, 2
@@ -139,6 +140,43 @@ def test_user_mistakes_are_one_line_errors_with_exit_2(tiny_model_dir: Path, tmp
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr
 
 
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    return lines[0]
+
+
+def test_bad_input_is_one_line_and_writes_nothing_into_out(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Each mistake is found before anything is written, so the corrected rerun into the same --out runs."""
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"prompt": "one"}\n{"prompt": "two"}\n\xff\xfe{"prompt": "three"}\n')
+    adapters = {"invalid-json": b'{"peft_type": "LORA", "r": 8', "wrong-type": b'{"peft_type": "LORA", "r": true}'}
+    for name, config in adapters.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_config.json").write_bytes(config)
+        (tmp_path / name / "adapter_model.safetensors").write_bytes(b"")
+    cases = {
+        "device": (["--device", "tpu"], "--device must be one of auto, cpu, cuda, got 'tpu'"),
+        "prompts": (["--prompts", latin1], f"{latin1}:3: line 3 is not UTF-8"),
+        "invalid-json": (["--checkpoint", tmp_path / "invalid-json"], "adapter_config.json:1: invalid JSON"),
+        "wrong-type": (["--checkpoint", tmp_path / "wrong-type"], "field 'r' must be a positive integer, got true"),
+        "model": (["--model", tmp_path / "no-such-model"], "no-such-model"),
+    }
+    outs = {name: tmp_path / f"out-{name}" for name in cases}
+    procs = {name: start(*(["--model", tiny_model_dir] if name != "model" else []), "--out", outs[name], *FAST,
+                         *args, cache=tmp_path / "cache") for name, (args, _) in cases.items()}
+    for name, proc in procs.items():
+        line = _one_line_error(finish(proc))
+        assert cases[name][1] in line, (name, line)
+        assert not outs[name].exists(), (name, sorted(outs[name].rglob("*")))
+    fixed = finish(start("--model", tiny_model_dir, "--out", outs["device"], "--suite", "diversity", "--limit", "2",
+                         "--n", "1", "--max-new-tokens", "4", "--device", "cpu", cache=tmp_path / "cache"))
+    assert fixed.returncode == 0, fixed.stderr
+    assert json.loads((outs["device"] / "generation.json").read_text())["limit"] == 2
+    assert len(rows_of(outs["device"] / "generations" / "base.jsonl")) == 2
+
+
 def test_read_generations_drops_a_cut_tail_and_refuses_other_prompts(tmp_path: Path) -> None:
     prompts = [PromptRecord(messages=({"role": "user", "content": f"p{i}"},), uid=f"u{i}") for i in range(3)]
     path = tmp_path / "g.jsonl"
@@ -149,6 +187,9 @@ def test_read_generations_drops_a_cut_tail_and_refuses_other_prompts(tmp_path: P
     assert read_generations(tmp_path / "missing.jsonl", prompts, 2) == []
     with pytest.raises(UserError, match="line 1 is not sample 0 of prompt 'other'"):
         read_generations(path, [PromptRecord(messages=(), uid="other")] + prompts, 2)
+    path.write_text(json.dumps(whole[0]) + "\n[1, 2]\n" + json.dumps(whole[1]) + "\n")
+    with pytest.raises(UserError, match="g.jsonl:2: expected a JSON object, got an array"):
+        read_generations(path, prompts, 2)
 
 
 def test_validate_labels_targets_and_refuses_bad_settings(adapter: Path, tmp_path: Path) -> None:
@@ -160,6 +201,16 @@ def test_validate_labels_targets_and_refuses_bad_settings(adapter: Path, tmp_pat
     assert list(labels) == ["base", "step_000001", "other-step_000001"]
     with pytest.raises(UserError, match="--top-p"):
         validate(EvalSettings(model="m", top_p=0.0))
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(UserError, match="--temperature must be a finite number"):
+            validate(EvalSettings(model="m", temperature=bad))
+    with pytest.raises(UserError, match="--device must be one of auto, cpu, cuda, got 'tpu'"):
+        validate(EvalSettings(model="m", device="tpu"))
+    # labels name generations/<label>.jsonl, so a dir name that is no safe file name is made one
+    odd = tmp_path / "run; rm -rf ~" / "..step 1"
+    shutil.copytree(adapter, odd)
+    label = list(validate(EvalSettings(model="m", checkpoints=(str(odd),))))[1]
+    assert label == safe_file_stem("..step 1") and "/" not in label and not label.startswith(".")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no adapter_config.json"):
         validate(EvalSettings(model="m", checkpoints=(str(tmp_path / "empty"),)))
