@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from purplerl.errors import UserError
-from purplerl.files import plain_name_problem, read_text
+from purplerl.files import plain_name_problem, read_text, unicode_problem
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 # the reward server's API key comes from this env var only: a key must never land in a saved config.yaml
@@ -49,6 +49,9 @@ class Section(BaseModel):
                              f"as booleans){hint}")
         if isinstance(value, int | float) and not isinstance(value, bool) and admitted <= {str, type(None)}:
             raise ValueError(f"expected text, got the number {value!r}: quote the value in YAML")
+        problem = unicode_problem(value) if isinstance(value, str) else None
+        if problem:  # it could never be written to config.yaml nor tokenized
+            raise ValueError(f"the text {problem}")
         return value
 
 

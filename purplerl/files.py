@@ -39,6 +39,17 @@ def plain_name_problem(name: str) -> str | None:
     return None
 
 
+def unicode_problem(text: str) -> str | None:
+    """Why `text` cannot be encoded as UTF-8, or None. JSON's "\\ud800" escape and non-UTF-8 bytes on a
+    command line (which Python keeps as surrogates) give strings that tokenizers and file writes reject."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return (f"holds {text[err.start]!r} at character {err.start + 1}, a lone surrogate that is no character "
+                "(bytes that are not UTF-8, or a broken \\u escape)")
+    return None
+
+
 def safe_file_stem(text: str) -> str:
     """A file name stem for `text` that stays inside its directory: `text` itself when it is already safe,
     else its safe characters plus a short hash of `text`, so two different texts never share a file."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from purplerl.errors import UserError
+from purplerl.files import unicode_problem
 from purplerl.types import PromptRecord
 
 if TYPE_CHECKING:
@@ -25,6 +26,9 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, record: PromptRecord, temp
     if max_prompt_tokens < 1:
         raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
     text = _render(tokenizer, record, template, system_prompt)
+    problem = unicode_problem(text)
+    if problem:  # the tokenizer would raise a bare TypeError
+        raise UserError(f"prompt '{record.uid}' {problem}")
     # The chat template already writes any BOS it wants into the text; encoding with special tokens
     # would add a second one.
     ids = list(tokenizer.encode(text, add_special_tokens=False))

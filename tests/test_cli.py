@@ -87,6 +87,9 @@ MISTAKES = {
     "steps-yes": (["attack", "--steps", "yes"], "config field 'training.steps': expected an integer, got a boolean"),
     "nan-early-stop": (["attack", "--training.early_stop_toxicity", ".nan"], "training.early_stop_toxicity"),
     "inf-timeout": (["attack", "--reward.toxicity.timeout_s", ".inf"], "reward.toxicity.timeout_s"),
+    "sample-inf": (["sample", "--prompt", "hi", "--temperature", "inf"], "--temperature and --top-p must be finite"),
+    # a byte that is not UTF-8 on the command line reaches Python as a lone surrogate
+    "sample-not-utf8": (["sample", "--prompt", os.fsdecode(b"caf\xe9")], "lone surrogate"),
 }
 # adapter_config.json files that PEFT would fail on with a TypeError or KeyError deep in its loader
 BAD_ADAPTER_CONFIGS = {

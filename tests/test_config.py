@@ -418,3 +418,9 @@ def test_config_file_that_is_not_utf8_names_file_and_line(tmp_path: Path):
     path.write_bytes(b"training:\n  steps: 2\ndata:\n  system_prompt: caf\xe9\n")
     msg = _error(path)
     assert msg == f"{path}:4: line 4 is not UTF-8 text (byte 0xe9 at column 21); save the file as UTF-8"
+
+
+def test_text_that_is_not_unicode_is_refused():
+    # a byte that is not UTF-8 on the command line arrives as a lone surrogate: config.yaml could not hold it
+    msg = _error(None, ["--system_prompt", "caf\udce9"])
+    assert msg.startswith("config field 'data.system_prompt': the text holds '\\udce9' at character 4")

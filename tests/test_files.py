@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from purplerl.errors import UserError
-from purplerl.files import plain_name_problem, read_json, read_json_object, read_jsonl, read_text, safe_file_stem
+from purplerl.files import (
+    plain_name_problem,
+    read_json,
+    read_json_object,
+    read_jsonl,
+    read_text,
+    safe_file_stem,
+    unicode_problem,
+)
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -93,3 +101,8 @@ def test_plain_name_problem_refuses_paths(name: str):
 @pytest.mark.parametrize("name", ["r1", "007", "_x", "attack_m_lr1e-05_kl0.1_s0", "a+b=c,d@e", "x" * 128])
 def test_plain_name_problem_accepts_plain_names(name: str):
     assert plain_name_problem(name) is None
+
+
+def test_unicode_problem_finds_lone_surrogates():
+    assert unicode_problem("caf\u00e9 \u2028 \U0001f600") is None
+    assert unicode_problem("ab\ud800c").startswith("holds '\\ud800' at character 3, a lone surrogate")

@@ -101,6 +101,14 @@ def test_bad_arguments(tiny_tokenizer):
         render_prompt(tiny_tokenizer, RECORD, "raw", None, 8)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("template", ["chat", "base"])
+def test_lone_surrogate_is_a_user_error_not_a_tokenizer_type_error(tiny_tokenizer, template):
+    # `sample --system_prompt` with a byte that is not UTF-8 arrives as a surrogate; so can a record built in code
+    record = PromptRecord(messages=({"role": "user", "content": "hi"},), uid="r7")
+    with pytest.raises(UserError, match=r"prompt 'r7' holds '\\udce9' at character \d+, a lone surrogate"):
+        render_prompt(tiny_tokenizer, record, template, system_prompt="caf\udce9", max_prompt_tokens=64)
+
+
 def test_tiny_tokenizer_is_deterministic(tiny_tokenizer):
     assert make_tiny_tokenizer().get_vocab() == tiny_tokenizer.get_vocab()
     assert tiny_tokenizer.eos_token == tiny_tokenizer.pad_token == "<|im_end|>"

@@ -20,7 +20,7 @@ from typing import Any
 
 from purplerl.config import DataConfig
 from purplerl.errors import UserError
-from purplerl.files import read_json, read_jsonl
+from purplerl.files import read_json, read_jsonl, unicode_problem
 from purplerl.types import PromptRecord
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -260,6 +260,7 @@ def _to_messages(prompt: Any, where: str) -> tuple[dict[str, str], ...]:
     if isinstance(prompt, str):
         if not prompt.strip():
             raise UserError(f"{where}: empty prompt")
+        _check_unicode(prompt, where)
         return ({"role": "user", "content": prompt},)
     if not isinstance(prompt, list) or not prompt:
         raise UserError(f"{where}: expected a string or a list of {{role, content}} messages, "
@@ -268,11 +269,20 @@ def _to_messages(prompt: Any, where: str) -> tuple[dict[str, str], ...]:
     for msg in prompt:
         if not (isinstance(msg, dict) and isinstance(msg.get("role"), str) and isinstance(msg.get("content"), str)):
             raise UserError(f"{where}: every message needs string 'role' and 'content', got {str(msg)[:80]}")
+        _check_unicode(msg["role"], where)
+        _check_unicode(msg["content"], where)
         messages.append({"role": msg["role"], "content": msg["content"]})
     if messages[-1]["role"] != "user":
         # The policy answers the prompt, so the conversation must end on the user's turn.
         raise UserError(f"{where}: the last message must have role 'user', got '{messages[-1]['role']}'")
     return tuple(messages)
+
+
+def _check_unicode(text: str, where: str) -> None:
+    # found here, the file and row are named; found by the tokenizer, it is a TypeError mid-run
+    problem = unicode_problem(text)
+    if problem:
+        raise UserError(f"{where}: the text {problem}")
 
 
 def _category(row: dict[str, Any], category_field: str | None) -> str:

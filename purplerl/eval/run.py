@@ -261,7 +261,7 @@ def run_eval(s: EvalSettings, console: Any = None) -> dict[str, Any]:
               "targets": results, "samples": samples}
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(result, indent=1))
-    (out / "report.html").write_text(eval_html(result))
+    (out / "report.html").write_text(eval_html(result), encoding="utf-8")
     return result
 
 

@@ -9,6 +9,7 @@ from purplerl.config import EMBEDDED_MODEL, Config, build_config, read_config_fi
 from purplerl.engines import make_engine
 from purplerl.engines.loading import read_adapter_config
 from purplerl.errors import UserError
+from purplerl.files import unicode_problem
 from purplerl.prompting import render_prompt
 from purplerl.types import PromptRecord, SamplingParams
 
@@ -25,6 +26,9 @@ def generate(prompts: list[str], *, checkpoint: Path | None, model: str | None, 
         raise UserError("give at least one --prompt")
     if not (math.isfinite(temperature) and math.isfinite(top_p)):
         raise UserError("--temperature and --top-p must be finite numbers")
+    for text in prompts:
+        if unicode_problem(text):
+            raise UserError(f"--prompt {text!r} {unicode_problem(text)}")
     run_cfg = None
     if checkpoint is not None:
         adapter_base = read_adapter_config(checkpoint, "checkpoint").get("base_model_name_or_path")

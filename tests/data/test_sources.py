@@ -318,6 +318,9 @@ def test_empty_file(tmp_path):
     ({"prompt": [{"role": "user"}]}, "every message needs string 'role' and 'content'"),
     ({"prompt": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
      "last message must have role 'user', got 'assistant'"),
+    # JSON's \\ud800 escape decodes to a lone surrogate, which the tokenizer refuses with a bare TypeError
+    ({"prompt": "hi \ud800"}, r"row 0, field 'prompt': the text holds '\\ud800' at character 4, a lone surrogate"),
+    ({"prompt": [{"role": "user", "content": "x\udcff"}]}, "row 0, field 'prompt': the text holds '\\\\udcff'"),
 ])
 def test_bad_prompt_values(tmp_path, row, message):
     path = write_jsonl(tmp_path / "r.jsonl", [row])
