@@ -28,7 +28,7 @@ from purplerl.train.checkpoint import (
     write_bytes_durably,
 )
 from purplerl.train.loop import LoopParts, RewardFn, run_loop
-from purplerl.train.sinks import JsonlSink, last_logged_step, read_jsonl, truncate_after_step
+from purplerl.train.sinks import last_logged_step, truncate_after_step
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
@@ -92,7 +92,8 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def resume_point(run_dir: Path, restart: bool, notify: Callable[[str], None] = _warn) -> Path | None:
+def resume_point(run_dir: Path, restart: bool, save_every: int,
+                 notify: Callable[[str], None] = _warn) -> Path | None:
     """The checkpoint a resume continues from (None: from step 1), checked before anything is touched."""
     checkpoint, skipped = newest_intact(run_dir)
     if checkpoint is not None:
@@ -109,6 +110,11 @@ def resume_point(run_dir: Path, restart: bool, notify: Callable[[str], None] = _
         raise UserError(f"no intact checkpoint in {run_dir / CHECKPOINTS} ({describe_skipped(skipped)}); "
                         f"start the run again from step 1 with --resume {run_dir} --restart")
     logged = last_logged_step(run_dir / METRICS_FILE)
+    if logged and logged <= save_every:
+        # the loop logs no step past the first checkpoint before that checkpoint is in place: nothing was lost
+        notify(f"warning: {run_dir} stopped at step {logged}, before its first checkpoint (step {save_every}) "
+               f"was complete; starting it again from step 1")
+        return None
     if logged:
         raise UserError(f"{run_dir} has logs up to step {logged} but no checkpoint to continue from; start it "
                         f"again from step 1 with --resume {run_dir} --restart (its logs are then replaced)")
@@ -121,18 +127,34 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _history(run_dir: Path) -> list[dict[str, Any]]:
+    """The config history rows (a torn last line, from a kill mid-write of an older purplerl, is dropped)."""
+    path = run_dir / HISTORY_FILE
+    rows = []
+    lines = path.read_text().splitlines() if path.is_file() else []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise UserError(f"{path} line {i + 1} is not JSON; repair or remove it to resume") from None
+    return rows
+
+
 def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[str, list[Any]] | None,
                   restarted: bool = False) -> None:
-    """Append the resolved config in force from `from_step` to the history and rewrite config.yaml, whose
-    header lists every resume that changed a setting: config.yaml always describes what ran."""
+    """Add the resolved config in force from `from_step` to the history and rewrite config.yaml, whose header
+    lists every resume that changed a setting: config.yaml always describes what ran. Both files are replaced
+    in one rename each, so a kill leaves the old version or the new one."""
     row: dict[str, Any] = {"from_step": from_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if changed is not None:
         row["changed"] = changed
     if restarted:
         row["restarted"] = True
-    JsonlSink(run_dir / HISTORY_FILE).write([{**row, "config": config.model_dump(mode="json")}])
+    history = (_history(run_dir) if changed is not None or restarted else []) + [
+        {**row, "config": config.model_dump(mode="json")}]
     header = []
-    for past in read_jsonl(run_dir / HISTORY_FILE):
+    for past in history:
         if past.get("restarted"):
             header = [f"# restarted from step 1 at {past['time']}"]
         for key, (old, value) in (past.get("changed") or {}).items():
@@ -141,6 +163,7 @@ def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[s
         header.insert(0, f"# the settings below are in force from the last resume on; every segment's full config "
                          f"is in {HISTORY_FILE}")
     _write_atomically(run_dir / CONFIG_FILE, "".join(line + "\n" for line in header) + commented_yaml(config))
+    _write_atomically(run_dir / HISTORY_FILE, "".join(json.dumps(r) + "\n" for r in history))
 
 
 def execute_run(config: Config, run_dir: Path, resume: bool,
@@ -154,10 +177,11 @@ def execute_run(config: Config, run_dir: Path, resume: bool,
     start_step, checkpoint, changed = 1, None, None
     if resume:
         changed = resume_changes(build_config(read_config_file(run_dir / CONFIG_FILE)), config)
-        checkpoint = resume_point(run_dir, restart, notify)
+        checkpoint = resume_point(run_dir, restart, config.run.save_every, notify)
         if checkpoint is not None:
             state = read_state(checkpoint)
             if state.get("stop_reason") or state["step"] >= config.training.steps:
+                remove_stale(run_dir)  # e.g. an old checkpoint whose removal the kill interrupted
                 return {"last_step": state["step"], "stop_reason": state.get("stop_reason") or "completed all steps",
                         "run_dir": str(run_dir), "resumed_from": str(checkpoint), "nothing_to_do": True}
             start_step = state["step"] + 1

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from purplerl.errors import ExperimentError
 from purplerl.train.sinks import JsonlSink, read_jsonl, truncate_after_step
 
 
@@ -32,11 +35,21 @@ def test_truncate_after_step_drops_later_steps_and_a_cut_line(tmp_path: Path) ->
 
 def test_truncate_keeps_every_complete_step_but_not_the_cut_line(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 1}\n\n{"step": 2}\n{"no_step": true}\n{"step": 2, "rew')
+    path.write_text('{"step": 1}\n\n{"step": 2}\n{"step": 2, "rew')
     truncate_after_step(path, 10)
     assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
     truncate_after_step(path, 0)
     assert path.read_text() == ""
+    assert not (tmp_path / "metrics.jsonl.tmp").exists()
+
+
+def test_a_damaged_line_before_the_last_stops_the_cut_and_keeps_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    text = '{"step": 1}\n{"no_step": true}\n{"step": 2}\n'
+    path.write_text(text)
+    with pytest.raises(ExperimentError, match="metrics.jsonl line 2 is not a log record"):
+        truncate_after_step(path, 1)
+    assert path.read_text() == text
 
 
 def test_truncate_of_a_missing_file_is_a_no_op(tmp_path: Path) -> None:
