@@ -96,7 +96,7 @@ def _number(value: Any) -> float | None:
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer beyond float range
         return None
     return number if math.isfinite(number) else None
 
@@ -173,7 +173,11 @@ def _plots(run_dir: Path, metrics: list[dict[str, Any]], names: list[str]) -> li
         series = {k: v for k, v in series.items() if any(x is not None for x in v)}
         if not series:
             continue
-        png = plot_png(steps, series, family)
+        try:
+            png = plot_png(steps, series, family)
+        except (ValueError, OverflowError) as err:  # values near the float limits: matplotlib cannot lay out axes
+            raise UserError(f"cannot plot '{family}' of {run_dir / 'metrics.jsonl'}: {str(err).strip()[:200]} "
+                            "(values out of plotting range?)") from None
         (plots_dir / f"{safe_file_stem(family)}.png").write_bytes(png)
         images.append(image(png, f"{family} over training steps"))
     return images

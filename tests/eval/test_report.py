@@ -206,3 +206,15 @@ def test_report_renders_in_headless_chromium(tmp_path):
     console = [line for line in dom.stderr.splitlines()
                if "Uncaught" in line or ("CONSOLE" in line and "report.html" in line)]
     assert console == []
+
+
+def test_values_beyond_plotting_range_are_one_line(tmp_path):
+    run = make_run(tmp_path, steps=3)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows[0]["toxicity/mean"] = 10**400  # JSON integers have no limit; float() of this one overflows
+    _write_jsonl(run / "metrics.jsonl", rows)
+    assert training_report(run).is_file()
+    rows[0]["reward/mean"], rows[1]["reward/mean"] = 1e308, -1e308
+    _write_jsonl(run / "metrics.jsonl", rows)
+    with pytest.raises(UserError, match=r"cannot plot 'reward' of .*metrics.jsonl: .*out of plotting range"):
+        training_report(run)
