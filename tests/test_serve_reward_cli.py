@@ -106,8 +106,11 @@ def test_server_killed_mid_training_stops_the_run_and_resume_finishes(tiny_model
         deadline = time.monotonic() + 120
         while metrics_lines(run_dir) < 1 and attack.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
+        # the attack is paused while the server dies, so it cannot finish its last steps in between
+        attack.send_signal(signal.SIGSTOP)
         server.send_signal(signal.SIGKILL)
         server.wait()
+        attack.send_signal(signal.SIGCONT)
         code, _, err = finish(attack)
         assert code == 1, err
         line = one_error_line(err)
