@@ -112,12 +112,13 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
 def read_jsonl(path: str | Path, *, cut_tail: bool = False) -> list[dict[str, Any]]:
     """The objects of a JSONL file, one per non-blank line.
 
-    `cut_tail=True` is for files this project appends objects to: a last line that does not parse is a
-    write cut short by a kill, and is dropped instead of refused. A bad line before it still is refused.
+    `cut_tail=True` is for files this project appends objects to, one whole line per write: a last line
+    without its newline that does not parse is a write cut short by a kill, and is dropped instead of
+    refused. A bad line that did get its newline was written whole, so it is refused either way.
     """
     path = Path(path)
     lines = _read_bytes(path).split(b"\n")
-    last = max((i for i, raw in enumerate(lines, start=1) if raw.strip()), default=0)
+    last = len(lines)  # after a final newline this is the empty string, which always parses as blank
     rows: list[dict[str, Any]] = []
     for lineno, raw in enumerate(lines, start=1):
         try:

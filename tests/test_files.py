@@ -45,13 +45,14 @@ def test_read_jsonl_errors_name_file_and_line(tmp_path: Path, data: bytes, messa
     assert str(info.value).startswith(f"{path}{message}"), str(info.value)
 
 
-def test_cut_tail_drops_only_a_bad_last_line(tmp_path: Path):
+def test_cut_tail_drops_only_an_unfinished_last_line(tmp_path: Path):
     cut = _write(tmp_path / "cut.jsonl", b'{"a": 1}\n{"a": 2}\n{"a": "\xc3')
     assert read_jsonl(cut, cut_tail=True) == [{"a": 1}, {"a": 2}]
     with pytest.raises(UserError, match=":3: line 3 is not UTF-8"):
         read_jsonl(cut)
-    assert read_jsonl(_write(tmp_path / "nl.jsonl", b'{"a": 1}\n{"a": \n\n'), cut_tail=True) == [{"a": 1}]
-    # a bad line with whole lines after it was not cut by a kill: refused even with cut_tail
+    # a bad line that did get its newline was written whole: refused even with cut_tail
+    with pytest.raises(UserError, match=":2: invalid JSON"):
+        read_jsonl(_write(tmp_path / "nl.jsonl", b'{"a": 1}\n{"a": \n'), cut_tail=True)
     middle = _write(tmp_path / "middle.jsonl", b'{"a": 1}\n{"a": \n{"a": 3}\n')
     with pytest.raises(UserError, match=":2: invalid JSON"):
         read_jsonl(middle, cut_tail=True)

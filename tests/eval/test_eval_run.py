@@ -67,8 +67,8 @@ def evaluated(tiny_model_dir: Path, adapter: Path, tmp_path_factory: pytest.Temp
     handmade = rows_of(out / "generations" / "base.jsonl")[:N + 1]
     for row in handmade[:N]:
         row["completion"] = "HANDWRITTEN"
-    lines = [json.dumps(row) for row in handmade] + ['{"uid": "cut']
-    (partial / "generations" / "base.jsonl").write_text("\n".join(lines) + "\n")
+    lines = [json.dumps(row) for row in handmade] + ['{"uid": "cut']  # a kill leaves no newline after a cut line
+    (partial / "generations" / "base.jsonl").write_text("\n".join(lines))
     mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "generations").iterdir()}
     again = start("--model", tiny_model_dir, "--checkpoint", adapter, "--out", out, *FAST, cache=cache)
     resumed = start("--model", tiny_model_dir, "--suite", "diversity", "--out", partial, *FAST, cache=cache)
