@@ -8,28 +8,20 @@ naming the field. The resolved config is written into each run directory.
 from __future__ import annotations
 
 import json
-import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from purplerl.errors import UserError
-from purplerl.files import plain_name_problem, read_text, unicode_problem
+from purplerl.files import plain_name_problem, read_text
+from purplerl.scalars import admitted_types, value_problem
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 # the reward server's API key comes from this env var only: a key must never land in a saved config.yaml
 API_KEY_ENV = "PURPLERL_REWARD_API_KEY"
-
-
-def _plain_types(annotation: Any) -> set[Any]:
-    """The value types a field admits: `int | None` -> {int, NoneType}; anything else (a Literal, a section,
-    a dict, Any) stands for itself, and pydantic's own message for it is clear."""
-    if get_origin(annotation) in (Union, types.UnionType):
-        return set().union(*(_plain_types(arg) for arg in get_args(annotation)))
-    return {annotation}
 
 
 class Section(BaseModel):
@@ -39,26 +31,12 @@ class Section(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_yaml_type_punning(cls, value: Any, info: Any) -> Any:
-        """YAML reads `yes`/`on`/`true` as booleans and `007` as a number; pydantic would then take True as
-        the int 1 (`--steps yes` -> 1 step) and refuse the number for a text field without saying why."""
-        admitted = _plain_types(cls.model_fields[info.field_name].annotation)
-        if isinstance(value, bool) and bool not in admitted and admitted & {int, float, str}:
-            hint = "; quote text that YAML reads as a boolean ('yes')" if str in admitted else ""
-            raise ValueError(f"expected {_kind_of(admitted)}, got a boolean (YAML reads yes/no/on/off/true/false "
-                             f"as booleans){hint}")
-        if isinstance(value, int | float) and not isinstance(value, bool) and admitted <= {str, type(None)}:
-            raise ValueError(f"expected text, got the number {value!r}: quote the value in YAML")
-        problem = unicode_problem(value) if isinstance(value, str) else None
-        if problem:  # it could never be written to config.yaml nor tokenized
-            raise ValueError(f"the text {problem}")
+    def _no_yaml_retyping(cls, value: Any, info: Any) -> Any:
+        """`--steps yes` is an error, not one step (purplerl.scalars)."""
+        problem = value_problem(value, cls.model_fields[info.field_name].annotation)
+        if problem:
+            raise ValueError(problem)
         return value
-
-
-def _kind_of(admitted: set[Any]) -> str:
-    if str in admitted:
-        return "text or a number" if admitted & {int, float} else "text"
-    return "a number" if float in admitted else "an integer"
 
 
 class ModelConfig(Section):
@@ -362,7 +340,7 @@ def _parse_value(text: str, dotted: str) -> Any:
     annotation = _leaf_annotation(dotted)
     if value is not None and annotation in (str, str | None):
         return text
-    admitted = _plain_types(annotation)
+    admitted = admitted_types(annotation)
     if isinstance(value, bool) and str in admitted and bool not in admitted:
         return text  # `--reward.toxicity.label yes` names a label; it is not the index True == 1
     return value

@@ -2,7 +2,7 @@
 
 Every reader here fails with one `UserError` that names the file and the line: bytes that are not UTF-8,
 text that is not JSON, a JSONL line that is not an object. Lines are split on b"\\n" only, so a JSON
-string holding U+2028 or a form feed (valid JSON, and what other tools write) stays one row.
+string holding U+2028 or U+0085 (valid JSON, and what other tools write) stays one row.
 
 File names built from data (metric keys, target labels) go through `safe_file_stem`, so no key can name a
 path outside the directory it is written to; a name the user chooses for a directory is checked by
@@ -118,13 +118,12 @@ def read_jsonl(path: str | Path, *, cut_tail: bool = False) -> list[dict[str, An
     """
     path = Path(path)
     lines = _read_bytes(path).split(b"\n")
-    last = len(lines)  # after a final newline this is the empty string, which always parses as blank
     rows: list[dict[str, Any]] = []
     for lineno, raw in enumerate(lines, start=1):
         try:
             row = _parse_line(raw, path, lineno)
         except UserError:
-            if cut_tail and lineno == last:
+            if cut_tail and lineno == len(lines):  # after a final newline, the last "line" is b"": blank
                 break
             raise
         if row is _BLANK:
