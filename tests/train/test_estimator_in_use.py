@@ -8,8 +8,10 @@ Rewards by group: [0, 1, 5] and [2, 2, 8] (B = 2 prompts, G = 3 completions). Gr
 - rloo: r minus the mean of the other two = G/(G-1) * (r - mean) = [-3, -1.5, 4.5], [-3, -3, 6].
 - reinforce_pp (kl_beta 0): every completion token's return is its row's reward; whitened over all
   completion tokens of the batch (token-weighted mean and population std).
-Also: the sampling temperature reaches the reference pass and the loss (at a fresh adapter the KL is 0 and
-the importance ratio 1 only if both score at the temperature the tokens were drawn at).
+Also: REINFORCE++ puts the KL into its token rewards only when the KL belongs in the reward; a Token Noiser
+step trains on every response whose advantage is >= 0; the sampling temperature reaches the reference pass
+and the loss (at a fresh adapter the KL is 0 and the importance ratio 1 only if both score at the
+temperature the tokens were drawn at).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from purplerl.prompting import render_prompt
 from purplerl.rewards import combine
 from purplerl.train.loop import LoopParts, old_logprobs_mode, rl_step
 from purplerl.types import PromptRecord
+from tests.conftest import make_tiny_tokenizer
+from tests.train.test_kl_direction import BaseScorer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -53,17 +57,19 @@ class RecordingEngine:
         return self.engine.forward_backward(batch, loss)
 
 
-def _step(model_dir: Path, sampling: dict | None = None, **training: object):
-    config = Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
+def _step(model_dir: Path, sampling: dict | None = None, reward: dict | None = None, adapter: Path | None = None,
+          rewards: list[float] = REWARDS, **training: object):
+    config = Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32",
+                                      init_adapter=str(adapter) if adapter else None),
                     sampling=SamplingConfig(**{"group_size": 3, "max_new_tokens": 4, **(sampling or {})}),
                     training=TrainingConfig(steps=1, batch_size=2, lr=1e-2, micro_batch_size=8, **training),
-                    reward=RewardConfig(kl_beta=0.0), run=RunConfig(save_every=100, keep_last=1),
-                    logging=LoggingConfig(progress=False))
+                    reward=RewardConfig(**{"kl_beta": 0.0, **(reward or {})}),
+                    run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
     engine = RecordingEngine(LocalEngine(config.model, seed=0))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
 
     def fixed_reward(prompts, completions, kl_N):
-        return combine({"score": (1.0, torch.tensor(REWARDS)), "kl": (0.0, kl_N)})
+        return combine({"score": (1.0, torch.tensor(rewards)), "kl": (0.0, kl_N)})
 
     parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, fixed_reward, lambda m: None)
     metrics, samples = rl_step(1, config, parts)
@@ -95,18 +101,66 @@ def test_rloo_leave_one_out(tiny_model_dir: Path) -> None:
     _check_sequence_level(*_step(tiny_model_dir, advantage="rloo"), [-3.0, -1.5, 4.5, -3.0, -3.0, 6.0])
 
 
+def _whitened_rewards(mask_NT: torch.Tensor) -> list[float]:
+    """REINFORCE++ without a token KL: each completion token's return is its row's reward; whitened over all
+    completion tokens (token-weighted mean, population std)."""
+    lengths = mask_NT.sum(-1).tolist()
+    total = sum(lengths)
+    mean = sum(n * r for n, r in zip(lengths, REWARDS, strict=True)) / total
+    std = math.sqrt(sum(n * (r - mean) ** 2 for n, r in zip(lengths, REWARDS, strict=True)) / total)
+    return [(r - mean) / std for r in REWARDS]
+
+
 def test_reinforce_pp_whitened_returns(tiny_model_dir: Path) -> None:
     metrics, samples, batch = _step(tiny_model_dir, advantage="reinforce_pp")
     mask = batch.loss_mask_NT
     lengths = mask.sum(-1).tolist()
     total = sum(lengths)
-    mean = sum(n * r for n, r in zip(lengths, REWARDS, strict=True)) / total
-    std = math.sqrt(sum(n * (r - mean) ** 2 for n, r in zip(lengths, REWARDS, strict=True)) / total)
-    expected_N = [(r - mean) / std for r in REWARDS]  # kl_beta 0: every token's return is the row's reward
+    expected_N = _whitened_rewards(mask)
     torch.testing.assert_close(batch.advantages_NT, torch.tensor(expected_N)[:, None] * mask, atol=1e-5, rtol=0)
     assert [s["advantage"] for s in samples] == pytest.approx(expected_N, abs=1e-5)
     token_abs = sum(n * abs(a) for n, a in zip(lengths, expected_N, strict=True)) / total
     assert metrics["adv/adv_abs_mean"] == pytest.approx(token_abs, abs=1e-5)
+
+
+@pytest.mark.parametrize("kl_in", ["reward", "loss"])
+def test_reinforce_pp_token_kl_only_when_the_kl_is_in_the_reward(tiny_model_dir: Path, trained_adapter_dir: Path,
+                                                                 kl_in: str) -> None:
+    # from the trained adapter each token's k1 = logp - ref is about +5, so a token KL changes every return
+    beta = 0.5
+    _, _, batch = _step(tiny_model_dir, adapter=trained_adapter_dir, advantage="reinforce_pp",
+                        reward={"kl_in": kl_in, "kl_beta": beta, "kl_estimator": "k1"})
+    mask = batch.loss_mask_NT
+    on = mask.bool()
+    if kl_in == "loss":  # the KL is the loss's business: the returns are the rewards alone
+        expected_NT = torch.tensor(_whitened_rewards(mask))[:, None] * mask
+    else:
+        base = BaseScorer(tiny_model_dir)
+        returns_NT = torch.zeros_like(mask)
+        for n in range(mask.shape[0]):
+            cols = on[n].nonzero()[:, 0].tolist()
+            ids = batch.input_ids_NT[n].tolist()
+            kl_C = batch.sampling_logprobs_NT[n, cols] - base(tuple(ids[:cols[0]]), tuple(ids[c] for c in cols))
+            token_rewards_C = -beta * kl_C
+            token_rewards_C[-1] += REWARDS[n]  # the sequence reward arrives at the last completion token
+            returns_NT[n, cols] = token_rewards_C.flip(0).cumsum(0).flip(0)  # G_t = sum of rewards from t on
+        values = returns_NT[on]
+        expected_NT = torch.where(on, (returns_NT - values.mean()) / values.std(unbiased=False), 0.0)
+        assert float(values.std()) > 1.0  # the KL moved the returns far from the six rewards
+    torch.testing.assert_close(batch.advantages_NT, expected_NT, atol=1e-4, rtol=0)
+
+
+def test_noiser_step_trains_on_every_response_with_advantage_at_least_zero(tiny_model_dir: Path) -> None:
+    # group 0: advantages [-2, -1, 3] -> one response >= 0; group 1 is flat -> three zeros, all kept
+    metrics, samples, batch = _step(tiny_model_dir, rewards=[0.0, 1.0, 5.0, 2.0, 2.0, 2.0], noiser=True,
+                                    noiser_warmup=0, noiser_every=1)
+    assert metrics["train/noiser_step"] == 1.0 and metrics["train/noiser_sequences"] == 4
+    assert [s["advantage"] for s in samples] == pytest.approx([-2.0, -1.0, 3.0, 0.0, 0.0, 0.0])
+    # the noiser batch holds exactly those four responses, in order
+    tokenizer = make_tiny_tokenizer()
+    trained_on = [tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+                  for ids, mask in zip(batch.input_ids_NT, batch.loss_mask_NT, strict=True)]
+    assert trained_on == [s["completion"] for s in samples[2:]]
 
 
 @pytest.mark.parametrize("loss", ["importance_sampling", "ppo_clip"])

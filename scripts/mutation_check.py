@@ -1,0 +1,362 @@
+"""Targeted mutation check: does the suite notice small, plausible bugs in the RL math, the loop and the engine's
+loss path?
+
+Each mutation is one exact edit (file, original snippet, mutated snippet) plus the tests that should notice it.
+The script copies purplerl/, tests/ and pyproject.toml into a temporary directory (the working tree is never
+touched), runs the union of the mapped tests there once unmutated (the baseline must pass), then for each
+mutation writes the mutated file into the copy, runs its tests with `-x -q`, and puts the original back. A
+mutant is killed when its tests fail (or time out), survives when they pass.
+
+Every surviving mutant must be explained: a mutation whose `equivalent` says why no test can tell it from the
+original (same outputs for every input the code receives) counts apart. The script exits 1 when a snippet no
+longer matches its file exactly once (update the list after a refactor), when the baseline fails, or when a
+mutant without such an explanation survives.
+
+    python scripts/mutation_check.py               # all mutations; writes bench/results/mutation-DATE.json
+    python scripts/mutation_check.py --check       # only verify that every snippet still matches
+    python scripts/mutation_check.py --only loop-kl-direction --only attack-kl-added
+    python scripts/mutation_check.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ("purplerl", "tests", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to the repo root
+    original: str  # must occur exactly once in the file
+    mutated: str
+    tests: tuple[str, ...]  # pytest paths, cheapest likely killer first (-x stops at the first failure)
+    equivalent: str | None = None  # why no test can kill it, when that is so
+
+
+# Test sets, cheapest first.
+ADV = ("tests/algorithms/test_advantages.py", "tests/algorithms/test_advantage_estimators.py")
+KL = ("tests/algorithms/test_kl.py",)
+LOGP = ("tests/algorithms/test_logprobs.py",)
+LOSS = ("tests/algorithms/test_losses.py", "tests/algorithms/test_loss_aggregation.py",
+        "tests/algorithms/test_loss_edges.py")
+NOISER = ("tests/algorithms/test_noiser.py",)
+LOOP = ("tests/train/test_estimator_in_use.py", "tests/train/test_kl_direction.py", "tests/train/test_loop_variants.py",
+        "tests/train/test_loop.py")
+ENGINE = ("tests/train/test_kl_direction.py", "tests/engines/test_local_engine.py",
+          "tests/engines/test_engine_fast_paths.py", "tests/train/test_estimator_in_use.py",
+          "tests/eval/test_adapter_loaded.py", "tests/train/test_loop.py")
+ATTACK = ("tests/recipes/test_attack_reward.py", "tests/recipes/test_defend_tamper.py",
+          "tests/train/test_kl_direction.py")
+TAMPER = ("tests/recipes/test_tamper_verdict.py", "tests/recipes/test_defend_tamper.py")
+
+A, K, G, L = ("purplerl/algorithms/advantages.py", "purplerl/algorithms/kl.py", "purplerl/algorithms/logprobs.py",
+              "purplerl/algorithms/losses.py")
+NZ, LP, EN = "purplerl/algorithms/noiser.py", "purplerl/train/loop.py", "purplerl/engines/local.py"
+
+MUTATIONS = [
+    # ---- advantages
+    Mutation("grpo-mean-over-batch", A, "    advantages_BG = rewards_BG - rewards_BG.mean(dim=1, keepdim=True)",
+             "    advantages_BG = rewards_BG - rewards_BG.mean(dim=0, keepdim=True)", ADV),
+    Mutation("grpo-std-unbiased", A, "std_B1 = rewards_BG.std(dim=1, unbiased=False, keepdim=True)",
+             "std_B1 = rewards_BG.std(dim=1, unbiased=True, keepdim=True)", ADV),
+    Mutation("grpo-std-ignored", A, "advantages_BG = advantages_BG / (std_B1 + eps)",
+             "advantages_BG = advantages_BG", ADV),
+    Mutation("dr-grpo-mean-over-batch", A,
+             "return _finish_group(rewards_BG, rewards_BG - rewards_BG.mean(dim=1, keepdim=True))",
+             "return _finish_group(rewards_BG, rewards_BG - rewards_BG.mean(dim=0, keepdim=True))", ADV),
+    Mutation("rloo-off-by-one", A, "(group_size / (group_size - 1))", "(group_size / group_size)", ADV),
+    Mutation("flat-groups-keep-noise", A, "torch.where(flat_B[:, None], 0.0, advantages_BG)",
+             "torch.where(flat_B[:, None], advantages_BG, 0.0)", ADV),
+    Mutation("seq-advantage-off-mask", A, "return torch.where(on_NT, advantages_N1, 0.0), metrics",
+             "return advantages_N1.expand(mask_NT.shape).clone(), metrics", ADV + LOOP),
+    Mutation("reinforce-pp-kl-sign", A, "-kl_beta * kl_NT.detach().float()", "kl_beta * kl_NT.detach().float()", ADV),
+    Mutation("reinforce-pp-forward-cumsum", A, "token_rewards_NT.flip(dims=[1]).cumsum(dim=1).flip(dims=[1])",
+             "token_rewards_NT.cumsum(dim=1)", ADV),
+    Mutation("reinforce-pp-reward-at-first-token", A,
+             "return (num_tok - 1) - on_NT.flip(dims=[1]).int().argmax(dim=1)", "return on_NT.int().argmax(dim=1)",
+             ADV),
+    Mutation("reinforce-pp-reward-overwrites-kl", A, "token_rewards_NT[rows_N, _last_masked_index(on_NT)] += rewards_N",
+             "token_rewards_NT[rows_N, _last_masked_index(on_NT)] = rewards_N", ADV),
+    Mutation("whiten-mean-over-padding", A, "whitened_NT = (x_NT - values.mean())",
+             "whitened_NT = (x_NT - x_NT.mean())", ADV),
+    Mutation("zscore-std-unbiased", A, "(x_N - x_N.mean()) / (x_N.std(unbiased=False) + eps)",
+             "(x_N - x_N.mean()) / (x_N.std(unbiased=True) + eps)", ADV + ("tests/rewards/test_composite.py",)),
+    # ---- KL estimators
+    Mutation("k1-direction", K, "    return logp - logp_ref\n", "    return logp_ref - logp\n", KL),
+    Mutation("k2-no-half", K, "return 0.5 * (logp - logp_ref) ** 2", "return (logp - logp_ref) ** 2", KL),
+    Mutation("k3-sign", K, "return torch.exp(log_ratio) - log_ratio - 1.0",
+             "return torch.exp(log_ratio) + log_ratio - 1.0", KL),
+    Mutation("sequence-kl-sum-not-mean", K, "        kl_N = kl_N / mask_NT.sum(dim=1)", "        kl_N = kl_N", KL),
+    Mutation("sequence-kl-mean-over-padding", K, "        kl_N = kl_N / mask_NT.sum(dim=1)",
+             "        kl_N = kl_N / mask_NT.shape[1]", KL),
+    # ---- log-probs and entropy
+    Mutation("logprob-temperature-ignored", G, "            work_CV.div_(temperature)", "            pass", LOGP),
+    Mutation("logprob-grad-softmax-sign", G, ".exp_().mul_(-grad_C[:, None])", ".exp_().mul_(grad_C[:, None])", LOGP),
+    Mutation("logprob-grad-temperature-chain", G,
+             "grad_C[:, None].to(grad_CV.dtype))\n        if t != 1.0:\n            grad_CV.div_(t)",
+             "grad_C[:, None].to(grad_CV.dtype))", LOGP),
+    Mutation("entropy-temperature-ignored", G, "chunk_CV = logits_RV[start:start + chunk_rows].float() / temperature",
+             "chunk_CV = logits_RV[start:start + chunk_rows].float()", LOGP),
+    Mutation("entropy-sign", G, "out_R.append(-(logp_CV.exp() * finite_logp_CV).sum(dim=-1))",
+             "out_R.append((logp_CV.exp() * finite_logp_CV).sum(dim=-1))", LOGP),
+    Mutation("masked-mean-counts-padding", G, "count = mask.sum() if dim is None else mask.sum(dim=dim)",
+             "count = torch.ones_like(mask).sum() if dim is None else torch.ones_like(mask).sum(dim=dim)", LOGP + LOSS),
+    # ---- policy-gradient losses and aggregation
+    Mutation("ratio-detach-removed", L, "logprobs_NT - sampling_logprobs_NT.detach()",
+             "logprobs_NT - sampling_logprobs_NT", LOSS),
+    Mutation("is-loss-sign", L, "loss_NT = torch.where(on_NT, -ratio_NT * advantages_NT, 0.0)",
+             "loss_NT = torch.where(on_NT, ratio_NT * advantages_NT, 0.0)", LOSS),
+    Mutation("ppo-clip-bounds-swapped", L, "torch.clamp(ratio_NT, 1.0 - clip_low, 1.0 + clip_high)",
+             "torch.clamp(ratio_NT, 1.0 - clip_high, 1.0 + clip_low)", LOSS),
+    Mutation("ppo-min-to-max", L, "-torch.minimum(unclipped_NT, clipped_NT)",
+             "-torch.maximum(unclipped_NT, clipped_NT)", LOSS),
+    Mutation("ppo-clip-frac-high-wrong-side", L, "high_NT = ((ratio_NT > 1.0 + clip_high) & (advantages_NT > 0))",
+             "high_NT = ((ratio_NT > 1.0 + clip_high) & (advantages_NT < 0))", LOSS),
+    Mutation("token-mean-per-micro-batch", L, "loss_NT * mask_NT, 0.0).sum() / normalizer",
+             "loss_NT * mask_NT, 0.0).sum() / mask_NT.sum()", LOSS),
+    Mutation("seq-mean-per-micro-batch", L, "return row_mean_N.sum() / total_sequences", "return row_mean_N.mean()",
+             LOSS),
+    Mutation("sum-norm-no-length-norm", L, "_masked_row_sums(loss_NT, mask_NT).sum() / length_norm / total_sequences",
+             "_masked_row_sums(loss_NT, mask_NT).sum() / total_sequences", LOSS),
+    Mutation("kl-penalty-negated", L, "return get_kl_estimator(estimator)(logp_NT, ref_NT.detach())",
+             "return -get_kl_estimator(estimator)(logp_NT, ref_NT.detach())", LOSS + ENGINE),
+    Mutation("kl-penalty-direction", L, "return get_kl_estimator(estimator)(logp_NT, ref_NT.detach())",
+             "return get_kl_estimator(estimator)(ref_NT.detach(), logp_NT)", LOSS + ENGINE),
+    # ---- Token Noiser
+    Mutation("noiser-epsilon-swapped", NZ, "(1.0 - epsilon) * nll_C + epsilon * noise_ce_C",
+             "epsilon * nll_C + (1.0 - epsilon) * noise_ce_C", NOISER),
+    Mutation("noiser-noise-on-target", NZ, "noise_RV = raw_RV.float().scatter(1, targets_R.long()[:, None], 0.0)",
+             "noise_RV = raw_RV.float()", NOISER),
+    # ---- the loop
+    Mutation("loop-kl-direction", LP, 'sequence_kl(tensors["sampling_logprobs_NT"], ref_NT, tensors["loss_mask_NT"],',
+             'sequence_kl(ref_NT, tensors["sampling_logprobs_NT"], tensors["loss_mask_NT"],', LOOP),
+    Mutation("loop-estimator-swapped", LP, "compute_advantages(\n        t.advantage,",
+             'compute_advantages(\n        "grpo",', LOOP),
+    Mutation("loop-advantage-std-dropped", LP, "scale_by_std=t.advantage_std)", "scale_by_std=False)", LOOP),
+    Mutation("loop-kl-always-in-loss", LP, 'kl_beta=config.reward.kl_beta if config.reward.kl_in == "loss" else 0.0',
+             "kl_beta=config.reward.kl_beta", LOOP),
+    Mutation("loop-kl-never-in-loss", LP, 'kl_beta=config.reward.kl_beta if config.reward.kl_in == "loss" else 0.0',
+             "kl_beta=0.0", LOOP),
+    Mutation("loop-token-kl-also-with-kl-in-loss", LP,
+             'token_kl = t.advantage == "reinforce_pp" and config.reward.kl_in == "reward"',
+             'token_kl = t.advantage == "reinforce_pp"', LOOP),
+    Mutation("loop-reward-kl-twice-for-reinforce-pp", LP,
+             'r.kl_beta if r.kl_in == "reward" and config.training.advantage != "reinforce_pp" else 0.0',
+             'r.kl_beta if r.kl_in == "reward" else 0.0', LOOP),
+    Mutation("loop-reference-temperature-ignored", LP, "reference=True,\n                                   "
+             "temperature=s.temperature,", "reference=True,\n                                   temperature=1.0,",
+             LOOP),
+    Mutation("loop-loss-temperature-ignored", LP, "clip_high=t.clip_high, temperature=s.temperature,",
+             "clip_high=t.clip_high, temperature=1.0,", LOOP),
+    Mutation("loop-logged-advantage-summed", LP, "advantages_N = (advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)",
+             "advantages_N = (advantages_NT * mask_NT).sum(-1)", LOOP),
+    Mutation("loop-noiser-drops-zero-advantage", LP, "torch.nonzero(advantages_N >= 0)",
+             "torch.nonzero(advantages_N > 0)", LOOP),
+    Mutation("loop-old-logprobs-auto-or", LP, '"current" if t.ppo_epochs == 1 and t.mini_batches == 1 else "sampler"',
+             '"current" if t.ppo_epochs == 1 or t.mini_batches == 1 else "sampler"', LOOP),
+    Mutation("loop-minibatches-ignored", LP, "torch.tensor_split(order, t.mini_batches)",
+             "torch.tensor_split(order, 1)", LOOP),
+    # ---- the engine's loss path (and where it loads and samples the adapter)
+    Mutation("engine-kl-subtracted", EN, "loss_NT = loss_NT + loss.kl_beta * kl_NT",
+             "loss_NT = loss_NT - loss.kl_beta * kl_NT", ENGINE),
+    Mutation("engine-kl-arguments-swapped", EN, 'kl_penalty_loss(logp_NT, part["ref"], loss.kl_estimator)',
+             'kl_penalty_loss(part["ref"], logp_NT, loss.kl_estimator)', ENGINE),
+    Mutation("engine-loss-temperature-ignored", EN,
+             'self._target_logprobs(part["ids"], part["attn"], part["mask"], loss.temperature)',
+             'self._target_logprobs(part["ids"], part["attn"], part["mask"], 1.0)', ENGINE),
+    Mutation("engine-normalizer-per-micro-batch", EN, "loss.aggregation, total_tokens=normalizer,",
+             'loss.aggregation, total_tokens=float(part["mask"].sum()),', ENGINE),
+    Mutation("engine-targets-off-by-one", EN, "picked_NT = targets_NT[:, 1:].bool()",
+             "picked_NT = targets_NT[:, :-1].bool()", ENGINE),
+    Mutation("engine-logprobs-shifted", EN, "return F.pad(logp_NT, (1, 0))", "return F.pad(logp_NT, (0, 1))", ENGINE),
+    Mutation("engine-reference-keeps-adapter", EN, "with self.model.disable_adapter():",
+             "with contextlib.nullcontext():", ENGINE),
+    Mutation("engine-old-logprobs-always-current", EN,
+             'old_NT = logp_NT.detach() if loss.old_logprobs == "current" else part["old"]',
+             "old_NT = logp_NT.detach()", ENGINE),
+    Mutation("engine-old-logprobs-detach-removed", EN,
+             'old_NT = logp_NT.detach() if loss.old_logprobs == "current" else part["old"]',
+             'old_NT = logp_NT if loss.old_logprobs == "current" else part["old"]', ENGINE,
+             equivalent="every loss detaches its sampling logprobs itself (_ratio), so a second detach changes "
+                        "no value and no gradient"),
+    Mutation("engine-metric-weights-dropped", EN, 'weight = float(part["mask"].sum()) / normalizer', "weight = 1.0",
+             ENGINE),
+    Mutation("engine-init-adapter-ignored", EN, "self.model = load_peft_adapter(base, cfg.init_adapter)",
+             "self.model = get_peft_model(base, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, "
+             'target_modules=_lora_targets(cfg.lora_targets), task_type="CAUSAL_LM"))', ENGINE + TAMPER),
+    Mutation("engine-sampler-without-lora", EN,
+             "merged = module.get_base_layer().weight.float() + module.get_delta_weight(adapter).float()",
+             "merged = module.get_base_layer().weight.float()", ENGINE),
+    Mutation("engine-sampling-temperature-ignored", EN, "scaled_NV = scaled_NV / sampling.temperature",
+             "scaled_NV = scaled_NV", ENGINE),
+    # ---- recipes built on the loop
+    Mutation("attack-kl-added", "purplerl/recipes/attack.py", '"kl": (-kl_weight, kl_N)', '"kl": (kl_weight, kl_N)',
+             ATTACK),
+    Mutation("tamper-verdict-or", "purplerl/recipes/tamper.py",
+             'held = defended["auc"] < base["auc"] and defended["final_harm"] < base["final_harm"]',
+             'held = defended["auc"] < base["auc"] or defended["final_harm"] < base["final_harm"]', TAMPER),
+    Mutation("tamper-verdict-ties-hold", "purplerl/recipes/tamper.py",
+             'held = defended["auc"] < base["auc"] and defended["final_harm"] < base["final_harm"]',
+             'held = defended["auc"] <= base["auc"] and defended["final_harm"] <= base["final_harm"]', TAMPER),
+    Mutation("tamper-attack-ignores-adapter", "purplerl/recipes/tamper.py", 'data["model"]["init_adapter"] = adapter',
+             'data["model"]["init_adapter"] = None', TAMPER),
+]
+
+
+def snippet_problems(mutations: list[Mutation], root: Path) -> list[str]:
+    """One line per mutation whose original snippet does not occur exactly once in its file."""
+    problems = []
+    for m in mutations:
+        path = root / m.path
+        count = path.read_text().count(m.original) if path.is_file() else -1
+        if count != 1:
+            where = "file missing" if count < 0 else f"found {count} times"
+            problems.append(f"{m.name}: snippet in {m.path} {where}; update the mutation list")
+    return problems
+
+
+def make_copy(dest: Path) -> None:
+    for name in COPIED:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, dest / name)
+
+
+def child_env(copy_root: Path) -> dict[str, str]:
+    # No bytecode caches: a mutant of the same size written within the same second as the original would
+    # otherwise be served from the original's stale .pyc.
+    return {**os.environ, "PYTHONPATH": str(copy_root), "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_tests(copy_root: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, str, float]:
+    """('passed' | 'failed' | 'timeout', first failing test or '', seconds)."""
+    started = time.perf_counter()
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=copy_root, env=child_env(copy_root), capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout", "", time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    if proc.returncode == 0:
+        return "passed", "", seconds
+    lines = (proc.stdout + proc.stderr).splitlines()
+    # "FAILED tests/x.py::test_y[param id] - AssertionError: ...": the test id may hold spaces
+    failed = next((line.split(" ", 1)[1].split(" - ")[0] for line in lines if line.startswith(("FAILED ", "ERROR "))),
+                  "")
+    return "failed", failed or (lines[-1] if lines else f"exit {proc.returncode}"), seconds
+
+
+def check_copy_is_imported(copy_root: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", "import purplerl; print(purplerl.__file__)"], cwd=copy_root,
+                          env=child_env(copy_root), capture_output=True, text=True, timeout=120)
+    if not proc.stdout.strip().startswith(str(copy_root)):
+        sys.exit(f"error: the copy's purplerl is not the one imported ({proc.stdout.strip() or proc.stderr[-300:]})")
+
+
+def git_state() -> dict[str, object]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty_paths": git("status", "--porcelain", "purplerl", "tests")
+            .splitlines()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", default=[], help="run only this mutation (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--check", action="store_true", help="only check that every snippet still matches")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per test run (a timeout kills)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the mapped tests")
+    parser.add_argument("--out", type=Path, default=None, help="result JSON (default bench/results/mutation-DATE.json)")
+    args = parser.parse_args()
+
+    names = [m.name for m in MUTATIONS]
+    if len(set(names)) != len(names):
+        sys.exit("error: two mutations share a name")
+    unknown = sorted(set(args.only) - set(names))
+    if unknown:
+        sys.exit(f"error: unknown mutation(s) {', '.join(unknown)} (see --list)")
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:42} {m.path}{'  (equivalent)' if m.equivalent else ''}")
+        return 0
+    problems = snippet_problems(chosen, ROOT)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return 1
+    if args.check:
+        print(f"all {len(chosen)} snippets match")
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="purplerl-mutation-") as tmp:
+        copy_root = Path(tmp)
+        make_copy(copy_root)
+        check_copy_is_imported(copy_root)
+        if not args.no_baseline:
+            tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+            status, failed, seconds = run_tests(copy_root, tests, args.timeout * 3)
+            print(f"baseline ({len(tests)} test files, unmutated): {status} in {seconds:.0f} s", flush=True)
+            if status != "passed":
+                print(f"error: the unmutated tests do not pass ({failed}); fix them first", file=sys.stderr)
+                return 1
+        rows = []
+        for i, m in enumerate(chosen, 1):
+            target = copy_root / m.path
+            original = target.read_text()
+            target.write_text(original.replace(m.original, m.mutated, 1))
+            try:
+                status, failed, seconds = run_tests(copy_root, m.tests, args.timeout)
+            finally:
+                target.write_text(original)
+            verdict = "survived" if status == "passed" else "killed"
+            rows.append({**asdict(m), "tests": list(m.tests), "verdict": verdict, "status": status,
+                         "killed_by": failed, "seconds": round(seconds, 1)})
+            print(f"[{i:2}/{len(chosen)}] {m.name:42} {verdict:8} {seconds:5.0f} s  {failed}", flush=True)
+
+    killed = sum(r["verdict"] == "killed" for r in rows)
+    equivalent = [r for r in rows if r["verdict"] == "survived" and r["equivalent"]]
+    unexplained = [r for r in rows if r["verdict"] == "survived" and not r["equivalent"]]
+    countable = len(rows) - len(equivalent)
+    summary = {"mutants": len(rows), "killed": killed, "survived_equivalent": len(equivalent),
+               "survived_unexplained": len(unexplained), "kill_rate": round(killed / len(rows), 4),
+               "kill_rate_excluding_equivalent": round(killed / countable, 4) if countable else None}
+    print(f"\n{'mutation':42} {'verdict':8} {'s':>5}  killed by / why it survives")
+    for r in rows:
+        note = r["killed_by"] if r["verdict"] == "killed" else (r["equivalent"] or "UNEXPLAINED")
+        print(f"{r['name']:42} {r['verdict']:8} {r['seconds']:5.0f}  {note}")
+    print(f"\nkill rate {killed}/{len(rows)} = {summary['kill_rate']:.1%}; excluding {len(equivalent)} equivalent "
+          f"mutant(s): {killed}/{countable}")
+
+    out = args.out or ROOT / "bench" / "results" / f"mutation-{dt.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"date": dt.datetime.now().isoformat(timespec="seconds"), **git_state(),
+                               "summary": summary, "mutations": rows}, indent=1) + "\n")
+    print(f"wrote {out}")
+    if unexplained:
+        print(f"error: {len(unexplained)} mutant(s) survived without an explanation: "
+              f"{', '.join(r['name'] for r in unexplained)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
