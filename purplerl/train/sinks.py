@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from purplerl import files
 from purplerl.errors import ExperimentError
 
 
@@ -43,10 +44,14 @@ class JsonlSink:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a run's log ([] when it does not exist yet); a torn last line is dropped."""
     path = Path(path)
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return files.read_jsonl(path, cut_tail=True) if path.is_file() else []
+
+
+def _lines(path: Path) -> list[str]:
+    # split on "\n" only: json.dumps escapes every other line break, and str.splitlines would also cut U+2028
+    return [line for line in path.read_bytes().decode("utf-8", errors="replace").split("\n") if line.strip()]
 
 
 def _step_of(line: str) -> int | None:
@@ -63,7 +68,7 @@ def last_logged_step(path: Path) -> int:
     path = Path(path)
     if not path.is_file():
         return 0
-    steps = [_step_of(line) for line in path.read_bytes().decode("utf-8", errors="replace").splitlines()]
+    steps = [_step_of(line) for line in _lines(path)]
     return max((s for s in steps if s is not None), default=0)
 
 
@@ -76,7 +81,7 @@ def truncate_after_step(path: Path, step: int) -> None:
     path = Path(path)
     if not path.is_file():
         return
-    lines = [line for line in path.read_bytes().decode("utf-8", errors="replace").splitlines() if line.strip()]
+    lines = _lines(path)
     kept = []
     for i, line in enumerate(lines):
         row_step = _step_of(line)

@@ -55,3 +55,13 @@ def test_a_damaged_line_before_the_last_stops_the_cut_and_keeps_the_file(tmp_pat
 def test_truncate_of_a_missing_file_is_a_no_op(tmp_path: Path) -> None:
     truncate_after_step(tmp_path / "metrics.jsonl", 3)
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_line_separator_inside_a_value_is_not_a_line_break(tmp_path: Path) -> None:
+    path = tmp_path / "samples.jsonl"
+    rows = [{"step": 1, "completion": "a\u2028b\u0085c"}, {"step": 2, "completion": "d"}]
+    # written unescaped, as a log edited or produced by another tool may be
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert read_jsonl(path) == rows
+    truncate_after_step(path, 1)
+    assert read_jsonl(path) == rows[:1]
