@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from purplerl.config import load_config
+from purplerl.engines import make_engine
 from purplerl.recipes.tamper import harm_curve_stats, run_tamper_test, tamper_summary
 from purplerl.train.sinks import read_jsonl
 from tests.conftest import ADAPTER_WORD
@@ -65,7 +66,17 @@ def test_table_rows_carry_each_runs_own_numbers() -> None:
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_tiny_tamper_run_reports_what_its_attacks_logged(tiny_model_dir: Path, trained_adapter_dir: Path,
-                                                         tmp_path: Path) -> None:
+                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from purplerl.recipes import tamper
+
+    # every model the utility check builds, by the adapter it carries
+    utility_adapters: list[str | None] = []
+
+    def recording_make_engine(config):
+        utility_adapters.append(config.model.init_adapter)
+        return make_engine(config)
+
+    monkeypatch.setattr(tamper, "make_engine", recording_make_engine)
     config = load_config(None, ["--model", str(tiny_model_dir), "--model.device", "cpu", "--model.dtype", "float32",
                                 "--lora_rank", "4", "--steps", "2", "--batch_size", "2", "--group_size", "2",
                                 "--max_new_tokens", "4", "--logging.progress", "false"])
@@ -89,3 +100,7 @@ def test_tiny_tamper_run_reports_what_its_attacks_logged(tiny_model_dir: Path, t
     assert first["defended"]["kl/mean"] > 2.0
     samples = [s for s in read_jsonl(out / "attack_defended" / "samples.jsonl") if s["step"] == 1]
     assert all(ADAPTER_WORD.strip() in s["completion"] for s in samples)
+    # utility before each attack: the base, then the defended adapter; after: each attack's last checkpoint
+    last = {name: str(tmp_path / "tamper" / f"attack_{name}" / "checkpoints" / "step_000002")
+            for name in ("base", "defended")}
+    assert utility_adapters == [None, last["base"], str(trained_adapter_dir), last["defended"]]
