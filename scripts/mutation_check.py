@@ -61,6 +61,7 @@ ENGINE = ("tests/train/test_kl_direction.py", "tests/engines/test_local_engine.p
 ATTACK = ("tests/recipes/test_attack_reward.py", "tests/recipes/test_defend_tamper.py",
           "tests/train/test_kl_direction.py")
 TAMPER = ("tests/recipes/test_tamper_verdict.py", "tests/recipes/test_defend_tamper.py")
+ADAPTER = ("tests/eval/test_adapter_loaded.py",)
 
 A, K, G, L = ("purplerl/algorithms/advantages.py", "purplerl/algorithms/kl.py", "purplerl/algorithms/logprobs.py",
               "purplerl/algorithms/losses.py")
@@ -213,6 +214,13 @@ MUTATIONS = [
              'held = defended["auc"] <= base["auc"] and defended["final_harm"] <= base["final_harm"]', TAMPER),
     Mutation("tamper-attack-ignores-adapter", "purplerl/recipes/tamper.py", 'data["model"]["init_adapter"] = adapter',
              'data["model"]["init_adapter"] = None', TAMPER),
+    Mutation("tamper-utility-ignores-adapter", "purplerl/recipes/tamper.py",
+             '{**config.model.model_dump(), "init_adapter": init_adapter}',
+             '{**config.model.model_dump(), "init_adapter": None}', TAMPER),
+    Mutation("sample-ignores-checkpoint", "purplerl/recipes/sample.py",
+             '"init_adapter": str(checkpoint) if checkpoint else None}', '"init_adapter": None}', ADAPTER),
+    Mutation("eval-ignores-checkpoint", "purplerl/eval/run.py", '"init_adapter": self.adapter}',
+             '"init_adapter": None}', ADAPTER),
 ]
 
 
