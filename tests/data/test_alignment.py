@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -73,6 +76,15 @@ def test_two_calls_give_equal_examples_and_hash():
     first = alignment_data_hash()
     assert re.fullmatch(r"[0-9a-f]{64}", first)
     assert alignment_data_hash() == first
+
+
+def test_hash_is_the_same_in_a_fresh_process_with_another_string_hash_seed():
+    # the hash is a cache key across runs: nothing may depend on set order or Python's salted hash()
+    code = "from purplerl.data.alignment import alignment_data_hash; print(alignment_data_hash())"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                         check=True)
+    assert out.stdout.strip() == alignment_data_hash()
 
 
 def test_hash_changes_when_a_refusal_table_changes(monkeypatch):
