@@ -14,6 +14,7 @@ import torch
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.base import Scorer
+from purplerl.rewards.schema import scrub_surrogates
 
 if TYPE_CHECKING:
     from purplerl.config import ClassifierConfig, ToxicityConfig
@@ -126,7 +127,8 @@ class HFClassifierScorer:
     def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
-            batch = texts[start:start + self.batch_size]
+            # lone surrogates (which tokenizers reject) are scored as U+FFFD, as the reward server scores them
+            batch = [scrub_surrogates(text) for text in texts[start:start + self.batch_size]]
             enc = self._tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
                                   return_tensors="pt")
             empty = (enc["attention_mask"].sum(dim=1) == 0).nonzero()

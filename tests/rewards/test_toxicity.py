@@ -116,3 +116,9 @@ def test_checked_scores() -> None:
         checked_scores(_FakeScorer([math.inf]), texts[:1])
     with pytest.raises(ExperimentError, match="given 2 prompts for 1 texts"):
         checked_scores(_FakeScorer([0.0]), texts[:1], prompts=["a", "b"])
+
+
+def test_hf_scores_a_lone_surrogate_as_the_replacement_character(classifier_dir: Path) -> None:
+    scorer = HFClassifierScorer(str(classifier_dir), "unsafe")
+    got = scorer.score(["you stupid \ud800 idiot", "hello \udfff"])
+    assert got == scorer.score(["you stupid \ufffd idiot", "hello \ufffd"])
