@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from purplerl.errors import UserError
+from purplerl.errors import UserError, first_line
 from purplerl.files import plain_name_problem, read_text
 from purplerl.scalars import admitted_types, value_problem
 
@@ -306,7 +306,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise UserError(f"cannot parse config {path}: {str(err).splitlines()[0]}") from None
+        raise UserError(f"cannot parse config {path}: {first_line(err)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

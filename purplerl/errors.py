@@ -23,3 +23,12 @@ class ExperimentError(PurplerlError):
     """A run produced values that make its results meaningless (NaN, empty batch, wrong shapes)."""
 
     exit_code = 1
+
+
+def first_line(what: BaseException | str) -> str:
+    """The first line of an error's message (its type name when the message is empty), or of a text ('' when
+    blank). A one-line error quotes only this: library messages often go on for a page."""
+    text = str(what).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(what).__name__ if isinstance(what, BaseException) else ""

@@ -39,6 +39,15 @@ def plain_name_problem(name: str) -> str | None:
     return None
 
 
+def looks_local(name: str) -> bool:
+    """Whether a model or dataset name means a path on this machine rather than a hub id (ORG/NAME).
+
+    Path syntax (`/`, `.`, `~` first, or more than the one slash of ORG/NAME) always means a path, so a
+    missing directory is reported as missing instead of being looked up on the hub; a bare name is a path
+    when it exists, as transformers and datasets read it too."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).expanduser().exists()
+
+
 def unicode_problem(text: str) -> str | None:
     """Why `text` cannot be encoded as UTF-8, or None. JSON's "\\ud800" escape and non-UTF-8 bytes on a
     command line (which Python keeps as surrogates) give strings that tokenizers and file writes reject."""

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from purplerl.data.sources import first_line, is_saved_dataset, load_saved_split, read_parquet_rows
-from purplerl.errors import UserError
+from purplerl.data.sources import is_saved_dataset, load_saved_split, read_parquet_rows
+from purplerl.errors import UserError, first_line
 from purplerl.files import read_jsonl
 
 Rows = list[dict[str, Any]]

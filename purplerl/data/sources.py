@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.config import DataConfig
-from purplerl.errors import UserError
-from purplerl.files import read_json, read_jsonl, unicode_problem
+from purplerl.errors import UserError, first_line
+from purplerl.files import looks_local, read_json, read_jsonl, unicode_problem
 from purplerl.types import PromptRecord
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -142,7 +142,7 @@ def is_saved_dataset(path: Path) -> bool:
 
 def _read_hf(name: str, config: str | None, split: str) -> _Rows:
     path = Path(name).expanduser()
-    if name.startswith(("/", ".", "~")) or (path.is_dir() and is_saved_dataset(path)):
+    if looks_local(name):
         if not path.is_dir():
             raise UserError(f"HF dataset directory not found: {path}")
         if not is_saved_dataset(path):
@@ -316,8 +316,3 @@ def _dedupe(records: list[PromptRecord]) -> list[PromptRecord]:
             seen.add(key)
             out.append(record)
     return out
-
-
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-from purplerl.errors import UserError
+from purplerl.devices import resolve_device
+from purplerl.errors import UserError, first_line
+from purplerl.files import looks_local
 
 EMBEDDED_PREFIX = "embedded:"
 # embedded name -> (distribution that ships the GGUF, file name inside it)
@@ -29,14 +31,6 @@ EMBEDDED_MODELS = {
 
 def cache_dir() -> Path:
     return Path(os.environ.get("PURPLERL_CACHE", Path.home() / ".cache" / "purplerl")).expanduser()
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("device 'cuda' requested but no CUDA device is available (use --device cpu)")
-    return torch.device(name)
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -116,9 +110,11 @@ def _build_cache(gguf: Path, target: Path) -> None:
 def resolve_model_path(name: str) -> str:
     """Turn a model name into something `from_pretrained` takes: a local dir or an HF hub id."""
     if not name.startswith(EMBEDDED_PREFIX):
-        if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
+        if not looks_local(name):
+            return name
+        if not Path(name).expanduser().exists():
             raise UserError(f"cannot load model '{name}': no such path")
-        return str(Path(name).expanduser()) if name.startswith("~") else name
+        return str(Path(name).expanduser())
     short = name[len(EMBEDDED_PREFIX):]
     gguf = find_embedded_gguf(short)
     dist_name = EMBEDDED_MODELS[short][0]
@@ -131,8 +127,7 @@ def resolve_model_path(name: str) -> str:
 
 
 def _not_found(name: str, err: Exception) -> UserError:
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return UserError(f"cannot load model '{name}': {first}")
+    return UserError(f"cannot load model '{name}': {first_line(err)}")
 
 
 def load_tokenizer(name: str, revision: str | None = None):
@@ -247,5 +242,5 @@ def load_peft_adapter(base, adapter_dir: str | Path, trainable: bool = True):
         # torch lists shape mismatches after a generic first line; the first mismatch says what is wrong
         mismatch = next((line.strip() for line in text.splitlines() if "size mismatch" in line), None)
         why = (f"its weights do not fit this model ({mismatch[:300]}); was it trained on another base model?"
-               if mismatch else (text.splitlines()[0][:300] if text else type(err).__name__))
+               if mismatch else first_line(err)[:300])
         raise UserError(f"cannot load adapter {adapter_dir}: {why}") from None

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from purplerl.data.prepare import LETTERS, Template
-from purplerl.errors import ExperimentError, UserError
+from purplerl.errors import ExperimentError, UserError, first_line
 from purplerl.eval.utility import checked_items, read_eval_rows
 from purplerl.types import PromptRecord
 
@@ -152,8 +152,6 @@ def _read_rows(source: str, split: str) -> tuple[list[dict[str, Any]], str, str]
 
 def _read_hf(spec: str, split: str) -> list[dict[str, Any]]:
     """'ORG/NAME' or 'ORG/NAME:CONFIG' from the hub (or the HF cache)."""
-    from purplerl.data.sources import first_line
-
     name, _, config = spec.partition(":")
     import datasets  # deferred: importing datasets is slow and only hub sources need it
 

@@ -19,8 +19,9 @@ from typing import Any
 import httpx
 import torch
 
-from purplerl.errors import ExperimentError, UserError
-from purplerl.rewards.toxicity import HFClassifierScorer, resolve_device
+from purplerl.devices import resolve_device
+from purplerl.errors import ExperimentError, UserError, first_line
+from purplerl.rewards.toxicity import HFClassifierScorer
 
 # Common openers and stock phrases of refusals by chat models, after GCG's test prefixes (Zou et al. 2023)
 # and similar lists in HarmBench; written for purplerl. Matched case-insensitively, with curly
@@ -104,8 +105,7 @@ def _load_causal_lm(model: str) -> tuple[Any, Any]:
         lm = AutoModelForCausalLM.from_pretrained(model)
         tokenizer = AutoTokenizer.from_pretrained(model)
     except (OSError, ValueError, KeyError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(f"cannot load guard model '{model}': {first}") from None
+        raise UserError(f"cannot load guard model '{model}': {first_line(err)}") from None
     return tokenizer, lm
 
 
@@ -271,19 +271,19 @@ class StrongRejectJudge:
             answer = self._client.post(self.url, json=body)
         except httpx.HTTPError as err:
             raise ExperimentError(f"StrongREJECT judge at {self.url} failed: {type(err).__name__}: "
-                                  f"{_first_line(str(err))}") from None
+                                  f"{first_line(str(err))}") from None
         if answer.status_code >= 300:
             raise ExperimentError(f"StrongREJECT judge at {self.url} answered HTTP {answer.status_code}: "
-                                  f"{_first_line(answer.text)[:200]}")
+                                  f"{first_line(answer.text)[:200]}")
         try:
             content = answer.json()["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise ExperimentError(f"StrongREJECT judge at {self.url} sent no chat completion: "
-                                  f"{_first_line(answer.text)[:200]}") from None
+                                  f"{first_line(answer.text)[:200]}") from None
         values = parse_rubric(str(content or ""))
         if values is None:
             raise ExperimentError(f"StrongREJECT judge at {self.url} sent an unparseable rubric: "
-                                  f"{_first_line(str(content))[:200]!r}")
+                                  f"{first_line(str(content))[:200]!r}")
         return values
 
     def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
@@ -294,10 +294,6 @@ class StrongRejectJudge:
 
     def close(self) -> None:
         self._client.close()
-
-
-def _first_line(text: str) -> str:
-    return (text.strip().splitlines() or [""])[0]
 
 
 def _same_length(texts: list[str], prompts: list[str], who: str) -> None:

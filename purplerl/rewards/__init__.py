@@ -7,7 +7,6 @@ from purplerl.rewards.toxicity import (
     EmbeddedToxicityScorer,
     HFClassifierScorer,
     make_toxicity_scorer,
-    resolve_device,
     resolve_label,
 )
 
@@ -22,6 +21,5 @@ __all__ = [
     "composite_reward",
     "make_toxicity_scorer",
     "repetition_ratio",
-    "resolve_device",
     "resolve_label",
 ]

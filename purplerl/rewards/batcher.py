@@ -29,6 +29,7 @@ from typing import Any
 
 from fastapi import HTTPException
 
+from purplerl.errors import first_line
 from purplerl.rewards.base import Scorer, checked_values
 
 log = logging.getLogger("uvicorn.error")  # uvicorn gives it a stderr handler; a server line belongs there
@@ -206,8 +207,8 @@ class MicroBatcher:
         try:
             scores = self._call.result()
         except Exception as err:  # any scorer failure becomes a 500 for its request; the server lives on
-            first = (str(err).strip().splitlines() or [""])[0]
-            raise ScoringError(f"scorer '{self.scorer.name}' failed: {type(err).__name__}: {first}") from err
+            raise ScoringError(f"scorer '{self.scorer.name}' failed: {type(err).__name__}: "
+                               f"{first_line(str(err))}") from err
         self.counters.texts += len(texts)
         return scores
 

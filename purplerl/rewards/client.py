@@ -24,15 +24,11 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from purplerl.config import API_KEY_ENV, RewardServerConfig, ToxicityConfig
-from purplerl.errors import ExperimentError, UserError
+from purplerl.errors import ExperimentError, UserError, first_line
 from purplerl.rewards.schema import ScoreResponse, ServerInfo, cut_to_max_chars, scrub_surrogates
 
 MAX_BACKOFF_S = 30.0
 M = TypeVar("M", bound=BaseModel)
-
-
-def _first_line(text: str) -> str:
-    return (text.strip().splitlines() or [""])[0]
 
 
 class HTTPScorer:
@@ -131,7 +127,7 @@ class HTTPScorer:
             return model.model_validate(data)
         except ValidationError as err:
             raise ExperimentError(f"reward server {self.url}{path} sent an answer this client does not understand "
-                                  f"(another purplerl version?): {_first_line(str(err))}") from None
+                                  f"(another purplerl version?): {first_line(str(err))}") from None
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         """The JSON of a 2xx answer, after retrying connection errors and 5xx; ExperimentError otherwise."""
@@ -142,11 +138,11 @@ class HTTPScorer:
             try:
                 response = self._client.request(method, path, **kwargs)
             except httpx.TransportError as err:  # refused, reset, timed out: the server may be restarting
-                last_error = f"{type(err).__name__}: {_first_line(str(err)) or 'no detail'}"
+                last_error = f"{type(err).__name__}: {first_line(str(err)) or 'no detail'}"
                 continue
             except httpx.HTTPError as err:  # e.g. a body that cannot be decoded: retrying will not help
                 raise ExperimentError(f"reward server {self.url}{path}: {type(err).__name__}: "
-                                      f"{_first_line(str(err))}") from None
+                                      f"{first_line(str(err))}") from None
             if response.status_code >= 500:
                 last_error = f"HTTP {response.status_code}: {_detail(response)}"
                 continue
@@ -201,7 +197,7 @@ def _detail(response: httpx.Response) -> str:
     except (ValueError, AttributeError):
         detail = None
     text = detail if isinstance(detail, str) else response.text[:200]
-    return _first_line(text) or response.reason_phrase
+    return first_line(text) or response.reason_phrase
 
 
 def record_server(cfg: ToxicityConfig, info: ServerInfo) -> None:

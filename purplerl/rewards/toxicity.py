@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from purplerl.errors import ExperimentError, UserError
+from purplerl.devices import resolve_device
+from purplerl.errors import ExperimentError, UserError, first_line
+from purplerl.files import looks_local
 from purplerl.rewards.base import Scorer
 from purplerl.rewards.schema import scrub_surrogates
 
@@ -46,33 +48,19 @@ class EmbeddedToxicityScorer:
         return scores
 
 
-def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when available, else 'cpu'; 'cuda' without a GPU is a UserError."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device '{device}' requested but CUDA is not available")
-    return device
-
-
-def _looks_like_path(model: str) -> bool:
-    return model.startswith(("/", "./", "../", "~")) or Path(model).expanduser().exists()
-
-
 def _load_classifier(model: str) -> tuple[Any, Any]:
     """(tokenizer, model) from an HF id or local dir; any loading failure is a one-line UserError."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    if _looks_like_path(model) and not Path(model).expanduser().is_dir():
+    if looks_local(model) and not Path(model).expanduser().is_dir():
         raise UserError(f"toxicity classifier not found: {model} is not a directory")
-    where = str(Path(model).expanduser()) if _looks_like_path(model) else model
+    where = str(Path(model).expanduser()) if looks_local(model) else model
     try:
         # The model first: its errors ("Unrecognized model in ...") say more than the tokenizer's.
         classifier = AutoModelForSequenceClassification.from_pretrained(where)
         tokenizer = AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError, KeyError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserError(f"cannot load toxicity classifier '{model}': {first}") from None
+        raise UserError(f"cannot load toxicity classifier '{model}': {first_line(err)}") from None
     return tokenizer, classifier
 
 
