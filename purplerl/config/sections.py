@@ -1,49 +1,29 @@
-"""The config tree: every default lives here once, with a one-line description (the `--help` text).
-
-Configs load from YAML or JSON and take CLI overrides by dotted name (`--reward.kl_beta 0.2`) or by
-flat name (`--kl_beta 0.2`, see `FLAT_NAMES`). Unknown keys and out-of-range values raise `UserError`
-naming the field. The resolved config is written into each run directory.
-"""
+"""The sections of the config tree, by concern. Every default lives here once, with a one-line description
+(the `--help` text and the comment in a run's config.yaml); commands share a section where they share a
+concern (GenerationConfig for every sampler, PromptFormatConfig for every prompt renderer)."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from purplerl.errors import UserError, first_line
-from purplerl.files import plain_name_problem, read_text
-from purplerl.scalars import admitted_types, value_problem
-
-EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
-# the reward server's API key comes from this env var only: a key must never land in a saved config.yaml
-API_KEY_ENV = "PURPLERL_REWARD_API_KEY"
+from purplerl.config.base import EMBEDDED_MODEL, Section, Template
+from purplerl.files import plain_name_problem
 
 
-class Section(BaseModel):
-    # NaN and inf mean nothing in any setting here (null already says "never"), and a NaN threshold would
-    # silently switch its check off: no float field takes them, new fields included.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+class ModelLoadConfig(Section):
+    """Which model to load and where: all that evaluating or sampling a model needs."""
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_yaml_retyping(cls, value: Any, info: Any) -> Any:
-        """`--steps yes` is an error, not one step (purplerl.scalars)."""
-        problem = value_problem(value, cls.model_fields[info.field_name].annotation)
-        if problem:
-            raise ValueError(problem)
-        return value
-
-
-class ModelConfig(Section):
     name: str = Field(EMBEDDED_MODEL, description="policy model: 'embedded:smollm2-135m-instruct', an HF id or a local path")
     revision: str | None = Field(None, description="hub revision (branch, tag or commit) of an HF model id")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the frozen base weights and compute; 'auto': bfloat16 on bf16-capable GPUs and AMX/AVX512-BF16 CPUs, else float32 (the optimizer keeps float32 master weights of the adapter)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' picks cuda when available, else cpu")
+
+
+class ModelConfig(ModelLoadConfig):
+    """The policy a recipe trains: the model to load plus its LoRA adapter and engine knobs."""
+
     lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank r")
     lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
@@ -55,12 +35,27 @@ class ModelConfig(Section):
     fused_lora: bool = Field(True, description="run plain LoRA layers (no dropout) as one accumulating matmul, scaling folded into B (same maths, fewer elementwise passes)")
 
 
-class SamplingConfig(Section):
-    group_size: int = Field(4, ge=2, le=256, description="completions per prompt (G); GRPO needs >= 2")
+class GenerationConfig(Section):
+    """How completions are drawn: shared by RL rollouts, `sample` and `eval`, so each default is written once."""
+
     max_new_tokens: int = Field(48, ge=1, le=32768, description="maximum tokens per completion")
-    temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature")
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature (0: greedy; RL needs > 0)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling threshold (1 disables)")
     top_k: int = Field(0, ge=0, description="top-k truncation (0 disables)")
+
+
+class SamplingConfig(GenerationConfig):
+    """Rollout sampling of an RL recipe: a group of completions per prompt."""
+
+    group_size: int = Field(4, ge=2, le=256, description="completions per prompt (G); GRPO needs >= 2")
+
+    @field_validator("temperature")
+    @classmethod
+    def _sampled(cls, temperature: float) -> float:
+        # greedy decoding gives a group G identical completions: every advantage would be zero
+        if temperature <= 0.0:
+            raise ValueError("must be > 0 for RL rollouts (0 would make every completion of a group the same)")
+        return temperature
 
 
 class TrainingConfig(Section):
@@ -92,7 +87,9 @@ class TrainingConfig(Section):
     early_stop_repetition: float | None = Field(0.5, description="stop when a step's mean repetition ratio exceeds this (null: never)")
 
 
-class DataConfig(Section):
+class PromptSourceConfig(Section):
+    """Where prompts come from and which of them are kept (purplerl.data.sources.load_prompts)."""
+
     source: str = Field("builtin:redteam", description="'builtin:redteam', a .jsonl/.json/.parquet file, or 'hf:ORG/NAME'")
     split: str = Field("train", description="split to train on (builtin and hf sources)")
     prompt_field: str = Field("prompt", description="field holding the prompt text or chat messages")
@@ -100,10 +97,31 @@ class DataConfig(Section):
     hf_config: str | None = Field(None, description="HF dataset config name")
     filters: dict[str, Any] = Field(default_factory=dict, description="keep rows whose fields equal these values, e.g. {is_safe: false}")
     limit: int | None = Field(None, ge=1, description="keep at most this many prompts (after filtering)")
-    shuffle: bool = Field(True, description="shuffle prompts each epoch (seeded)")
-    template: Literal["chat", "base"] = Field("chat", description="'chat' uses the tokenizer's chat template; 'base' plain text")
+
+    @field_validator("prompt_field")
+    @classmethod
+    def _named(cls, field: str) -> str:
+        if not field.strip():
+            raise ValueError("must name a field")
+        return field
+
+
+class PromptFormatConfig(Section):
+    """How a prompt becomes the policy's tokens; a checkpoint is prompted the way its run trained it."""
+
+    template: Template = Field("chat", description="'chat' uses the tokenizer's chat template; 'base' plain text")
     system_prompt: str | None = Field(None, description="system message prepended to every prompt (null: model default)")
     max_prompt_tokens: int = Field(256, ge=8, description="prompts longer than this are cut from the left")
+
+
+class EvalDataConfig(PromptFormatConfig, PromptSourceConfig):
+    """Prompts of an evaluation: their source and, for targets that are not run checkpoints, their format."""
+
+
+class DataConfig(EvalDataConfig):
+    """Prompts of an RL recipe: source, format, and the order they are drawn in."""
+
+    shuffle: bool = Field(True, description="shuffle prompts each epoch (seeded)")
 
 
 class ClassifierConfig(Section):
@@ -230,215 +248,3 @@ class Config(Section):
         if self.reward.toxicity.model != "embedded" and self.reward.toxicity.label is None:
             raise ValueError("reward.toxicity.label is required for an HF classifier (a label name or index)")
         return self
-
-
-# Flat CLI names (the red-team trainer's habit) -> dotted config paths.
-FLAT_NAMES: dict[str, str] = {
-    "model": "model.name",
-    "dtype": "model.dtype",
-    "device": "model.device",
-    "lora_rank": "model.lora_rank",
-    "lora_alpha": "model.lora_alpha",
-    "init_adapter": "model.init_adapter",
-    "group_size": "sampling.group_size",
-    "max_new_tokens": "sampling.max_new_tokens",
-    "temperature": "sampling.temperature",
-    "top_p": "sampling.top_p",
-    "steps": "training.steps",
-    "batch_size": "training.batch_size",
-    "lr": "training.lr",
-    "loss": "training.loss",
-    "seed": "training.seed",
-    "micro_batch_size": "training.micro_batch_size",
-    "micro_batch_tokens": "training.micro_batch_tokens",
-    "max_grad_norm": "training.max_grad_norm",
-    "data": "data.source",
-    "split": "data.split",
-    "system_prompt": "data.system_prompt",
-    "max_prompt_tokens": "data.max_prompt_tokens",
-    "toxicity_model": "reward.toxicity.model",
-    "toxicity_label": "reward.toxicity.label",
-    "kl_beta": "reward.kl_beta",
-    "repetition_penalty": "reward.repetition_penalty",
-    "zscore": "reward.zscore",
-    "output_dir": "run.output_dir",
-    "name": "run.name",
-    "save_every": "run.save_every",
-}
-
-
-def _format_validation_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "config"
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field"
-    return f"config field '{where}': {msg}" + (f" (got {first['input']!r})" if first["type"] != "extra_forbidden"
-                                               and not isinstance(first["input"], dict) else "")
-
-
-def build_config(data: dict[str, Any]) -> Config:
-    """Validate a nested dict into a Config, raising UserError that names the bad field."""
-    try:
-        return Config.model_validate(data)
-    except ValidationError as err:
-        raise UserError(_format_validation_error(err)) from None
-
-
-def build_server_config(values: dict[str, Any], name_of: Callable[[str], str] = lambda f: "--" + f.replace("_", "-"),
-                        ) -> RewardServerConfig:
-    """Validate reward server settings; UserError names the bad one as the user spelled it (`name_of(field)`)."""
-    try:
-        return RewardServerConfig.model_validate(values)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = name_of(str(first["loc"][0])) if first["loc"] else "reward server settings"
-        shown = f" (got {first['input']!r})" if first["loc"] and first["loc"][0] != "api_key" else ""
-        raise UserError(f"{where}: {first['msg'].removeprefix('Value error, ')}{shown}") from None
-
-
-def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON config file into a nested dict."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"config file not found: {path}")
-    text = read_text(path)
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise UserError(f"cannot parse config {path}: {first_line(err)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"config {path} must hold a mapping at the top level")
-    return data
-
-
-def _leaf_annotation(dotted: str) -> Any:
-    """The type annotation of a dotted config field, or None where the path names no field."""
-    model: type[BaseModel] = Config
-    *sections, leaf = dotted.split(".")
-    for part in sections:
-        info = model.model_fields.get(part)
-        if info is None or not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)):
-            return None
-        model = info.annotation
-    info = model.model_fields.get(leaf)
-    return info.annotation if info is not None else None
-
-
-def _parse_value(text: str, dotted: str) -> Any:
-    """CLI values are YAML scalars: 0.1 -> float, true -> bool, null -> None, [a, b] -> list.
-
-    A text field keeps the text as typed (only `null` still means None): YAML would turn `--name 007`
-    into the int 7 and `--system_prompt yes` into True, which a str field then rejects.
-    """
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    annotation = _leaf_annotation(dotted)
-    if value is not None and annotation in (str, str | None):
-        return text
-    admitted = admitted_types(annotation)
-    if isinstance(value, bool) and str in admitted and bool not in admitted:
-        return text  # `--reward.toxicity.label yes` names a label; it is not the index True == 1
-    return value
-
-
-def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """Turn ['--kl_beta', '0.2', '--reward.zscore=true'] into {'reward.kl_beta': 0.2, ...}."""
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--") or len(arg) == 2:
-            raise UserError(f"unexpected argument '{arg}': overrides look like --name value")
-        key, eq, value = arg[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise UserError(f"option --{key} needs a value")
-            value = args[i + 1]
-            i += 1
-        i += 1
-        key = key.replace("-", "_")
-        dotted = FLAT_NAMES.get(key, key)
-        if "." not in dotted and dotted not in Config.model_fields:
-            raise UserError(f"unknown option --{key} (see --help for config fields)")
-        out[dotted] = _parse_value(value, dotted)
-    return out
-
-
-def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Set dotted keys in a nested dict (copying the path), e.g. 'reward.toxicity.model'."""
-    data = json.loads(json.dumps(data))
-    for dotted, value in overrides.items():
-        node = data
-        parts = dotted.split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise UserError(f"cannot set {dotted}: '{part}' is not a section")
-            node = child
-        node[parts[-1]] = value
-    return data
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                base: dict[str, Any] | None = None) -> Config:
-    """Recipe defaults (base) <- config file <- CLI overrides, validated once at the end."""
-    data = json.loads(json.dumps(base or {}))
-    if path is not None:
-        data = _deep_merge(data, read_config_file(path))
-    data = apply_overrides(data, parse_overrides(overrides or []))
-    return build_config(data)
-
-
-def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for key, value in b.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def commented_yaml(config: Config) -> str:
-    """The config as YAML with each field's description as a trailing comment (for people, loadable as-is)."""
-    descriptions = {name: desc for name, _, desc in field_help()}
-    lines: list[str] = []
-
-    def emit(node: dict[str, Any], prefix: str, indent: str) -> None:
-        for key, value in node.items():
-            dotted = f"{prefix}{key}"
-            if isinstance(value, dict) and dotted not in descriptions:
-                lines.append(f"{indent}{key}:")
-                emit(value, dotted + ".", indent + "  ")
-                continue
-            rendered = yaml.safe_dump({key: value}, default_flow_style=True, width=10**6).strip()[1:-1]
-            lines.append(f"{indent}{rendered}  # {descriptions.get(dotted, '')}")
-
-    emit(config.model_dump(mode="json"), "", "")
-    return "\n".join(lines) + "\n"
-
-
-def save_config(config: Config, path: str | Path) -> None:
-    Path(path).write_text(commented_yaml(config))
-
-
-def field_help() -> list[tuple[str, str, str]]:
-    """(dotted name, default, description) for every leaf field: the CLI's --help table."""
-    rows: list[tuple[str, str, str]] = []
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, info in model.model_fields.items():
-            ann = info.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                walk(ann, f"{prefix}{name}.")
-                continue
-            default = info.get_default(call_default_factory=True)
-            rows.append((f"{prefix}{name}", json.dumps(default), info.description or ""))
-
-    walk(Config, "")
-    return rows

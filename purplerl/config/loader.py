@@ -1,0 +1,256 @@
+"""Reading a command's config: defaults <- YAML/JSON file <- CLI overrides, validated once, errors naming the field.
+
+Overrides are `--section.field VALUE` or a command's flat name (`--kl_beta 0.2`, `--max-new-tokens 8`);
+values are YAML scalars, except that a text field keeps its text as typed. A list field takes one item per
+occurrence (`--checkpoint a --checkpoint b`) or a YAML list (`--eval.checkpoints [a, b]`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from purplerl.config.base import Section, item_type, registry_of
+from purplerl.config.commands import ATTACK_FLAT, COMMANDS, Command
+from purplerl.config.sections import Config, RewardServerConfig
+from purplerl.errors import UserError, first_line
+from purplerl.files import read_text
+from purplerl.scalars import admitted_types
+
+FLAT_NAMES = ATTACK_FLAT
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field"
+    quoted = first["type"] != "extra_forbidden" and not isinstance(first["input"], dict)
+    shown = f" (got {first['input']!r})" if quoted else ""
+    return (f"config field '{where}': " if where else "config: ") + msg + shown
+
+
+def build(schema: type[Section], data: dict[str, Any]) -> Any:
+    """Validate a nested dict into `schema`, raising UserError that names the bad field."""
+    try:
+        return schema.model_validate(data)
+    except ValidationError as err:
+        raise UserError(_format_validation_error(err)) from None
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    """Validate a nested dict into an RL recipe's Config."""
+    return build(Config, data)
+
+
+def build_server_config(values: dict[str, Any], name_of: Callable[[str], str] = lambda f: "--" + f.replace("_", "-"),
+                        ) -> RewardServerConfig:
+    """Validate reward server settings; UserError names the bad one as the user spelled it (`name_of(field)`)."""
+    try:
+        return RewardServerConfig.model_validate(values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = name_of(str(first["loc"][0])) if first["loc"] else "reward server settings"
+        shown = f" (got {first['input']!r})" if first["loc"] and first["loc"][0] != "api_key" else ""
+        raise UserError(f"{where}: {first['msg'].removeprefix('Value error, ')}{shown}") from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON config file into a nested dict."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    text = read_text(path)
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise UserError(f"cannot parse config {path}: {first_line(err)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config {path} must hold a mapping at the top level")
+    return data
+
+
+def _leaf_annotation(schema: type[BaseModel], dotted: str) -> Any:
+    """The type annotation of a dotted config field, or None where the path names no field."""
+    model = schema
+    *sections, leaf = dotted.split(".")
+    for part in sections:
+        info = model.model_fields.get(part)
+        if info is None or not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)):
+            return None
+        model = info.annotation
+    info = model.model_fields.get(leaf)
+    return info.annotation if info is not None else None
+
+
+def _parse_value(text: str, annotation: Any) -> Any:
+    """CLI values are YAML scalars: 0.1 -> float, true -> bool, null -> None, [a, b] -> list.
+
+    A text field keeps the text as typed (only `null` still means None): YAML would turn `--name 007`
+    into the int 7 and `--system_prompt yes` into True, which a str field then rejects.
+    """
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if value is not None and annotation in (str, str | None):
+        return text
+    admitted = admitted_types(annotation)
+    if isinstance(value, bool) and str in admitted and bool not in admitted:
+        return text  # `--reward.toxicity.label yes` names a label; it is not the index True == 1
+    return value
+
+
+def _split_option(args: list[str], i: int) -> tuple[str, str, int]:
+    """(name, value, index of the next argument) of the option at args[i]."""
+    key, eq, value = args[i][2:].partition("=")
+    if eq:
+        return key, value, i + 1
+    if i + 1 >= len(args) or args[i + 1].startswith("--"):
+        raise UserError(f"option --{key} needs a value")
+    return key, args[i + 1], i + 2
+
+
+def parse_overrides(args: list[str], command: Command = COMMANDS["attack"]) -> dict[str, Any]:
+    """Turn ['--kl_beta', '0.2', '--reward.zscore=true'] into {'reward.kl_beta': 0.2, ...}."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            if command.positional is None or command.positional in out:
+                raise UserError(f"unexpected argument '{arg}': overrides look like --name value")
+            out[command.positional], i = arg, i + 1
+            continue
+        key, value, i = _split_option(args, i)
+        key = key.replace("-", "_")
+        dotted = command.flat.get(key, key)
+        if "." not in dotted and dotted not in command.schema.model_fields:
+            raise UserError(f"unknown option --{key} (see --help for config fields)")
+        annotation = _leaf_annotation(command.schema, dotted)
+        if item_type(annotation) is None:
+            out[dotted] = _parse_value(value, annotation)
+            continue
+        parsed = _parse_value(value, annotation) if value.lstrip().startswith("[") else None
+        # one item per occurrence, kept as typed: a prompt '[1, 2]' is text, a YAML list must be the whole value
+        items = parsed if isinstance(parsed, list) else [_parse_value(value, item_type(annotation))]
+        out[dotted] = [*out.get(dotted, []), *items]
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set dotted keys in a nested dict (copying the path), e.g. 'reward.toxicity.model'."""
+    data = json.loads(json.dumps(data))
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UserError(f"cannot set {dotted}: '{part}' is not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for key, value in b.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_command_config(name: str, path: str | Path | None = None, overrides: list[str] | None = None,
+                        base: dict[str, Any] | None = None) -> Any:
+    """Command `name`'s config: its defaults (and a recipe's `base`) <- config file <- CLI overrides.
+
+    Fields set anywhere along the way are in each section's `model_fields_set`, so a checkpoint's run
+    config fills in only what the user left alone."""
+    command = COMMANDS[name]
+    data = _deep_merge(json.loads(json.dumps(command.defaults)), base or {})
+    if path is not None:
+        data = _deep_merge(data, read_config_file(path))
+    data = apply_overrides(data, parse_overrides(overrides or [], command))
+    return build(command.schema, data)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> Config:
+    """An RL recipe's Config: recipe defaults (base) <- config file <- CLI overrides."""
+    return load_command_config("attack", path, overrides, base)
+
+
+def commented_yaml(config: Section) -> str:
+    """The config as YAML with each field's description as a trailing comment (for people, loadable as-is)."""
+    descriptions = {name: desc for name, _, desc in field_help(type(config))}
+    lines: list[str] = []
+
+    def emit(node: dict[str, Any], prefix: str, indent: str) -> None:
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if isinstance(value, dict) and dotted not in descriptions:
+                lines.append(f"{indent}{key}:")
+                emit(value, dotted + ".", indent + "  ")
+                continue
+            rendered = yaml.safe_dump({key: value}, default_flow_style=True, width=10**6).strip()[1:-1]
+            lines.append(f"{indent}{rendered}  # {descriptions.get(dotted, '')}")
+
+    emit(config.model_dump(mode="json"), "", "")
+    return "\n".join(lines) + "\n"
+
+
+def save_config(config: Section, path: str | Path) -> None:
+    Path(path).write_text(commented_yaml(config))
+
+
+def _is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def section_descriptions(schema: type[BaseModel] = Config, prefix: str = "") -> dict[str, str]:
+    """{dotted section name: its description} for every section under `schema`, depth first."""
+    found: dict[str, str] = {}
+    for name, info in schema.model_fields.items():
+        if _is_section(info.annotation):
+            found[f"{prefix}{name}"] = info.description or ""
+            found.update(section_descriptions(info.annotation, f"{prefix}{name}."))
+    return found
+
+
+def field_help(schema: type[BaseModel] = Config, defaults: dict[str, Any] | None = None,
+               with_choices: bool = False) -> list[tuple[str, str, str]]:
+    """(dotted name, default as JSON, description) for every leaf field of `schema`: the --help table.
+
+    `defaults` are a command's own (COMMANDS[...].defaults); `with_choices` adds a registry's names to the
+    description, which imports the registry. A field without a default shows as required."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str, values: dict[str, Any]) -> None:
+        for name, info in model.model_fields.items():
+            if _is_section(info.annotation):
+                walk(info.annotation, f"{prefix}{name}.", values.get(name, {}))
+                continue
+            if name in values:
+                default = json.dumps(values[name])
+            else:
+                default = "required" if info.is_required() else json.dumps(
+                    info.get_default(call_default_factory=True))
+            desc = info.description or ""
+            registry = registry_of(info.annotation, tuple(info.metadata)) if with_choices else None
+            if registry is not None:
+                desc += f" (choices: {', '.join(registry.names())})"
+            rows.append((f"{prefix}{name}", default, desc))
+
+    walk(schema, "", defaults or {})
+    return rows
