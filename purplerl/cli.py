@@ -10,18 +10,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperCommand
 
 from purplerl.config import (
     API_KEY_ENV,
+    COMMANDS,
     EMBEDDED_MODEL,
-    FLAT_NAMES,
     Config,
     RewardServerConfig,
     build_server_config,
     field_help,
+    load_command_config,
     load_config,
     read_config_file,
+    section_descriptions,
 )
 from purplerl.errors import PurplerlError, UserError
 
@@ -29,15 +33,42 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="purplerl: LLM safety research with reinforcement learning.")
 
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True, "max_content_width": 120}
+CONFIG_FILE_HELP = "YAML or JSON config file (the sections listed below)"
 
 
-def _config_epilog() -> str:
-    flat = {v: k for k, v in FLAT_NAMES.items()}
-    lines = ["Config overrides (any field, as --section.field VALUE or by its flat name; values are YAML):"]
-    for name, default, desc in field_help():
-        alias = f" (--{flat[name]})" if name in flat else ""
-        lines.append(f"  --{name}{alias} [default {default}]: {desc}")
-    return "\b\n" + "\n".join(lines)  # \b keeps click from re-wrapping the table
+def config_help(name: str, defaults: dict[str, Any] | None = None) -> list[str]:
+    """The settings of command `name`, a header line per section: what `--help` shows below the options."""
+    command = COMMANDS[name]
+    flat = {dotted: short for short, dotted in command.flat.items()}
+    headers = section_descriptions(command.schema)
+    lines = ["Settings: --section.field VALUE or the short name in parentheses (dashes work too); values are "
+             "YAML; a --config file holds the same sections."]
+    by_section: dict[str, list[str]] = {where: [] for where in ["", *headers]}
+    for dotted, default, desc in field_help(command.schema, defaults or command.defaults, with_choices=True):
+        alias = f" (--{flat[dotted]})" if dotted in flat else ""
+        by_section[dotted.rpartition(".")[0]].append(f"  --{dotted}{alias} [default {default}]: {desc}")
+    for where, rows in by_section.items():
+        if rows:
+            lines += [f"{where}: {headers[where]}" if where else "(top level)", *rows]
+    return lines
+
+
+def config_command(name: str, defaults: Callable[[], dict[str, Any]] | None = None) -> type[TyperCommand]:
+    """A command class whose --help ends with command `name`'s settings, built only when help is asked for
+    (listing a registry's choices imports it). `defaults` gives a recipe's own defaults for the table."""
+
+    class ConfigCommand(TyperCommand):
+        def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+            super().format_epilog(ctx, formatter)
+            formatter.write_paragraph()
+            for line in config_help(name, defaults() if defaults else None):
+                formatter.write(line + "\n")
+
+    return ConfigCommand
+
+
+def _say(line: str) -> None:
+    typer.echo(line, err=True)
 
 
 def _quiet_libraries() -> None:
@@ -90,11 +121,17 @@ def _restart(restart: bool, resume: Path | None) -> bool:
     return restart
 
 
-@app.command(context_settings=OVERRIDES, epilog=_config_epilog())
+def _defend_defaults() -> dict[str, Any]:
+    from purplerl.recipes.defend import DEFEND_DEFAULTS
+
+    return DEFEND_DEFAULTS
+
+
+@app.command(context_settings=OVERRIDES, cls=config_command("attack"))
 @reports_errors
 def attack(
     ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option(help="YAML or JSON config file")] = None,
+    config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None,
     resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest intact checkpoint")] = None,
     restart: Annotated[bool, typer.Option(help="with --resume: start a run that has no intact checkpoint again "
                                                "from step 1 (its logs are replaced)")] = False,
@@ -108,11 +145,11 @@ def attack(
     typer.echo(summarize_attack(Path(summary["run_dir"]), summary))
 
 
-@app.command(context_settings=OVERRIDES, epilog=_config_epilog())
+@app.command(context_settings=OVERRIDES, cls=config_command("defend", _defend_defaults))
 @reports_errors
 def defend(
     ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option(help="YAML or JSON config file")] = None,
+    config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None,
     resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest intact checkpoint")] = None,
     restart: Annotated[bool, typer.Option(help="with --resume: start a run that has no intact checkpoint again "
                                                "from step 1 (its logs are replaced)")] = False,
@@ -129,26 +166,24 @@ def defend(
     typer.echo(summarize_defend(Path(summary["run_dir"]), summary))
 
 
-@app.command("tamper-test", context_settings=OVERRIDES, epilog=_config_epilog())
+@app.command("tamper-test", context_settings=OVERRIDES, cls=config_command("tamper-test"))
 @reports_errors
 def tamper_test(
     ctx: typer.Context,
-    adapter: Annotated[Path, typer.Option(help="the defended adapter (a checkpoint dir of a defend run)")],
-    config: Annotated[Path | None, typer.Option(help="attack config file (YAML or JSON)")] = None,
-    out: Annotated[Path, typer.Option(help="directory for both attack runs and the comparison")] = Path("runs/tamper"),
-    threshold: Annotated[float, typer.Option(min=0.0, max=1.0, help="harm level counted as 'attack succeeded'")] = 0.5,
-    utility_limit: Annotated[int, typer.Option(min=1, help="arithmetic problems in the utility check")] = 40,
-    utility_tokens: Annotated[int, typer.Option(min=8, help="greedy tokens per utility answer")] = 128,
+    config: Annotated[Path | None, typer.Option(help="YAML or JSON file: an attack config, plus the tamper and "
+                                                     "utility sections")] = None,
 ) -> None:
-    """Run the same attack on the base model and on a defended adapter; compare harm curves and utility.
+    """Run the same attack on the base model and on a defended adapter (--adapter); compare harm curves and utility.
 
     Writes OUT/tamper.json, OUT/tamper.png and OUT/summary.txt. Running it again resumes unfinished attacks."""
     from purplerl.recipes.tamper import run_tamper_test, tamper_summary
 
-    cfg = _recipe_config("attack", ctx.args, config, None)
+    cfg = load_command_config("tamper-test", config, ctx.args)
+    if cfg.recipe != "attack":
+        raise UserError(f"config is for recipe '{cfg.recipe}', not 'attack'")
     _quiet_libraries()
-    result = run_tamper_test(cfg, adapter, out, threshold=threshold, utility_limit=utility_limit,
-                             utility_tokens=utility_tokens)
+    result = run_tamper_test(cfg, announce=_say)
+    out = Path(cfg.tamper.out)
     typer.echo(tamper_summary(result))
     typer.echo(f"wrote {out / 'tamper.json'}, {out / 'tamper.png'}, {out / 'summary.txt'}")
 
@@ -162,89 +197,36 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run dir with metrics.
     typer.echo(f"wrote {training_report(run_dir)}")
 
 
-@app.command()
+@app.command(context_settings=OVERRIDES, cls=config_command("sample"))
 @reports_errors
-def sample(
-    prompt: Annotated[list[str], typer.Option(help="user message; repeat for several prompts")],
-    checkpoint: Annotated[Path | None, typer.Option(help="checkpoint dir (a PEFT adapter) of a run")] = None,
-    model: Annotated[str | None, typer.Option(help="base model (default: the checkpoint's, else embedded)")] = None,
-    n: Annotated[int, typer.Option(min=1, help="completions per prompt")] = 1,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="tokens per completion")] = 64,
-    temperature: Annotated[float, typer.Option(min=0.0, help="sampling temperature (0: greedy)")] = 1.0,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="nucleus threshold")] = 1.0,
-    system_prompt: Annotated[str | None, typer.Option(help="system message (default: the run's)")] = None,
-    seed: Annotated[int, typer.Option(help="sampling seed")] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
-) -> None:
-    """Generate from a trained adapter (--checkpoint) or from a base model (--model)."""
+def sample(ctx: typer.Context, config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None) -> None:
+    """Generate from a trained adapter (--checkpoint) or from a base model (--model) for each --prompt.
+
+    A run's checkpoint is prompted as its run was trained (template, system prompt, base model)."""
     from purplerl.recipes.sample import generate
 
+    cfg = load_command_config("sample", config, ctx.args)
     _quiet_libraries()
-    for p, outs in zip(prompt, generate(prompt, checkpoint=checkpoint, model=model, n=n, max_new_tokens=max_new_tokens,
-                                        temperature=temperature, top_p=top_p, system_prompt=system_prompt,
-                                        seed=seed, device=device), strict=True):
-        typer.echo(f"### {p}")
-        for text in outs:
+    for prompt, texts in zip(cfg.sample.prompts, generate(cfg, announce=_say), strict=True):
+        typer.echo(f"### {prompt}")
+        for text in texts:
             typer.echo(text.strip() or "(empty)")
             typer.echo("---")
 
 
-@app.command(name="eval")
+@app.command(name="eval", context_settings=OVERRIDES, cls=config_command("eval"))
 @reports_errors
-def evaluate(
-    model: Annotated[str, typer.Option(help="base model: embedded:..., an HF id or a local path")] = EMBEDDED_MODEL,
-    checkpoint: Annotated[list[str] | None, typer.Option(help="PEFT adapter dir to evaluate; repeatable")] = None,
-    suite: Annotated[str, typer.Option(help="comma-separated: harm, utility, diversity")] = "harm,utility,diversity",
-    prompts: Annotated[str, typer.Option(help="prompts: builtin:redteam, a file, hf:ORG/NAME")] = "builtin:redteam",
-    split: Annotated[str, typer.Option(help="split of the prompt source")] = "test",
-    limit: Annotated[int | None, typer.Option(help="at most this many prompts")] = None,
-    n: Annotated[int, typer.Option(help="completions per prompt")] = 1,
-    max_new_tokens: Annotated[int, typer.Option(help="tokens per completion and per utility answer")] = 128,
-    temperature: Annotated[float, typer.Option(help="sampling temperature")] = 1.0,
-    top_p: Annotated[float, typer.Option(help="nucleus threshold")] = 0.95,
-    seed: Annotated[int, typer.Option(help="sampling and bootstrap seed")] = 0,
-    batch_size: Annotated[int, typer.Option(help="prompts per sampling call")] = 16,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
-    harm_model: Annotated[str | None, typer.Option(help="HF harm classifier, response only; with --harm-label")] = None,
-    harm_label: Annotated[str | None, typer.Option(help="the harm classifier's harmful label (name or index)")] = None,
-    harm_threshold: Annotated[float, typer.Option(help="P(harmful) at which a response is flagged")] = 0.5,
-    prompt_field: Annotated[str, typer.Option(
-        help="prompt field of --prompts (default 'prompt', else a benchmark's own: forbidden_prompt, question, "
-             "Behavior, behavior, goal)")] = "prompt",
-    guard_model: Annotated[str | None, typer.Option(
-        help="Llama-Guard-style causal LM judge (HF id or path): per-sample guard_unsafe = P(unsafe); "
-             "without --harm-model its verdict is the harm verdict")] = None,
-    guard_unsafe_token: Annotated[str, typer.Option(help="the guard's verdict word for unsafe")] = "unsafe",
-    strongreject_url: Annotated[str | None, typer.Option(
-        help="OpenAI-compatible base URL (http(s)://.../v1) of the StrongREJECT rubric judge")] = None,
-    strongreject_model: Annotated[str | None, typer.Option(help="model name for --strongreject-url")] = None,
-    strongreject_key_env: Annotated[str | None, typer.Option(
-        help="environment variable holding the StrongREJECT endpoint's API key")] = None,
-    utility_source: Annotated[str, typer.Option(help="math set of the utility suite")] = "builtin:arithmetic",
-    utility_limit: Annotated[int | None, typer.Option(help="at most this many utility problems")] = None,
-    choice_source: Annotated[str, typer.Option(
-        help="multiple-choice set of the utility suite: builtin:choice, a file/dir, hf:ORG/NAME[:CONFIG]; "
-             "none skips it")] = "builtin:choice",
-    choice_limit: Annotated[int | None, typer.Option(help="at most this many multiple-choice questions")] = None,
-    out: Annotated[Path, typer.Option(help="output dir; a rerun into it resumes the generations")] = Path("runs/eval"),
-) -> None:
+def evaluate(ctx: typer.Context, config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None) -> None:
     """Evaluate the base model and each --checkpoint: harm, utility and diversity with 95% bootstrap CIs.
 
+    Each checkpoint of a run is prompted as its run was trained; the base model is the checkpoints' own.
     Writes OUT/generations/<label>.jsonl (resumable), OUT/eval.json and OUT/report.html; prints a table."""
-    from purplerl.eval.run import EvalSettings, eval_table, run_eval
-    from purplerl.eval.suites import parse_suites
+    from purplerl.eval.run import eval_table, run_eval
 
-    settings = EvalSettings(
-        model=model, checkpoints=tuple(checkpoint or ()), suites=parse_suites(suite), prompts=prompts, split=split,
-        limit=limit, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-        batch_size=batch_size, device=device, out=str(out), harm_model=harm_model, harm_label=harm_label,
-        harm_threshold=harm_threshold, prompt_field=prompt_field, guard_model=guard_model,
-        guard_unsafe_token=guard_unsafe_token, strongreject_url=strongreject_url,
-        strongreject_model=strongreject_model, strongreject_key_env=strongreject_key_env,
-        utility_source=utility_source, utility_limit=utility_limit,
-        choice_source=choice_source, choice_limit=choice_limit)
+    cfg = load_command_config("eval", config, ctx.args)
     _quiet_libraries()
-    result = run_eval(settings)
+    result = run_eval(cfg, announce=_say)
+    out = Path(cfg.eval.out)
     typer.echo(eval_table(result))
     typer.echo(f"wrote {out / 'eval.json'} and {out / 'report.html'}")
 
@@ -253,26 +235,16 @@ data_app = typer.Typer(no_args_is_help=True, help="Datasets: prepare hub dataset
 app.add_typer(data_app, name="data")
 
 
-@data_app.command("prepare")
+@data_app.command("prepare", context_settings=OVERRIDES, cls=config_command("data prepare"),
+                  options_metavar="DATASET [OPTIONS]")
 @reports_errors
-def data_prepare(
-    dataset: Annotated[str, typer.Argument(help="beavertails, wmdp, gsm8k or merge")],
-    out: Annotated[Path | None, typer.Option(help="output dir (default: data/<name>, data/<name>-base)")] = None,
-    subset: Annotated[str | None, typer.Option(help="wmdp: bio, chem or cyber")] = None,
-    template: Annotated[str | None, typer.Option(help="chat (default) or base: plain 'Question: ...' text")] = None,
-    source: Annotated[Path | None, typer.Option(help="local copy of the hub dataset instead of the hub")] = None,
-    seed: Annotated[int | None, typer.Option(help="wmdp split / merge shuffle seed (default 42)")] = None,
-    wmdp: Annotated[Path | None, typer.Option(help="merge: a prepared WMDP dir")] = None,
-    beavertails: Annotated[Path | None, typer.Option(help="merge: a prepared BeaverTails dir")] = None,
-    ratio: Annotated[float | None, typer.Option(help="merge: BeaverTails rows per WMDP row (default all)")] = None,
-    limit: Annotated[int | None, typer.Option(help="merge: at most this many rows per split")] = None,
-) -> None:
-    """Write train.parquet and test.parquet in veRL's schema (prompt, data_source, reward_model, ...)."""
+def data_prepare(ctx: typer.Context,
+                 config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None) -> None:
+    """Write DATASET's train.parquet and test.parquet in veRL's schema (prompt, data_source, reward_model, ...)."""
     from purplerl.data.prepare import prepare_dataset
 
-    prepared = prepare_dataset(dataset, out, subset=subset, template=template, source=source, seed=seed, wmdp=wmdp,
-                               beavertails=beavertails, ratio=ratio, limit=limit)
-    typer.echo(prepared.describe())
+    cfg = load_command_config("data prepare", config, ctx.args)
+    typer.echo(prepare_dataset(cfg.prepare).describe())
 
 
 def _server_option(field: str, **kwargs: Any) -> Any:
@@ -332,4 +304,4 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 
-__all__ = ["app", "main", "EMBEDDED_MODEL"]
+__all__ = ["app", "main", "EMBEDDED_MODEL", "config_help"]

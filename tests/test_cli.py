@@ -87,9 +87,15 @@ MISTAKES = {
     "steps-yes": (["attack", "--steps", "yes"], "config field 'training.steps': expected an integer, got a boolean"),
     "nan-early-stop": (["attack", "--training.early_stop_toxicity", ".nan"], "training.early_stop_toxicity"),
     "inf-timeout": (["attack", "--reward.toxicity.timeout_s", ".inf"], "reward.toxicity.timeout_s"),
-    "sample-inf": (["sample", "--prompt", "hi", "--temperature", "inf"], "--temperature and --top-p must be finite"),
+    "sample-inf": (["sample", "--prompt", "hi", "--temperature", "inf"],
+                   "config field 'sampling.temperature': Input should be a finite number"),
+    "sample-no-prompt": (["sample", "--n", "2"], "give at least one --prompt"),
+    "sample-attack-field": (["sample", "--prompt", "hi", "--lr", "0.1"], "unknown option --lr"),
+    "eval-n": (["eval", "--n", "0"], "config field 'eval.n'"),
+    "tamper-no-adapter": (["tamper-test", "--steps", "1"], "--adapter DIR (tamper.adapter)"),
     # a byte that is not UTF-8 on the command line reaches Python as a lone surrogate
-    "sample-not-utf8": (["sample", "--prompt", os.fsdecode(b"caf\xe9")], "lone surrogate"),
+    "sample-not-utf8": (["sample", "--prompt", "fine", "--prompt", os.fsdecode(b"caf\xe9")],
+                        "config field 'sample.prompts': item 2: the text holds"),
 }
 # adapter_config.json files that PEFT would fail on with a TypeError or KeyError deep in its loader
 BAD_ADAPTER_CONFIGS = {
@@ -297,19 +303,63 @@ def test_top_level_help(env: dict[str, str]):
     assert "attack" in proc.stdout and "sample" in proc.stdout
 
 
-def test_attack_help_lists_config_fields(env: dict[str, str]):
+def settings_of(help_text: str) -> dict[str, list[str]]:
+    """The settings table of a --help: {section header: its field options}."""
+    table: dict[str, list[str]] = {}
+    header = ""
+    for line in help_text.split("Settings:", 1)[1].splitlines()[1:]:
+        if line.startswith("  --"):
+            table[header].append(line.split()[0])
+        elif line.strip():
+            header = line.split(":")[0]
+            table[header] = []
+    return table
+
+
+def test_attack_help_lists_config_fields_by_section(env: dict[str, str]):
     proc = purplerl("attack", "--help", env=env)
     assert proc.returncode == 0, proc.stderr
-    for text in ("--config", "--resume", "--reward.kl_beta", "--kl_beta", "--training.lr", "--lr",
-                 "--reward.toxicity.label", "--sampling.group_size", "--group_size", "--run.save_every"):
+    for text in ("--config", "--resume", "--reward.kl_beta (--kl_beta)", "--training.lr (--lr)",
+                 "--reward.toxicity.label", "--sampling.group_size (--group_size)", "--run.save_every"):
         assert text in proc.stdout, text
+    table = settings_of(proc.stdout)
+    assert list(table) == ["(top level)", "model", "sampling", "training", "data", "reward", "reward.toxicity",
+                           "logging", "run"]
+    assert "--reward.kl_beta" in table["reward"] and "--reward.toxicity.url" in table["reward.toxicity"]
+    from purplerl.config import field_help
+
+    assert sum(map(len, table.values())) == len(field_help()) == 82
+
+
+@pytest.mark.parametrize(("command", "sections"), [
+    ("sample", ["model", "sampling", "data", "sample"]),
+    ("eval", ["model", "sampling", "data", "eval", "judges", "utility"]),
+    ("data prepare", ["prepare"]),
+])
+def test_each_command_lists_only_its_own_sections(env: dict[str, str], command: str, sections: list[str]):
+    proc = purplerl(*command.split(), "--help", env=env)
+    assert proc.returncode == 0, proc.stderr
+    table = settings_of(proc.stdout)
+    assert list(table) == sections
+    options = [option for rows in table.values() for option in rows]
+    assert "--training.lr" not in options and "--reward.kl_beta" not in options
+    assert "--sampling.max_new_tokens" in options or command == "data prepare"
 
 
 def test_sample_help(env: dict[str, str]):
     proc = purplerl("sample", "--help", env=env)
     assert proc.returncode == 0, proc.stderr
-    for text in ("--checkpoint", "--model", "--prompt", "--max-new-tokens"):
+    for text in ("--sample.checkpoint (--checkpoint)", "--model.name (--model)", "--sample.prompts (--prompt)",
+                 "--sampling.max_new_tokens (--max_new_tokens) [default 48]", "--data.system_prompt (--system_prompt)"):
         assert text in proc.stdout, text
+
+
+def test_tamper_help_adds_its_sections_to_the_attacks(env: dict[str, str]):
+    proc = purplerl("tamper-test", "--help", env=env)
+    assert proc.returncode == 0, proc.stderr
+    table = settings_of(proc.stdout)
+    assert {"training", "reward", "tamper", "utility"} <= set(table)
+    assert "--utility.limit (--utility_limit) [default 40]" in proc.stdout  # tamper-test's own default
 
 
 def test_console_script(env: dict[str, str]):

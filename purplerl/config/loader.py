@@ -94,14 +94,16 @@ def _leaf_annotation(schema: type[BaseModel], dotted: str) -> Any:
 def _parse_value(text: str, annotation: Any) -> Any:
     """CLI values are YAML scalars: 0.1 -> float, true -> bool, null -> None, [a, b] -> list.
 
-    A text field keeps the text as typed (only `null` still means None): YAML would turn `--name 007`
-    into the int 7 and `--system_prompt yes` into True, which a str field then rejects.
+    A text field keeps the text as typed (only `null` still means None, where the field takes it): YAML
+    would turn `--name 007` into the int 7 and `--system_prompt yes` into True, which a str field rejects.
     """
+    if annotation is str:
+        return text  # not even `null`: the field cannot hold None
     try:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
-    if value is not None and annotation in (str, str | None):
+    if value is not None and annotation == str | None:
         return text
     admitted = admitted_types(annotation)
     if isinstance(value, bool) and str in admitted and bool not in admitted:
@@ -135,6 +137,8 @@ def parse_overrides(args: list[str], command: Command = COMMANDS["attack"]) -> d
         dotted = command.flat.get(key, key)
         if "." not in dotted and dotted not in command.schema.model_fields:
             raise UserError(f"unknown option --{key} (see --help for config fields)")
+        if dotted == command.positional and dotted in out:
+            raise UserError(f"{dotted} is given twice: '{out[dotted]}' and --{key} '{value}'")
         annotation = _leaf_annotation(command.schema, dotted)
         if item_type(annotation) is None:
             out[dotted] = _parse_value(value, annotation)

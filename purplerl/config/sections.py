@@ -91,7 +91,7 @@ class PromptSourceConfig(Section):
     """Where prompts come from and which of them are kept (purplerl.data.sources.load_prompts)."""
 
     source: str = Field("builtin:redteam", description="'builtin:redteam', a .jsonl/.json/.parquet file, or 'hf:ORG/NAME'")
-    split: str = Field("train", description="split to train on (builtin and hf sources)")
+    split: str = Field("train", description="split to read (builtin and hf sources)")
     prompt_field: str = Field("prompt", description="field holding the prompt text or chat messages")
     category_field: str | None = Field(None, description="field holding the harm category (auto for known schemas)")
     hf_config: str | None = Field(None, description="HF dataset config name")

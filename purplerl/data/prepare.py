@@ -25,14 +25,20 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from purplerl.config.base import Template
 from purplerl.data.hub import HubSpec, Rows, load_split
 from purplerl.errors import UserError
 
-Template = Literal["chat", "base"]
-TEMPLATES = ("chat", "base")
-DATASETS = ("beavertails", "wmdp", "gsm8k", "merge")
+if TYPE_CHECKING:
+    from purplerl.config import PrepareConfig
+
+DATASETS = ("beavertails", "wmdp", "gsm8k", "merge")  # the registry `prepare.dataset` is checked against
+# the options (PrepareConfig fields) each applies to; any other dataset refuses them
+OPTIONS_USED_BY = {"subset": ("wmdp",), "seed": ("wmdp", "merge"),
+                   "template": ("beavertails", "wmdp", "gsm8k"), "source": ("beavertails", "wmdp", "gsm8k"),
+                   "wmdp": ("merge",), "beavertails": ("merge",), "ratio": ("merge",), "limit": ("merge",)}
 SPLITS = ("train", "test")
 
 BEAVERTAILS = HubSpec("PKU-Alignment/BeaverTails", None, ("30k_train", "30k_test"))
@@ -278,38 +284,25 @@ def default_out_dir(dataset: str, subset: str | None, template: Template) -> Pat
     return Path("data") / (name if template == "chat" else f"{name}-base")
 
 
-def prepare_dataset(dataset: str, out: Path | None = None, *, subset: str | None = None,
-                    template: str | None = None, source: Path | None = None, seed: int | None = None,
-                    wmdp: Path | None = None, beavertails: Path | None = None, ratio: float | None = None,
-                    limit: int | None = None) -> Prepared:
-    """The `purplerl data prepare DATASET` command: validate which options apply, then prepare."""
-    if dataset not in DATASETS:
-        raise UserError(f"unknown dataset '{dataset}' (choose from {', '.join(DATASETS)})")
-    if template is not None and template not in TEMPLATES:
-        raise UserError(f"unknown template '{template}' (choose from {', '.join(TEMPLATES)})")
+def prepare_dataset(cfg: PrepareConfig) -> Prepared:
+    """The `purplerl data prepare DATASET` command: refuse the options DATASET does not use, then prepare."""
+    if cfg.dataset is None:
+        raise UserError(f"name a dataset: purplerl data prepare DATASET (choose from {', '.join(DATASETS)})")
+    given = cfg.model_fields_set
     # An option the dataset ignores is a mistake the user should hear about, not a silent no-op.
-    _only_for(dataset, ("wmdp",), {"--subset": subset})
-    _only_for(dataset, ("wmdp", "merge"), {"--seed": seed})
-    _only_for(dataset, ("beavertails", "wmdp", "gsm8k"), {"--template": template, "--source": source})
-    _only_for(dataset, ("merge",), {"--wmdp": wmdp, "--beavertails": beavertails, "--ratio": ratio,
-                                    "--limit": limit})
-    tmpl: Template = "base" if template == "base" else "chat"
-    seed = 42 if seed is None else seed
-    if dataset == "wmdp" and subset is None:
+    for option, used_by in OPTIONS_USED_BY.items():
+        if option in given and cfg.dataset not in used_by:
+            raise UserError(f"--{option} does not apply to '{cfg.dataset}' (only to {', '.join(used_by)})")
+    if cfg.dataset == "wmdp" and cfg.subset is None:
         raise UserError(f"wmdp needs --subset (choose from {', '.join(WMDP_TOPICS)})")
-    out = default_out_dir(dataset, subset, tmpl) if out is None else out
-    if dataset == "beavertails":
-        return prepare_beavertails(out, tmpl, source)
-    if dataset == "wmdp":
-        return prepare_wmdp(out, str(subset), tmpl, source, seed)
-    if dataset == "gsm8k":
-        return prepare_gsm8k(out, tmpl, source)
-    if wmdp is None or beavertails is None:
+    out = default_out_dir(cfg.dataset, cfg.subset, cfg.template) if cfg.out is None else Path(cfg.out)
+    source = Path(cfg.source) if cfg.source is not None else None
+    if cfg.dataset == "beavertails":
+        return prepare_beavertails(out, cfg.template, source)
+    if cfg.dataset == "wmdp":
+        return prepare_wmdp(out, str(cfg.subset), cfg.template, source, cfg.seed)
+    if cfg.dataset == "gsm8k":
+        return prepare_gsm8k(out, cfg.template, source)
+    if cfg.wmdp is None or cfg.beavertails is None:
         raise UserError("merge needs --wmdp DIR and --beavertails DIR (outputs of `purplerl data prepare`)")
-    return merge_prepared(wmdp, beavertails, out, ratio, limit, seed)
-
-
-def _only_for(dataset: str, allowed: tuple[str, ...], options: dict[str, Any]) -> None:
-    for option, value in options.items():
-        if value is not None and dataset not in allowed:
-            raise UserError(f"{option} does not apply to '{dataset}' (only to {', '.join(allowed)})")
+    return merge_prepared(Path(cfg.wmdp), Path(cfg.beavertails), out, cfg.ratio, cfg.limit, cfg.seed)

@@ -14,28 +14,18 @@ metrics.summarize reads.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from purplerl.errors import ExperimentError, UserError
+from purplerl.errors import ExperimentError
 from purplerl.types import PromptRecord
 
-SUITES = ("harm", "utility", "diversity")
+if TYPE_CHECKING:
+    from purplerl.config import JudgesConfig
+
+SUITES = ("harm", "utility", "diversity")  # the registry `eval.suites` is checked against; run by eval.run.SUITE_RUNS
 
 # Generates one completion per prompt for the utility suite: (records, max_new_tokens) -> texts, greedy.
 GreedyGenerate = Callable[[list[PromptRecord], int], list[str]]
-
-
-def parse_suites(text: str) -> tuple[str, ...]:
-    """'harm,utility' -> ('harm', 'utility'), in the order given; unknown or repeated names are UserErrors."""
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    if not names:
-        raise UserError(f"--suite needs at least one of {', '.join(SUITES)}")
-    unknown = [name for name in names if name not in SUITES]
-    if unknown:
-        raise UserError(f"unknown suite '{unknown[0]}' (available: {', '.join(SUITES)})")
-    if len(set(names)) != len(names):
-        raise UserError(f"--suite repeats a suite: {text}")
-    return names
 
 
 class HarmJudges:
@@ -48,29 +38,23 @@ class HarmJudges:
     from the guard. Built once per eval (the model loads are the slow part) and applied to every target's rows.
     """
 
-    def __init__(self, harm_model: str | None = None, harm_label: str | None = None,
-                 harm_threshold: float = 0.5, device: str = "cpu", guard_model: str | None = None,
-                 guard_unsafe_token: str = "unsafe", strongreject_url: str | None = None,
-                 strongreject_model: str | None = None, strongreject_key_env: str | None = None) -> None:
+    def __init__(self, judges: JudgesConfig, device: str = "cpu") -> None:
         from purplerl.config import ToxicityConfig
         from purplerl.eval.judges import CausalGuardJudge, HarmClassifierJudge, RefusalJudge, StrongRejectJudge
         from purplerl.rewards.toxicity import make_toxicity_scorer
 
-        if (strongreject_url is None) != (strongreject_model is None):
-            raise UserError("--strongreject-url and --strongreject-model go together: give both or neither")
-        self.harm_threshold = harm_threshold
-
-        if (harm_model is None) != (harm_label is None):
-            raise UserError("--harm-model and --harm-label go together: give both or neither")
+        self.harm_threshold = judges.harm_threshold
         self.judges: dict[str, Any] = {"toxicity": make_toxicity_scorer(ToxicityConfig()), "refused": RefusalJudge()}
-        if harm_model is not None:
-            label: str | int = int(harm_label) if harm_label.isdigit() else harm_label
-            self.judges["harm"] = HarmClassifierJudge(harm_model, label, threshold=harm_threshold, device=device)
-        if strongreject_url is not None and strongreject_model is not None:
-            self.judges["strongreject"] = StrongRejectJudge(strongreject_url, strongreject_model,
-                                                            api_key_env=strongreject_key_env)
-        if guard_model is not None:
-            self.judges["guard_unsafe"] = CausalGuardJudge(guard_model, guard_unsafe_token, device=device)
+        if judges.harm_model is not None and judges.harm_label is not None:
+            label = judges.harm_label
+            self.judges["harm"] = HarmClassifierJudge(judges.harm_model, int(label) if label.isdigit() else label,
+                                                      threshold=judges.harm_threshold, device=device)
+        if judges.strongreject_url is not None and judges.strongreject_model is not None:
+            self.judges["strongreject"] = StrongRejectJudge(judges.strongreject_url, judges.strongreject_model,
+                                                            api_key_env=judges.strongreject_key_env)
+        if judges.guard_model is not None:
+            self.judges["guard_unsafe"] = CausalGuardJudge(judges.guard_model, judges.guard_unsafe_token,
+                                                           device=device)
 
     def describe(self) -> dict[str, str]:
         return {key: type(judge).__name__ for key, judge in self.judges.items()}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from purplerl.config import DataConfig
+from purplerl.config import DataConfig, load_command_config
 from purplerl.data import load_prompts
 from purplerl.data.prepare import (
     gsm8k_final_answer,
@@ -285,20 +285,36 @@ def test_merge_rejects_swapped_or_missing_dirs(prepared, tmp_path):
 # ---------------------------------------------------------------------------------------------- dispatch
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"dataset": "mmlu"}, "unknown dataset 'mmlu' \\(choose from beavertails, wmdp, gsm8k, merge\\)"),
-    ({"dataset": "wmdp"}, "wmdp needs --subset \\(choose from bio, chem, cyber\\)"),
-    ({"dataset": "wmdp", "subset": "physics"}, "unknown WMDP subset 'physics'"),
-    ({"dataset": "gsm8k", "subset": "bio"}, "--subset does not apply to 'gsm8k'"),
-    ({"dataset": "gsm8k", "seed": 1}, "--seed does not apply to 'gsm8k'"),
-    ({"dataset": "gsm8k", "template": "qwen"}, "unknown template 'qwen' \\(choose from chat, base\\)"),
-    ({"dataset": "merge", "template": "base"}, "--template does not apply to 'merge'"),
-    ({"dataset": "beavertails", "ratio": 0.5}, "--ratio does not apply to 'beavertails'"),
-    ({"dataset": "merge"}, "merge needs --wmdp DIR and --beavertails DIR"),
+@pytest.mark.parametrize(("args", "message"), [
+    (["mmlu"], "config field 'prepare.dataset': unknown dataset 'mmlu' (choose from beavertails, wmdp, gsm8k, merge)"),
+    (["wmdp"], "wmdp needs --subset (choose from bio, chem, cyber)"),
+    (["wmdp", "--subset", "physics"], "unknown WMDP subset 'physics' (choose from bio, chem, cyber)"),
+    (["gsm8k", "--subset", "bio"], "--subset does not apply to 'gsm8k' (only to wmdp)"),
+    (["gsm8k", "--seed", "1"], "--seed does not apply to 'gsm8k'"),
+    (["gsm8k", "--seed", "42"], "--seed does not apply to 'gsm8k'"),  # given is given, even at the default
+    (["gsm8k", "--template", "qwen"], "config field 'prepare.template': Input should be 'chat' or 'base'"),
+    (["merge", "--template", "base"], "--template does not apply to 'merge'"),
+    (["beavertails", "--ratio", "0.5"], "--ratio does not apply to 'beavertails'"),
+    (["merge", "--ratio", "0"], "config field 'prepare.ratio': Input should be greater than 0"),
+    (["merge"], "merge needs --wmdp DIR and --beavertails DIR"),
+    ([], "name a dataset: purplerl data prepare DATASET (choose from beavertails, wmdp, gsm8k, merge)"),
+    (["gsm8k", "wmdp"], "unexpected argument 'wmdp'"),
+    (["gsm8k", "--dataset", "wmdp"], "prepare.dataset is given twice: 'gsm8k' and --dataset 'wmdp'"),
+    (["--dataset", "wmdp", "gsm8k"], "unexpected argument 'gsm8k'"),
 ])
-def test_prepare_dataset_option_errors(kwargs, message):
-    with pytest.raises(UserError, match=message):
-        prepare_dataset(**kwargs)
+def test_prepare_dataset_option_errors(args, message):
+    with pytest.raises(UserError) as info:
+        prepare_dataset(load_command_config("data prepare", None, args).prepare)
+    assert message in str(info.value), str(info.value)
+
+
+def test_prepare_options_by_flat_name_dotted_name_or_file(tmp_path):
+    # the dataset may follow an option: only a bare word that no option takes is the dataset
+    cfg = load_command_config("data prepare", None, ["--out", "o", "wmdp", "--subset", "bio"]).prepare
+    assert (cfg.dataset, cfg.out, cfg.subset) == ("wmdp", "o", "bio")
+    (tmp_path / "p.yaml").write_text("prepare:\n  dataset: merge\n  ratio: 0.5\n")
+    cfg = load_command_config("data prepare", tmp_path / "p.yaml", ["--prepare.limit", "3"]).prepare
+    assert (cfg.dataset, cfg.ratio, cfg.limit, cfg.seed) == ("merge", 0.5, 3, 42)
 
 
 # ------------------------------------------------------------------------------------------------ the CLI
@@ -340,9 +356,11 @@ def test_cli_prepare_and_merge(hub, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["mmlu"], "error: unknown dataset 'mmlu' (choose from beavertails, wmdp, gsm8k, merge)"),
+    (["mmlu"], "error: config field 'prepare.dataset': unknown dataset 'mmlu' (choose from beavertails, wmdp, "
+               "gsm8k, merge)"),
     (["wmdp"], "error: wmdp needs --subset (choose from bio, chem, cyber)"),
-    (["wmdp", "--subset", "physics"], "error: unknown WMDP subset 'physics' (choose from bio, chem, cyber)"),
+    (["wmdp", "--subset", "physics"], "error: config field 'prepare.subset': unknown WMDP subset 'physics' "
+                                      "(choose from bio, chem, cyber)"),
     (["gsm8k", "--source", "missing_dir"], "error: source not found: missing_dir"),
     (["gsm8k"], "error: cannot load 'openai/gsm8k' (config main, split 'train') from the hub: "),
 ])

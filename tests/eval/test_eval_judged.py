@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import ChatCompletionsStub, serve_on_loopback
 
+from purplerl.config import load_command_config
 from purplerl.errors import UserError
-from purplerl.eval.run import EvalSettings, validate
+from purplerl.eval.run import validate
 
 LIMIT, N = 3, 2
 FAST = ["--suite", "harm", "--limit", str(LIMIT), "--n", str(N), "--max-new-tokens", "6", "--batch-size", "2",
@@ -117,7 +118,7 @@ def test_prompt_field_option_reads_another_field(tiny_model_dir: Path, tmp_path:
 @pytest.mark.parametrize(("args", "needle"), [
     (["--guard-model", "/nonexistent/guard"], "guard model not found: /nonexistent/guard"),
     (["--strongreject-url", "ftp://judge", "--strongreject-model", "m"], "must start with http:// or https://"),
-    (["--strongreject-url", "http://127.0.0.1:1/v1"], "--strongreject-model"),
+    (["--strongreject-url", "http://127.0.0.1:1/v1"], "strongreject_url and strongreject_model go together"),
     (["--strongreject-url", "http://127.0.0.1:1/v1", "--strongreject-model", "m", "--strongreject-key-env",
       "SR_SURELY_UNSET_KEY"], "SR_SURELY_UNSET_KEY"),
 ])
@@ -130,24 +131,29 @@ def test_judge_mistakes_are_one_line_errors_with_exit_2(tiny_model_dir: Path, tm
     assert not (tmp_path / "out").exists()  # stopped before anything was generated
 
 
+def _validate(**judges: object) -> dict:
+    """validate() on an eval config with these judge (or other) settings given as options."""
+    args = [str(a) for name, value in judges.items() for a in (f"--{name}", value)]
+    return validate(load_command_config("eval", None, ["--model", "m", *args]), announce=lambda _: None)
+
+
 def test_validate_checks_the_judges(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ok = EvalSettings(model="m", suites=("harm",), guard_model=str(tiny_model_dir),
-                      strongreject_url="https://judge.example/v1", strongreject_model="m")
-    assert validate(ok) == {"base": None}
-    assert validate(EvalSettings(model="m", guard_model="meta-llama/Llama-Guard-3-1B")) == {"base": None}  # hub id
+    ok = _validate(suite="harm", guard_model=tiny_model_dir, strongreject_url="https://judge.example/v1",
+                   strongreject_model="m")
+    assert list(ok) == ["base"] and ok["base"].model.name == "m"
+    assert list(_validate(guard_model="meta-llama/Llama-Guard-3-1B")) == ["base"]  # a hub id is not looked up
     bad = [({"guard_model": "./missing-guard"}, "guard model not found"),
-           ({"guard_model": str(tiny_model_dir), "suites": ("diversity",)}, "add harm to --suite"),
-           ({"guard_model": str(tiny_model_dir), "guard_unsafe_token": " "}, "--guard-unsafe-token"),
+           ({"guard_model": tiny_model_dir, "suite": "diversity"}, "add harm to eval.suites"),
+           ({"guard_model": tiny_model_dir, "guard_unsafe_token": " "}, "guard_unsafe_token must not be empty"),
            ({"strongreject_model": "m"}, "go together"),
-           ({"strongreject_key_env": "X"}, "--strongreject-key-env needs"),
-           ({"prompt_field": ""}, "--prompt-field")]
+           ({"strongreject_key_env": "X"}, "strongreject_key_env needs"),
+           ({"prompt_field": " "}, "config field 'data.prompt_field': must name a field")]
     for fields, needle in bad:
         with pytest.raises(UserError, match=needle):
-            validate(EvalSettings(model="m", **fields))
+            _validate(**fields)
     monkeypatch.delenv("SR_MISSING", raising=False)
     with pytest.raises(UserError, match="SR_MISSING"):
-        validate(EvalSettings(model="m", strongreject_url="http://x/v1", strongreject_model="m",
-                              strongreject_key_env="SR_MISSING"))
+        _validate(strongreject_url="http://x/v1", strongreject_model="m", strongreject_key_env="SR_MISSING")
 
 
 def test_guard_unsafe_rate_by_hand() -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from purplerl.config import EvalCommandConfig, load_command_config
 from purplerl.errors import UserError
-from purplerl.eval.run import EvalSettings, read_generations, validate
-from purplerl.eval.suites import parse_suites, table
+from purplerl.eval.run import SUITE_RUNS, read_generations, validate
+from purplerl.eval.suites import SUITES, table
 from purplerl.files import safe_file_stem
 from purplerl.types import PromptRecord
 
@@ -131,7 +132,9 @@ def test_a_killed_generation_resumes_after_its_last_whole_prompt(evaluated) -> N
     (["--suite", "harm,speed"], "unknown suite 'speed'"),
     (["--checkpoint", "/nonexistent/step_000001"], "checkpoint dir not found"),
     (["--prompts", "/nonexistent/prompts.jsonl"], "/nonexistent/prompts.jsonl"),
-    (["--harm-model", "some/classifier"], "--harm-label"),
+    (["--harm-model", "some/classifier"], "harm_model and harm_label go together"),
+    (["--guard-model", "some/guard", "--suite", "diversity"], "add harm to eval.suites"),
+    (["--n", "0"], "config field 'eval.n': Input should be greater than or equal to 1"),
 ])
 def test_user_mistakes_are_one_line_errors_with_exit_2(tiny_model_dir: Path, tmp_path: Path, args, needle) -> None:
     proc = finish(start("--model", tiny_model_dir, "--out", tmp_path / "out", *args, cache=tmp_path / "cache"))
@@ -157,7 +160,7 @@ def test_bad_input_is_one_line_and_writes_nothing_into_out(tiny_model_dir: Path,
         (tmp_path / name / "adapter_config.json").write_bytes(config)
         (tmp_path / name / "adapter_model.safetensors").write_bytes(b"")
     cases = {
-        "device": (["--device", "tpu"], "--device must be one of auto, cpu, cuda, got 'tpu'"),
+        "device": (["--device", "tpu"], "config field 'model.device': Input should be 'auto', 'cpu' or 'cuda'"),
         "prompts": (["--prompts", latin1], f"{latin1}:3: line 3 is not UTF-8"),
         "invalid-json": (["--checkpoint", tmp_path / "invalid-json"], "adapter_config.json:1: invalid JSON"),
         "wrong-type": (["--checkpoint", tmp_path / "wrong-type"], "field 'r' must be a positive integer, got true"),
@@ -173,7 +176,7 @@ def test_bad_input_is_one_line_and_writes_nothing_into_out(tiny_model_dir: Path,
     fixed = finish(start("--model", tiny_model_dir, "--out", outs["device"], "--suite", "diversity", "--limit", "2",
                          "--n", "1", "--max-new-tokens", "4", "--device", "cpu", cache=tmp_path / "cache"))
     assert fixed.returncode == 0, fixed.stderr
-    assert json.loads((outs["device"] / "generation.json").read_text())["limit"] == 2
+    assert json.loads((outs["device"] / "generation.json").read_text())["data.limit"] == 2
     assert len(rows_of(outs["device"] / "generations" / "base.jsonl")) == 2
 
 
@@ -192,31 +195,52 @@ def test_read_generations_drops_a_cut_tail_and_refuses_other_prompts(tmp_path: P
         read_generations(path, prompts, 2)
 
 
+def _eval(*args: str | Path) -> EvalCommandConfig:
+    return load_command_config("eval", None, ["--model", "m", *map(str, args)])
+
+
+def _targets(cfg: EvalCommandConfig) -> dict[str, str | None]:
+    return {label: policy.model.init_adapter for label, policy in validate(cfg, announce=lambda _: None).items()}
+
+
 def test_validate_labels_targets_and_refuses_bad_settings(adapter: Path, tmp_path: Path) -> None:
-    assert validate(EvalSettings(model="m", checkpoints=(str(adapter),))) == {"base": None,
-                                                                             "step_000001": str(adapter)}
+    assert _targets(_eval("--checkpoint", adapter)) == {"base": None, "step_000001": str(adapter)}
     twin = tmp_path / "other" / "step_000001"
     shutil.copytree(adapter, twin)
-    labels = validate(EvalSettings(model="m", checkpoints=(str(adapter), str(twin))))
-    assert list(labels) == ["base", "step_000001", "other-step_000001"]
-    with pytest.raises(UserError, match="--top-p"):
-        validate(EvalSettings(model="m", top_p=0.0))
-    for bad in (float("inf"), float("nan")):
-        with pytest.raises(UserError, match="--temperature must be a finite number"):
-            validate(EvalSettings(model="m", temperature=bad))
-    with pytest.raises(UserError, match="--device must be one of auto, cpu, cuda, got 'tpu'"):
-        validate(EvalSettings(model="m", device="tpu"))
+    assert list(_targets(_eval("--checkpoint", adapter, "--checkpoint", twin))) == [
+        "base", "step_000001", "other-step_000001"]
     # labels name generations/<label>.jsonl, so a dir name that is no safe file name is made one
     odd = tmp_path / "run; rm -rf ~" / "..step 1"
     shutil.copytree(adapter, odd)
-    label = list(validate(EvalSettings(model="m", checkpoints=(str(odd),))))[1]
+    label = list(_targets(_eval("--checkpoint", odd)))[1]
     assert label == safe_file_stem("..step 1") and "/" not in label and not label.startswith(".")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no adapter_config.json"):
-        validate(EvalSettings(model="m", checkpoints=(str(tmp_path / "empty"),)))
-    assert parse_suites("utility, harm") == ("utility", "harm")
-    with pytest.raises(UserError, match="repeats"):
-        parse_suites("harm,harm")
+        validate(_eval("--checkpoint", tmp_path / "empty"))
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--top_p", "0"], "config field 'sampling.top_p': Input should be greater than 0"),
+    (["--temperature", ".inf"], "config field 'sampling.temperature': Input should be a finite number"),
+    (["--temperature", ".nan"], "config field 'sampling.temperature': Input should be a finite number"),
+    (["--device", "tpu"], "config field 'model.device'"),
+    (["--suite", "harm,harm"], "config field 'eval.suites': repeats a suite: harm,harm"),
+    (["--suite", "harm,speed"], "config field 'eval.suites.1': unknown suite 'speed' (choose from harm, utility, "
+                                "diversity)"),
+    (["--training.steps", "3"], "config field 'training': unknown field"),
+    (["--lr", "0.1"], "unknown option --lr"),
+])
+def test_bad_settings_name_the_field(args: list[str], needle: str) -> None:
+    with pytest.raises(UserError) as info:
+        _eval(*args)
+    assert needle in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_suites_parse_in_order_and_every_registered_suite_runs() -> None:
+    assert _eval("--suite", "utility, harm").eval.suites == ["utility", "harm"]
+    assert _eval("--suite", "diversity", "--suite", "harm").eval.suites == ["diversity", "harm"]
+    assert EvalCommandConfig().eval.suites == list(SUITES)
+    assert set(SUITE_RUNS) == set(SUITES)
 
 
 def test_table_prints_point_and_interval() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from purplerl.config import load_config
-from purplerl.engines import make_engine
+from purplerl import engines
+from purplerl.config import load_command_config
 from purplerl.recipes.tamper import harm_curve_stats, run_tamper_test, tamper_summary
 from purplerl.train.sinks import read_jsonl
 from tests.conftest import ADAPTER_WORD
@@ -67,21 +67,25 @@ def test_table_rows_carry_each_runs_own_numbers() -> None:
 @pytest.mark.usefixtures("one_torch_thread")
 def test_tiny_tamper_run_reports_what_its_attacks_logged(tiny_model_dir: Path, trained_adapter_dir: Path,
                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from purplerl.recipes import tamper
-
-    # every model the utility check builds, by the adapter it carries
+    # every model the utility check builds (checkpoints load through engines.loading.Policy.load), by its adapter
     utility_adapters: list[str | None] = []
+    make_engine = engines.make_engine
 
     def recording_make_engine(config):
         utility_adapters.append(config.model.init_adapter)
         return make_engine(config)
 
-    monkeypatch.setattr(tamper, "make_engine", recording_make_engine)
-    config = load_config(None, ["--model", str(tiny_model_dir), "--model.device", "cpu", "--model.dtype", "float32",
-                                "--lora_rank", "4", "--steps", "2", "--batch_size", "2", "--group_size", "2",
-                                "--max_new_tokens", "4", "--logging.progress", "false"])
+    monkeypatch.setattr(engines, "make_engine", recording_make_engine)
     out = tmp_path / "tamper"
-    result = run_tamper_test(config, trained_adapter_dir, out, threshold=0.5, utility_limit=2, utility_tokens=4)
+    notes: list[str] = []
+    config = load_command_config("tamper-test", None, [
+        "--model", str(tiny_model_dir), "--model.device", "cpu", "--model.dtype", "float32", "--lora_rank", "4",
+        "--steps", "2", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "4",
+        "--logging.progress", "false", "--adapter", str(trained_adapter_dir), "--out", str(out), "--threshold", "0.5",
+        "--utility_limit", "2", "--utility_tokens", "8"])
+    result = run_tamper_test(config, announce=notes.append)
+    # the adapter is no run's checkpoint: the user is told where its base model and prompt format came from
+    assert len(notes) == 1 and str(trained_adapter_dir) in notes[0] and "not a checkpoint of a run" in notes[0]
     saved = json.loads((out / "tamper.json").read_text())
     assert saved == json.loads(json.dumps(result))
     for name in ("base", "defended"):
