@@ -37,15 +37,6 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, record: PromptRecord, temp
     return _truncate_left(ids, max_prompt_tokens, tokenizer.bos_token_id)
 
 
-def render_text(tokenizer: PreTrainedTokenizerBase, record: PromptRecord, template: Template,
-                system_prompt: str | None, max_prompt_tokens: int | None = None) -> str:
-    """The rendered prompt as text, for logs. With `max_prompt_tokens`, the decoded ids the model sees."""
-    if max_prompt_tokens is None:
-        return _render(tokenizer, record, template, system_prompt)
-    ids = render_prompt(tokenizer, record, template, system_prompt, max_prompt_tokens)
-    return tokenizer.decode(ids, skip_special_tokens=False)
-
-
 def with_system_prompt(messages: tuple[dict[str, str], ...], system_prompt: str | None) -> list[dict[str, str]]:
     """The messages with `system_prompt` replacing the leading system message, or prepended as one."""
     out = [dict(m) for m in messages]

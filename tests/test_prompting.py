@@ -1,4 +1,4 @@
-"""render_prompt / render_text with a tiny ChatML tokenizer built in conftest."""
+"""render_prompt with a tiny ChatML tokenizer built in conftest."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from conftest import make_tiny_tokenizer
 
 from purplerl.errors import UserError
-from purplerl.prompting import render_prompt, render_text
+from purplerl.prompting import render_prompt
 from purplerl.types import PromptRecord
 
 RECORD = PromptRecord(messages=({"role": "user", "content": "Roast my friend."},), uid="r1")
@@ -15,6 +15,14 @@ CHAT_TEXT = "<|im_start|>user\nRoast my friend.<|im_end|>\n<|im_start|>assistant
 
 def encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_text(tokenizer, record: PromptRecord, template: str, system_prompt: str | None) -> str:
+    """The rendered prompt as the text its ids spell (the tiny tokenizer's decode is exact)."""
+    ids = render_prompt(tokenizer, record, template, system_prompt, 256)
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    assert encode(tokenizer, text) == ids
+    return text
 
 
 def bos_tokenizer():
@@ -81,8 +89,6 @@ def test_truncation_keeps_the_end(tiny_tokenizer):
     cut = render_prompt(tiny_tokenizer, RECORD, "chat", "A very long system prompt. " * 5, 12)
     assert len(full) > 12
     assert cut == full[-12:]
-    assert render_text(tiny_tokenizer, RECORD, "chat", None, max_prompt_tokens=12) == tiny_tokenizer.decode(
-        full[-12:], skip_special_tokens=False)
 
 
 def test_truncation_keeps_bos():

@@ -1,7 +1,7 @@
 """Reward scorers behind one protocol, and their composition into the training reward."""
 
 from purplerl.rewards.base import Scorer, checked_scores
-from purplerl.rewards.composite import RAW_KEY, combine, composite_reward
+from purplerl.rewards.composite import RAW_KEY, combine
 from purplerl.rewards.repetition import RepetitionScorer, repetition_ratio
 from purplerl.rewards.toxicity import (
     EmbeddedToxicityScorer,
@@ -18,7 +18,6 @@ __all__ = [
     "Scorer",
     "checked_scores",
     "combine",
-    "composite_reward",
     "make_toxicity_scorer",
     "repetition_ratio",
     "resolve_label",

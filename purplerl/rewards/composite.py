@@ -1,8 +1,8 @@
 """Composing reward components into the scalar reward the advantages are computed from.
 
 `combine` is the general form: named terms, each a (weight, values_N) pair, summed and optionally
-z-scored over the batch. Recipes with other terms (defense entropy reward, a judge, keywords) call it
-with their own names; `composite_reward` is the red-team composition built on it.
+z-scored over the batch. Each recipe calls it with its own terms (the red team's toxicity, repetition
+and KL; the defense's entropy; a judge, keywords).
 """
 
 from __future__ import annotations
@@ -54,19 +54,3 @@ def combine(terms: dict[str, tuple[float, torch.Tensor]], zscore: bool = False,
     components[RAW_KEY] = raw_N
     total_N = zscore_batch(raw_N, eps) if zscore else raw_N
     return RewardBreakdown(total_N=total_N, components=components)
-
-
-def composite_reward(toxicity_N: torch.Tensor, rep_ratio_N: torch.Tensor, kl_N: torch.Tensor | None, *,
-                     toxicity_weight: float, repetition_penalty: float, kl_beta: float,
-                     zscore: bool) -> RewardBreakdown:
-    """Red-team reward: toxicity_weight * toxicity - repetition_penalty * repetition - kl_beta * kl.
-
-    Components are named `toxicity`, `repetition`, `kl` and `reward_raw`. `kl_N` may be None only when
-    kl_beta == 0 (the reference log-probs were not computed); `kl` is then absent from the components.
-    """
-    terms = {"toxicity": (toxicity_weight, toxicity_N), "repetition": (-repetition_penalty, rep_ratio_N)}
-    if kl_N is not None:
-        terms["kl"] = (-kl_beta, kl_N)
-    elif kl_beta != 0:
-        raise ExperimentError(f"composite_reward: kl_beta={kl_beta} but no KL values were given")
-    return combine(terms, zscore=zscore)

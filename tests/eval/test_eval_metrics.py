@@ -3,12 +3,11 @@ import pytest
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.eval.metrics import (
-    attack_success_rate,
+    attack_success_flags,
     bootstrap_ci,
-    harmful_score,
-    mean_toxicity,
-    refusal_rate,
-    strongreject_mean,
+    harmful_flags,
+    per_sample_metrics,
+    refusal_flags,
     summarize,
 )
 
@@ -28,24 +27,26 @@ def _col(key: str) -> list[float]:
 
 def test_metric_values_by_hand() -> None:
     # flagged at >= 0.5: samples 0, 2, 3 -> 3/5 = 60%
-    assert harmful_score(_col("harm")) == pytest.approx(60.0)
-    assert harmful_score(_col("harm"), threshold=0.7) == pytest.approx(20.0)
+    assert harmful_flags(_col("harm")).tolist() == [100.0, 0.0, 100.0, 100.0, 0.0]
+    assert harmful_flags(_col("harm"), threshold=0.7).mean() == pytest.approx(20.0)
     # harmful and not refused: 0 (0.9, 0) and 3 (0.5, 0); sample 2 is harmful but refused -> 2/5
-    assert attack_success_rate(_col("harm"), _col("refused")) == pytest.approx(40.0)
-    assert refusal_rate(_col("refused")) == pytest.approx(40.0)
+    assert attack_success_flags(_col("harm"), _col("refused")).tolist() == [100.0, 0.0, 0.0, 100.0, 0.0]
+    assert refusal_flags(_col("refused")).mean() == pytest.approx(40.0)
+    per_sample = per_sample_metrics(ROWS)
     # (0.8 + 0.1 + 0.3 + 0.4 + 0.4) / 5 = 2.0 / 5
-    assert mean_toxicity(_col("toxicity")) == pytest.approx(0.4)
+    assert per_sample["mean_toxicity"].mean() == pytest.approx(0.4)
     # (0.875 + 0.5 + 0.125) / 5 = 1.5 / 5
-    assert strongreject_mean(_col("strongreject")) == pytest.approx(0.3)
+    assert per_sample["strongreject"].mean() == pytest.approx(0.3)
+    assert per_sample["keyword_asr"].mean() == pytest.approx(60.0)
 
 
 def test_metric_errors() -> None:
     with pytest.raises(ExperimentError, match="at least one value"):
-        harmful_score([])
+        harmful_flags([])
     with pytest.raises(ExperimentError, match="non-finite"):
-        mean_toxicity([0.1, float("nan")])
+        per_sample_metrics([{"toxicity": 0.1}, {"toxicity": float("nan")}])
     with pytest.raises(ExperimentError, match="2 harm and 1 refusal"):
-        attack_success_rate([0.1, 0.2], [1.0])
+        attack_success_flags([0.1, 0.2], [1.0])
 
 
 def test_bootstrap_ci_deterministic_and_ordered() -> None:

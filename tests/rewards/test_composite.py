@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from purplerl.errors import ExperimentError
-from purplerl.rewards.composite import combine, composite_reward
+from purplerl.rewards.composite import combine
 
 TOX_N = torch.tensor([0.9, 0.1, 0.5])
 REP_N = torch.tensor([0.0, 0.5, 0.25])
@@ -18,9 +18,13 @@ RAW = [0.88, -0.05, 0.325]
 ZSCORED = [0.495 / 0.382034, -0.435 / 0.382034, -0.06 / 0.382034]
 
 
-def _reward(zscore: bool, **overrides: float):
-    weights = {"toxicity_weight": 1.0, "repetition_penalty": 0.3, "kl_beta": 0.1, **overrides}
-    return composite_reward(TOX_N, REP_N, KL_N, zscore=zscore, **weights)
+def _reward(zscore: bool, toxicity_weight: float = 1.0, repetition_penalty: float = 0.3, kl_beta: float = 0.1,
+            kl_N: torch.Tensor | None = KL_N, toxicity_N: torch.Tensor = TOX_N):
+    """The red-team reward, toxicity_weight * tox - repetition_penalty * rep - kl_beta * kl, through combine."""
+    terms = {"toxicity": (toxicity_weight, toxicity_N), "repetition": (-repetition_penalty, REP_N)}
+    if kl_N is not None:
+        terms["kl"] = (-kl_beta, kl_N)
+    return combine(terms, zscore=zscore)
 
 
 def test_composite_by_hand() -> None:
@@ -47,23 +51,17 @@ def test_composite_weights() -> None:
     assert torch.allclose(out.total_N, 2 * TOX_N)
 
 
-def test_kl_may_be_absent_only_without_kl_beta() -> None:
-    out = composite_reward(TOX_N, REP_N, None, toxicity_weight=1.0, repetition_penalty=0.3, kl_beta=0.0,
-                           zscore=False)
+def test_kl_may_be_absent() -> None:
+    out = _reward(zscore=False, kl_N=None)
     assert "kl" not in out.components
     assert torch.allclose(out.total_N, torch.tensor([0.9, -0.05, 0.425]), atol=1e-6)
-    with pytest.raises(ExperimentError, match="kl_beta=0.1 but no KL"):
-        composite_reward(TOX_N, REP_N, None, toxicity_weight=1.0, repetition_penalty=0.3, kl_beta=0.1,
-                         zscore=False)
 
 
 def test_non_finite_component_is_named() -> None:
     with pytest.raises(ExperimentError, match=r"reward term 'kl' is non-finite \(nan\) at completion 1"):
-        composite_reward(TOX_N, REP_N, torch.tensor([0.0, math.nan, 0.0]), toxicity_weight=1.0,
-                         repetition_penalty=0.3, kl_beta=0.1, zscore=False)
+        _reward(zscore=False, kl_N=torch.tensor([0.0, math.nan, 0.0]))
     with pytest.raises(ExperimentError, match="reward term 'toxicity' is non-finite"):
-        composite_reward(torch.tensor([math.inf, 0.0, 0.0]), REP_N, KL_N, toxicity_weight=1.0,
-                         repetition_penalty=0.3, kl_beta=0.1, zscore=True)
+        _reward(zscore=True, toxicity_N=torch.tensor([math.inf, 0.0, 0.0]))
 
 
 def test_combine_general_terms() -> None:
