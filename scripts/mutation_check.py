@@ -62,6 +62,7 @@ ATTACK = ("tests/recipes/test_attack_reward.py", "tests/recipes/test_defend_tamp
           "tests/train/test_kl_direction.py")
 TAMPER = ("tests/recipes/test_tamper_verdict.py", "tests/recipes/test_defend_tamper.py")
 ADAPTER = ("tests/eval/test_adapter_loaded.py",)
+PROMPTING = ("tests/eval/test_checkpoint_prompting.py",)
 
 A, K, G, L = ("purplerl/algorithms/advantages.py", "purplerl/algorithms/kl.py", "purplerl/algorithms/logprobs.py",
               "purplerl/algorithms/losses.py")
@@ -215,12 +216,21 @@ MUTATIONS = [
     Mutation("tamper-attack-ignores-adapter", "purplerl/recipes/tamper.py", 'data["model"]["init_adapter"] = adapter',
              'data["model"]["init_adapter"] = None', TAMPER),
     Mutation("tamper-utility-ignores-adapter", "purplerl/recipes/tamper.py",
-             '{**config.model.model_dump(), "init_adapter": init_adapter}',
-             '{**config.model.model_dump(), "init_adapter": None}', TAMPER),
+             '"utility_before": utility_accuracy(starts[name], config.utility)',
+             '"utility_before": utility_accuracy(starts[name].without_adapter(), config.utility)', TAMPER),
     Mutation("sample-ignores-checkpoint", "purplerl/recipes/sample.py",
-             '"init_adapter": str(checkpoint) if checkpoint else None}', '"init_adapter": None}', ADAPTER),
-    Mutation("eval-ignores-checkpoint", "purplerl/eval/run.py", '"init_adapter": self.adapter}',
-             '"init_adapter": None}', ADAPTER),
+             "policy = resolve_policy(cfg.sample.checkpoint, cfg.model, cfg.data)",
+             "policy = resolve_policy(None, cfg.model, cfg.data)", ADAPTER),
+    Mutation("eval-ignores-checkpoint", "purplerl/eval/run.py",
+             "policy = resolve_policy(checkpoint, cfg.model, cfg.data)",
+             "policy = resolve_policy(None, cfg.model, cfg.data)", ADAPTER),
+    Mutation("policy-loads-without-adapter", "purplerl/engines/loading.py", "make_engine(Config(model=self.model))",
+             'make_engine(Config(model=self.model.model_copy(update={"init_adapter": None})))', ADAPTER),
+    Mutation("policy-ignores-run-prompt-format", "purplerl/engines/loading.py",
+             "prompting = prompt.model_copy(update=_unset(prompt, run_prompt))", "prompting = prompt", PROMPTING),
+    Mutation("policy-run-overrides-user", "purplerl/engines/loading.py",
+             "return {k: v for k, v in values.items() if k not in section.model_fields_set}", "return dict(values)",
+             PROMPTING),
 ]
 
 
