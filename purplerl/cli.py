@@ -33,7 +33,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="purplerl: LLM safety research with reinforcement learning.")
 
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True, "max_content_width": 120}
-CONFIG_FILE_HELP = "YAML or JSON config file (the sections listed below)"
+ConfigFile = Annotated[Path | None, typer.Option(help="YAML or JSON config file (the sections listed below)")]
+Resume = Annotated[Path | None, typer.Option(help="continue this run dir from its latest intact checkpoint")]
+Restart = Annotated[bool, typer.Option(help="with --resume: start a run that has no intact checkpoint again from "
+                                            "step 1 (its logs are replaced)")]
 
 
 def config_help(name: str, defaults: dict[str, Any] | None = None) -> list[str]:
@@ -131,10 +134,9 @@ def _defend_defaults() -> dict[str, Any]:
 @reports_errors
 def attack(
     ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None,
-    resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest intact checkpoint")] = None,
-    restart: Annotated[bool, typer.Option(help="with --resume: start a run that has no intact checkpoint again "
-                                               "from step 1 (its logs are replaced)")] = False,
+    config: ConfigFile = None,
+    resume: Resume = None,
+    restart: Restart = False,
 ) -> None:
     """Red-team a model by GRPO: reward toxicity, penalize repetition and KL to the base model."""
     from purplerl.recipes.attack import run_attack, summarize_attack
@@ -149,10 +151,9 @@ def attack(
 @reports_errors
 def defend(
     ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None,
-    resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest intact checkpoint")] = None,
-    restart: Annotated[bool, typer.Option(help="with --resume: start a run that has no intact checkpoint again "
-                                               "from step 1 (its logs are replaced)")] = False,
+    config: ConfigFile = None,
+    resume: Resume = None,
+    restart: Restart = False,
 ) -> None:
     """Token Buncher defense: reward low response entropy on harmful prompts, with Token Noiser steps.
 
@@ -199,7 +200,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run dir with metrics.
 
 @app.command(context_settings=OVERRIDES, cls=config_command("sample"))
 @reports_errors
-def sample(ctx: typer.Context, config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None) -> None:
+def sample(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Generate from a trained adapter (--checkpoint) or from a base model (--model) for each --prompt.
 
     A run's checkpoint is prompted as its run was trained (template, system prompt, base model)."""
@@ -216,7 +217,7 @@ def sample(ctx: typer.Context, config: Annotated[Path | None, typer.Option(help=
 
 @app.command(name="eval", context_settings=OVERRIDES, cls=config_command("eval"))
 @reports_errors
-def evaluate(ctx: typer.Context, config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None) -> None:
+def evaluate(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Evaluate the base model and each --checkpoint: harm, utility and diversity with 95% bootstrap CIs.
 
     Each checkpoint of a run is prompted as its run was trained; the base model is the checkpoints' own.
@@ -239,7 +240,7 @@ app.add_typer(data_app, name="data")
                   options_metavar="DATASET [OPTIONS]")
 @reports_errors
 def data_prepare(ctx: typer.Context,
-                 config: Annotated[Path | None, typer.Option(help=CONFIG_FILE_HELP)] = None) -> None:
+                 config: ConfigFile = None) -> None:
     """Write DATASET's train.parquet and test.parquet in veRL's schema (prompt, data_source, reward_model, ...)."""
     from purplerl.data.prepare import prepare_dataset
 

@@ -21,7 +21,7 @@ import torch
 
 from purplerl.devices import resolve_device
 from purplerl.errors import ExperimentError, UserError, first_line
-from purplerl.rewards.toxicity import HFClassifierScorer
+from purplerl.rewards.toxicity import HFClassifierScorer, load_pretrained
 
 # Common openers and stock phrases of refusals by chat models, after GCG's test prefixes (Zou et al. 2023)
 # and similar lists in HarmBench; written for purplerl. Matched case-insensitively, with curly
@@ -98,17 +98,6 @@ class HarmClassifierJudge:
         return [1.0 if p >= self.threshold else 0.0 for p in self.probabilities(texts)]
 
 
-def _load_causal_lm(model: str) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        lm = AutoModelForCausalLM.from_pretrained(model)
-        tokenizer = AutoTokenizer.from_pretrained(model)
-    except (OSError, ValueError, KeyError) as err:
-        raise UserError(f"cannot load guard model '{model}': {first_line(err)}") from None
-    return tokenizer, lm
-
-
 def verdict_token_id(tokenizer: Any, unsafe_token: str, model: str) -> int:
     """The id whose probability the guard judge reports: the first token of `unsafe_token`'s encoding.
 
@@ -138,12 +127,14 @@ class CausalGuardJudge:
     name = "guard"
 
     def __init__(self, model: str, unsafe_token: str = "unsafe", device: str = "cpu", batch_size: int = 8) -> None:
+        from transformers import AutoModelForCausalLM
+
         if batch_size < 1:
             raise UserError(f"guard judge batch_size must be >= 1, got {batch_size}")
         self.model_name = model
         self.device = resolve_device(device)
         self.batch_size = batch_size
-        self._tokenizer, self._model = _load_causal_lm(model)
+        self._tokenizer, self._model = load_pretrained(AutoModelForCausalLM, model, "guard model")
         if not getattr(self._tokenizer, "chat_template", None):
             raise UserError(f"guard model '{model}' has no chat template; a Llama-Guard-style judge needs one")
         self.token_id = verdict_token_id(self._tokenizer, unsafe_token, model)

@@ -48,20 +48,22 @@ class EmbeddedToxicityScorer:
         return scores
 
 
-def _load_classifier(model: str) -> tuple[Any, Any]:
-    """(tokenizer, model) from an HF id or local dir; any loading failure is a one-line UserError."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+def load_pretrained(auto_class: Any, model: str, what: str) -> tuple[Any, Any]:
+    """(tokenizer, model) of an HF id or a local dir through `auto_class` (an AutoModelFor... class); a local
+    path that is no directory, or any loading failure, is one UserError naming `what`."""
+    from transformers import AutoTokenizer
 
-    if looks_local(model) and not Path(model).expanduser().is_dir():
-        raise UserError(f"toxicity classifier not found: {model} is not a directory")
-    where = str(Path(model).expanduser()) if looks_local(model) else model
+    local = looks_local(model)
+    if local and not Path(model).expanduser().is_dir():
+        raise UserError(f"{what} not found: {model} is not a directory")
+    where = str(Path(model).expanduser()) if local else model
     try:
         # The model first: its errors ("Unrecognized model in ...") say more than the tokenizer's.
-        classifier = AutoModelForSequenceClassification.from_pretrained(where)
+        loaded = auto_class.from_pretrained(where)
         tokenizer = AutoTokenizer.from_pretrained(where)
     except (OSError, ValueError, KeyError) as err:
-        raise UserError(f"cannot load toxicity classifier '{model}': {first_line(err)}") from None
-    return tokenizer, classifier
+        raise UserError(f"cannot load {what} '{model}': {first_line(err)}") from None
+    return tokenizer, loaded
 
 
 def resolve_label(label: str | int, id2label: dict[int, str], num_labels: int, model: str) -> int:
@@ -98,7 +100,10 @@ class HFClassifierScorer:
         self.device = resolve_device(device)
         self.batch_size = batch_size
         self.max_length = max_length
-        self._tokenizer, self._model = _load_classifier(model)
+        from transformers import AutoModelForSequenceClassification
+
+        self._tokenizer, self._model = load_pretrained(AutoModelForSequenceClassification, model,
+                                                       "toxicity classifier")
         config = self._model.config
         self.label_index = resolve_label(label, dict(config.id2label or {}), int(config.num_labels), model)
         self.label_name = str((config.id2label or {}).get(self.label_index, self.label_index))

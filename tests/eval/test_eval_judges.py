@@ -128,8 +128,11 @@ def test_causal_guard_judge_matches_manual_softmax(tiny_model_dir: Path, one_tor
 def test_causal_guard_judge_errors(tiny_model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    with pytest.raises(UserError, match="cannot load guard model"):
+    with pytest.raises(UserError, match="guard model not found: .*missing is not a directory"):
         CausalGuardJudge(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="cannot load guard model '.*empty'"):
+        CausalGuardJudge(str(tmp_path / "empty"))
     with pytest.raises(UserError, match="encodes to no tokens"):
         CausalGuardJudge(str(tiny_model_dir), unsafe_token="")
     bare = tmp_path / "bare"
