@@ -18,7 +18,7 @@ from typing import Any
 from purplerl.config import EvalCommandConfig
 from purplerl.errors import UserError
 from purplerl.eval.choice import NO_CHOICE
-from purplerl.eval.suites import HarmJudges, diversity_suite, harm_suite, table, utility_suite
+from purplerl.eval.suites import HarmJudges, choice_suite, diversity_suite, harm_suite, table, utility_suite
 from purplerl.files import looks_local, read_json_object, read_jsonl, safe_file_stem
 from purplerl.types import PromptRecord
 
@@ -274,13 +274,15 @@ def _harm(cfg: EvalCommandConfig, target: _Target, rows: list[dict[str, Any]], s
 
 def _utility(cfg: EvalCommandConfig, target: _Target, rows: list[dict[str, Any]],
              scored: list[dict[str, Any]]) -> Any:
-    u = cfg.utility
-    with_choice = u.choice_source is not None and u.choice_source.strip().lower() not in NO_CHOICE
+    u, template = cfg.utility, target.policy.prompt.template
     # the math and choice prompts are worded for the target's own format ("Question: ... Answer:" for base)
-    return utility_suite(target.greedy, u.source, u.limit, u.max_new_tokens, template=target.policy.prompt.template,
-                         seed=cfg.eval.seed, choice_engine=target.engine if with_choice else None,
-                         choice_source=u.choice_source, choice_limit=u.choice_limit,
-                         choice_batch_size=cfg.eval.batch_size)
+    found = utility_suite(target.greedy, u, template, cfg.eval.seed)
+    if u.choice_source is not None and u.choice_source.strip().lower() not in NO_CHOICE:
+        choice = choice_suite(target.engine, u.choice_source, u.choice_limit, template, cfg.eval.seed,
+                              cfg.eval.batch_size)
+        found["metrics"].update(choice["metrics"])
+        found["choice"] = choice["choice"]
+    return found
 
 
 def _diversity(cfg: EvalCommandConfig, target: _Target, rows: list[dict[str, Any]],

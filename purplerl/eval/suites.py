@@ -3,7 +3,7 @@
 - harm: every harm judge scores each (prompt, completion) sample; metrics.summarize turns the scores into
   rates with 95% bootstrap CIs, overall and per prompt category.
 - utility: greedy exact-match accuracy on a math set (purplerl.eval.utility), with a bootstrap CI, and
-  multiple-choice accuracy by option log-likelihood (purplerl.eval.choice) as `choice_accuracy`.
+  (choice_suite) multiple-choice accuracy by option log-likelihood (purplerl.eval.choice) as `choice_accuracy`.
 - diversity: purplerl.eval.diversity over all completions of the target.
 
 A sample row is a dict {"uid", "prompt_index", "sample", "category", "prompt", "completion"}; judging adds
@@ -20,7 +20,7 @@ from purplerl.errors import ExperimentError
 from purplerl.types import PromptRecord
 
 if TYPE_CHECKING:
-    from purplerl.config import JudgesConfig
+    from purplerl.config import JudgesConfig, Template, UtilityConfig
 
 SUITES = ("harm", "utility", "diversity")  # the registry `eval.suites` is checked against; run by eval.run.SUITE_RUNS
 
@@ -83,34 +83,33 @@ def harm_suite(scored_rows: Sequence[dict[str, Any]], harm_threshold: float = 0.
     return summarize(scored_rows, harm_threshold=harm_threshold, seed=seed)
 
 
-def utility_suite(generate: GreedyGenerate, source: str = "builtin:arithmetic", limit: int | None = None,
-                  max_new_tokens: int = 128, template: str = "chat", seed: int = 0, choice_engine: Any = None,
-                  choice_source: str | None = None, choice_limit: int | None = None,
-                  choice_batch_size: int = 16) -> dict[str, Any]:
-    """Exact-match accuracy (as a fraction, with a 95% bootstrap CI) of greedy answers on a math set.
-
-    With `choice_engine` and a `choice_source`, also `choice_accuracy`: multiple-choice accuracy by option
-    log-likelihood (purplerl.eval.choice, mean logprob per answer token), details under "choice"."""
+def utility_suite(generate: GreedyGenerate, utility: UtilityConfig, template: Template, seed: int) -> dict[str, Any]:
+    """Exact-match accuracy (as a fraction, with a 95% bootstrap CI) of greedy answers on a math set, the
+    prompts worded for the model's `template`."""
     from purplerl.eval.metrics import bootstrap_ci
     from purplerl.eval.utility import load_utility_set, score_utility, utility_prompts
 
-    items = load_utility_set(source, limit=limit)
-    completions = generate(utility_prompts(items, template), max_new_tokens)
+    items = load_utility_set(utility.source, limit=utility.limit)
+    completions = generate(utility_prompts(items, template), utility.max_new_tokens)
     scored = score_utility(completions, items)
     point, low, high = bootstrap_ci([1.0 if ok else 0.0 for ok in scored["correct"]], seed=seed)
-    result = {"source": source, "n": scored["n"],
-              "metrics": {"exact_match": {"point": point, "low": low, "high": high}},
-              "items": [{"uid": item["uid"], "answer": item["answer"], "predicted": pred, "correct": ok}
-                        for item, pred, ok in zip(items, scored["predicted"], scored["correct"], strict=True)]}
-    if choice_engine is not None and choice_source:
-        from purplerl.eval.choice import load_choice_set, score_choices
+    return {"source": utility.source, "n": scored["n"],
+            "metrics": {"exact_match": {"point": point, "low": low, "high": high}},
+            "items": [{"uid": item["uid"], "answer": item["answer"], "predicted": pred, "correct": ok}
+                      for item, pred, ok in zip(items, scored["predicted"], scored["correct"], strict=True)]}
 
-        choice = score_choices(choice_engine, load_choice_set(choice_source, limit=choice_limit), template,
-                               batch_size=choice_batch_size)
-        point, low, high = bootstrap_ci([1.0 if row["correct"] else 0.0 for row in choice["items"]], seed=seed)
-        result["metrics"]["choice_accuracy"] = {"point": point, "low": low, "high": high}
-        result["choice"] = {"source": choice_source, **choice}
-    return result
+
+def choice_suite(engine: Any, source: str, limit: int | None, template: Template, seed: int,
+                 batch_size: int) -> dict[str, Any]:
+    """Multiple-choice accuracy by option log-likelihood (purplerl.eval.choice, mean logprob per answer
+    token), with a 95% bootstrap CI: `choice_accuracy` beside the utility suite's exact match."""
+    from purplerl.eval.choice import load_choice_set, score_choices
+    from purplerl.eval.metrics import bootstrap_ci
+
+    choice = score_choices(engine, load_choice_set(source, limit=limit), template, batch_size=batch_size)
+    point, low, high = bootstrap_ci([1.0 if row["correct"] else 0.0 for row in choice["items"]], seed=seed)
+    return {"metrics": {"choice_accuracy": {"point": point, "low": low, "high": high}},
+            "choice": {"source": source, **choice}}
 
 
 def diversity_suite(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
