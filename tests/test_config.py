@@ -10,13 +10,16 @@ import yaml
 from pydantic import BaseModel
 
 from purplerl.config import (
+    COMMANDS,
     EMBEDDED_MODEL,
     FLAT_NAMES,
     Config,
     RewardServerConfig,
+    build,
     build_config,
     build_server_config,
     field_help,
+    load_command_config,
     load_config,
     read_config_file,
     save_config,
@@ -424,3 +427,88 @@ def test_text_that_is_not_unicode_is_refused():
     # a byte that is not UTF-8 on the command line arrives as a lone surrogate: config.yaml could not hold it
     msg = _error(None, ["--system_prompt", "caf\udce9"])
     assert msg.startswith("config field 'data.system_prompt': the text holds '\\udce9' at character 4")
+
+
+# ------------------------------------------------------------------------------------ every command
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_names_real_fields_and_describes_them(name: str):
+    command = COMMANDS[name]
+    leaves = set(_leaf_fields(command.schema))
+    assert set(command.flat.values()) <= leaves
+    assert command.positional is None or command.positional in leaves
+    rows = field_help(command.schema, command.defaults)
+    assert sorted(n for n, _, _ in rows) == sorted(leaves)
+    assert all(desc.strip() for _, _, desc in rows), name
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_float_field_of_every_command_refuses_nan(name: str):
+    schema = COMMANDS[name].schema
+    for dotted in _typed_leaves(schema, float):
+        with pytest.raises(UserError, match=f"config field '{dotted}': Input should be a finite number"):
+            build(schema, _nested(dotted, float("nan")))
+
+
+def test_leaf_field_counts_per_command():
+    # attack's 82 fields are unchanged; tamper-test adds its comparison (3) and the utility check (3); eval,
+    # sample and data prepare see only their own sections
+    counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
+    assert counts == {"attack": 82, "defend": 82, "tamper-test": 88, "eval": 37, "sample": 15, "data prepare": 10}
+
+
+def test_one_max_new_tokens_default_for_every_sampler():
+    defaults = {name: load_command_config(name, None, ["--adapter", "a"] if name == "tamper-test" else [])
+                for name in ("attack", "tamper-test", "eval", "sample")}
+    assert {name: cfg.sampling.max_new_tokens for name, cfg in defaults.items()} == dict.fromkeys(defaults, 48)
+    # utility answers get their own, longer budget: a worked answer ends with '#### n'
+    assert defaults["eval"].utility.max_new_tokens == defaults["tamper-test"].utility.max_new_tokens == 128
+
+
+def test_command_defaults_apply_and_yield_to_file_and_options(tmp_path: Path):
+    cfg = load_command_config("eval")
+    assert (cfg.data.split, cfg.sampling.top_p, cfg.data.source) == ("test", 0.95, "builtin:redteam")
+    path = _write(tmp_path / "e.yaml", "sampling:\n  top_p: 0.9\neval:\n  n: 3\n")
+    cfg = load_command_config("eval", path, ["--n", "4", "--max-new-tokens", "8"])
+    assert (cfg.sampling.top_p, cfg.eval.n, cfg.sampling.max_new_tokens, cfg.data.split) == (0.9, 4, 8, "test")
+    # what was set anywhere is marked as set: a checkpoint's run fills in only the rest
+    assert cfg.sampling.model_fields_set == {"top_p", "max_new_tokens"} and cfg.model.model_fields_set == set()
+
+
+def test_list_fields_take_one_item_per_repeat_or_a_yaml_list():
+    cfg = load_command_config("eval", None, ["--checkpoint", "a", "--checkpoint", "007", "--eval.checkpoints", "[b]"])
+    assert cfg.eval.checkpoints == ["a", "007", "b"]
+    prompts = load_command_config("sample", None, ["--prompt", "yes", "--prompt", "[1, 2] is a list"]).sample.prompts
+    assert prompts == ["yes", "[1, 2] is a list"]  # each item kept as typed
+    assert load_command_config("sample", None, ["--prompt", "[hi, there]"]).sample.prompts == ["hi", "there"]
+
+
+def test_registry_choices_come_from_the_registries():
+    from purplerl.data.prepare import DATASETS
+    from purplerl.eval.suites import SUITES
+
+    eval_help = dict((n, d) for n, _, d in field_help(COMMANDS["eval"].schema, with_choices=True))
+    assert eval_help["eval.suites"].endswith(f"(choices: {', '.join(SUITES)})")
+    prepare_help = dict((n, d) for n, _, d in field_help(COMMANDS["data prepare"].schema, with_choices=True))
+    assert prepare_help["prepare.dataset"].endswith(f"(choices: {', '.join(DATASETS)})")
+    with pytest.raises(UserError, match="unknown dataset 'mmlu' \\(choose from beavertails, wmdp, gsm8k, merge\\)"):
+        load_command_config("data prepare", None, ["mmlu"])
+
+
+def test_rl_rollouts_refuse_greedy_sampling_that_sample_and_eval_allow():
+    msg = _error(None, ["--temperature", "0"])
+    assert msg.startswith("config field 'sampling.temperature': must be > 0 for RL rollouts"), msg
+    assert load_command_config("sample", None, ["--temperature", "0"]).sampling.temperature == 0.0
+    assert load_command_config("eval", None, ["--temperature", "0"]).sampling.temperature == 0.0
+
+
+def test_a_text_field_that_cannot_be_null_keeps_null_as_text():
+    judges = load_command_config("eval", None, ["--guard_unsafe_token", "null", "--harm_label", "null"]).judges
+    assert (judges.guard_unsafe_token, judges.harm_label) == ("null", None)
+
+
+def test_tamper_test_config_is_the_attack_plus_its_sections():
+    cfg = load_command_config("tamper-test", None, ["--adapter", "d", "--lr", "0.001", "--utility_limit", "5"])
+    assert (cfg.tamper.adapter, cfg.utility.limit, cfg.training.lr) == ("d", 5, 0.001)
+    assert cfg.attack_config() == load_config(None, ["--lr", "0.001"])
