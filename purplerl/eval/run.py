@@ -187,7 +187,7 @@ class _Target:
             from purplerl.engines import make_engine
 
             self._engine = make_engine(build_config({"model": {
-                "name": self.s.model, "device": self.s.device, "init_adapter": self.adapter}}))
+                "name": self.s.model, "device": self.s.device, "init_adapter": self.adapter}}).model)
         return self._engine
 
     def sample(self, records: list[PromptRecord], n: int, max_new_tokens: int, temperature: float,

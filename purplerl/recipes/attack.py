@@ -8,7 +8,6 @@ repetition crosses its threshold.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,11 @@ from purplerl.config import Config
 from purplerl.recipes.summary import summarize_run
 from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_toxicity_scorer
 from purplerl.rewards.client import HTTPScorer, record_server
-from purplerl.train.loop import RewardFn, reward_kl_beta
+from purplerl.rewards.entropy import mean_entropy
+from purplerl.train.loop import RecipeHooks, RewardFn, reward_kl_beta, rl_update
 from purplerl.train.runner import execute_run, new_run_dir
+from purplerl.train.stops import threshold_early_stop
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
-
-
-def mean_entropy(completions: list[Completion]) -> torch.Tensor:
-    """Mean per-token entropy of each completion [N], from the sampling pass (no extra forward)."""
-    return torch.stack([c.entropies_C.mean() if len(c.entropies_C) else torch.tensor(0.0) for c in completions])
 
 
 def attack_reward_fn(config: Config) -> RewardFn:
@@ -58,22 +54,8 @@ def attack_reward_fn(config: Config) -> RewardFn:
     return reward_fn
 
 
-def attack_early_stop(config: Config) -> Callable[[dict[str, float]], str | None]:
-    t = config.training
-
-    def early_stop(metrics: dict[str, float]) -> str | None:
-        tox, rep = metrics.get("toxicity/mean"), metrics.get("repetition/mean")
-        if t.early_stop_toxicity is not None and tox is not None and tox > t.early_stop_toxicity:
-            return f"mean toxicity {tox:.3f} > {t.early_stop_toxicity}"
-        if t.early_stop_repetition is not None and rep is not None and rep > t.early_stop_repetition:
-            return f"mean repetition ratio {rep:.3f} > {t.early_stop_repetition} (reward hacking by repetition)"
-        return None
-
-    return early_stop
-
-
-def build_attack(config: Config) -> tuple[RewardFn, Callable[[dict[str, float]], str | None]]:
-    return attack_reward_fn(config), attack_early_stop(config)
+def build_attack(config: Config) -> RecipeHooks:
+    return RecipeHooks(reward=attack_reward_fn(config), update=rl_update, early_stop=threshold_early_stop(config))
 
 
 def run_attack(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:

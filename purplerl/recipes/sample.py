@@ -42,7 +42,7 @@ def generate(prompts: list[str], *, checkpoint: Path | None, model: str | None, 
     # validated like a config file, so a bad --device is a one-line UserError naming the field
     engine = make_engine(build_config({"model": {
         "name": base, "device": device, "dtype": run_cfg.model.dtype if run_cfg else "float32",
-        "init_adapter": str(checkpoint) if checkpoint else None}}))
+        "init_adapter": str(checkpoint) if checkpoint else None}}).model)
     data = run_cfg.data if run_cfg else Config().data
     tokens = [render_prompt(engine.tokenizer, PromptRecord(messages=({"role": "user", "content": p},)),
                             template=data.template, system_prompt=system_prompt or data.system_prompt,

@@ -41,7 +41,7 @@ def utility_accuracy(config: Config, init_adapter: str | None, limit: int | None
     """Greedy exact-match accuracy of the model (with an optional adapter) on the built-in arithmetic set."""
     items = load_utility_set("builtin:arithmetic", limit=limit)
     model = build_config({"model": {**config.model.model_dump(), "init_adapter": init_adapter}}).model
-    engine = make_engine(Config(model=model))
+    engine = make_engine(model)
     d = config.data
     tokens = [render_prompt(engine.tokenizer, record, template=d.template, system_prompt=d.system_prompt,
                             max_prompt_tokens=d.max_prompt_tokens) for record in utility_prompts(items, d.template)]

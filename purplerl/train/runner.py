@@ -14,7 +14,7 @@ from typing import Any
 
 from purplerl.config import Config, build_config, commented_yaml, read_config_file
 from purplerl.data import PromptSampler, load_prompts
-from purplerl.engines import make_engine
+from purplerl.engines import EngineSettings, make_engine
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
 from purplerl.train.checkpoint import (
@@ -27,7 +27,7 @@ from purplerl.train.checkpoint import (
     remove_stale,
     write_bytes_durably,
 )
-from purplerl.train.loop import LoopParts, RewardFn, run_loop
+from purplerl.train.loop import LoopParts, RecipeHooks, run_loop
 from purplerl.train.sinks import last_logged_step, truncate_after_step
 
 CONFIG_FILE = "config.yaml"
@@ -42,6 +42,11 @@ FIXED_ON_RESUME = frozenset({
     "model.init_adapter", "sampling.group_size", "training.batch_size", "training.seed", "data.source", "data.split",
     "data.prompt_field", "data.hf_config", "data.filters", "data.limit", "data.shuffle", "run.output_dir", "run.name",
 })
+
+
+def engine_settings(config: Config) -> EngineSettings:
+    t = config.training
+    return EngineSettings(micro_batch_size=t.micro_batch_size, micro_batch_tokens=t.micro_batch_tokens)
 
 
 def run_dir_name(config: Config) -> str:
@@ -167,7 +172,7 @@ def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[s
 
 
 def execute_run(config: Config, run_dir: Path, resume: bool,
-                build: Callable[[Config], tuple[RewardFn, Callable[[dict[str, float]], str | None]]],
+                build: Callable[[Config], RecipeHooks],
                 restart: bool = False, notify: Callable[[str], None] = _warn) -> dict[str, Any]:
     """Load data, engine and recipe parts, restore the latest intact checkpoint when resuming, run the loop.
 
@@ -188,8 +193,8 @@ def execute_run(config: Config, run_dir: Path, resume: bool,
 
     records = load_prompts(config.data)
     sampler = PromptSampler(records, config.training.batch_size, config.training.seed, shuffle=config.data.shuffle)
-    reward_fn, early_stop = build(config)  # before the engine: a bad scorer fails in seconds, not minutes
-    engine = make_engine(config)
+    hooks = build(config)  # before the engine: a bad scorer fails in seconds, not minutes
+    engine = make_engine(config.model, kind=config.engine, seed=config.training.seed, settings=engine_settings(config))
     if checkpoint is not None:
         engine.load(checkpoint)
     d = config.data
@@ -208,7 +213,7 @@ def execute_run(config: Config, run_dir: Path, resume: bool,
         # written only now: a run that failed to start (bad model, missing data) must not claim its name
         run_dir.mkdir(parents=True, exist_ok=True)
         record_config(run_dir, config, 1, None)
-    summary = run_loop(config, LoopParts(engine, sampler, render, reward_fn, early_stop), run_dir, start_step)
+    summary = run_loop(config, LoopParts(engine, sampler, render, hooks), run_dir, start_step)
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
     _write_atomically(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary
