@@ -111,7 +111,8 @@ class Loss:
 
 @dataclass(frozen=True)
 class CustomLoss:
-    """A user-supplied loss (Tinker's `forward_backward_custom`): fn(logprobs_NT, inputs) -> (scalar, metrics),
+    """A user-supplied loss (Tinker's `forward_backward_custom`): fn(logprobs_NT, inputs) -> (scalar, metrics) or
+    just the scalar,
     where logprobs_NT [N, T] carry the gradient (0 off the loss mask) and `inputs` maps each name of
     `BATCH_INPUTS` present in the batch, plus "loss_mask_NT", to its tensor."""
 

@@ -462,7 +462,8 @@ class LocalEngine:
         targets_NT = (batch.loss_mask_NT != 0).long()
         logp_NT = self.logprobs(batch.input_ids_NT, batch.attention_mask_NT, temperature=temperature,
                                 targets_NT=targets_NT).requires_grad_(True)
-        value, metrics = fn(logp_NT, batch.inputs())
+        out = fn(logp_NT, batch.inputs())
+        value, metrics = (out, {}) if isinstance(out, torch.Tensor) else out  # the metrics dict is optional
         if not isinstance(value, torch.Tensor) or value.numel() != 1 or not torch.isfinite(value):
             raise ExperimentError(f"the loss must be one finite number, got {value!r}"[:200])
         value.backward()
