@@ -129,6 +129,25 @@ def defend(
     typer.echo(summarize_defend(Path(summary["run_dir"]), summary))
 
 
+@app.command(context_settings=OVERRIDES, epilog=_config_epilog())
+@reports_errors
+def sft(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Option(help="YAML or JSON config file")] = None,
+    resume: Annotated[Path | None, typer.Option(help="continue this run dir from its latest intact checkpoint")] = None,
+    restart: Annotated[bool, typer.Option(help="with --resume: start a run that has no intact checkpoint again "
+                                               "from step 1 (its logs are replaced)")] = False,
+) -> None:
+    """Supervised fine-tuning of a LoRA adapter on chat data (messages ending with the assistant's turn, or
+    prompt/completion pairs); the loss covers only the assistant's tokens. --data names the data."""
+    from purplerl.recipes.sft import SFT_DEFAULTS, run_sft, summarize_sft
+
+    cfg = _recipe_config("sft", ctx.args, config, resume, defaults=SFT_DEFAULTS)
+    _quiet_libraries()
+    summary = run_sft(cfg, resume_dir=resume, restart=_restart(restart, resume))
+    typer.echo(summarize_sft(Path(summary["run_dir"]), summary))
+
+
 @app.command("tamper-test", context_settings=OVERRIDES, epilog=_config_epilog())
 @reports_errors
 def tamper_test(

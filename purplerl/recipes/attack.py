@@ -19,7 +19,7 @@ from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_tox
 from purplerl.rewards.client import HTTPScorer, record_server
 from purplerl.rewards.entropy import mean_entropy
 from purplerl.train.loop import RecipeHooks, RewardFn, reward_kl_beta, rl_update
-from purplerl.train.runner import execute_run, new_run_dir
+from purplerl.train.runner import execute_run, new_run_dir, rl_recipe
 from purplerl.train.stops import threshold_early_stop
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
 
@@ -61,7 +61,7 @@ def build_attack(config: Config) -> RecipeHooks:
 def run_attack(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
     """Start a new attack run, or continue `resume_dir` from its latest checkpoint."""
     run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
-    return execute_run(config, run_dir, resume=resume_dir is not None, build=build_attack,
+    return execute_run(config, run_dir, resume=resume_dir is not None, prepare=rl_recipe(build_attack),
                        restart=restart)
 
 

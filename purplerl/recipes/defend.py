@@ -23,7 +23,7 @@ from purplerl.recipes.summary import summarize_run
 from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_toxicity_scorer
 from purplerl.rewards.entropy import mean_entropy
 from purplerl.train.loop import RecipeHooks, RewardFn, adam_params, reward_kl_beta, rl_update, sampling_seed
-from purplerl.train.runner import execute_run, new_run_dir
+from purplerl.train.runner import execute_run, new_run_dir, rl_recipe
 from purplerl.train.stops import threshold_early_stop
 from purplerl.types import Completion, PromptRecord, RewardBreakdown, TrainBatch
 
@@ -86,7 +86,7 @@ def build_defend(config: Config) -> RecipeHooks:
 
 def run_defend(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
     run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
-    return execute_run(config, run_dir, resume=resume_dir is not None, build=build_defend,
+    return execute_run(config, run_dir, resume=resume_dir is not None, prepare=rl_recipe(build_defend),
                        restart=restart)
 
 

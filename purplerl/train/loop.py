@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -232,8 +233,20 @@ def sample_rows(step: int, prompts: list[PromptRecord], completions: list[Comple
     } for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
 
 
+StepFn = Callable[[int], tuple[dict[str, float], list[dict[str, Any]]]]  # step -> (metrics, sample rows)
+EarlyStop = Callable[[dict[str, float]], str | None]
+
+
 def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 1) -> dict[str, Any]:
-    """Run steps start_step..training.steps; checkpoint every run.save_every steps and at the end."""
+    """RL steps start_step..training.steps (see `run_steps`)."""
+    return run_steps(config, partial(rl_step, config=config, parts=parts), parts.hooks.early_stop, parts.engine,
+                     run_dir, start_step)
+
+
+def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
+              start_step: int = 1) -> dict[str, Any]:
+    """Run any recipe's steps start_step..training.steps: log each, checkpoint every run.save_every steps and
+    at the end, stop early when `early_stop` gives a reason."""
     run_dir = Path(run_dir)
     metrics_sink, samples_sink = JsonlSink(run_dir / "metrics.jsonl"), JsonlSink(run_dir / "samples.jsonl")
     stop_reason: str | None = None
@@ -242,13 +255,13 @@ def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 
         for step in range(start_step, config.training.steps + 1):
             started = time.perf_counter()
             try:
-                metrics, samples = rl_step(step, config, parts)
+                metrics, samples = step_fn(step)
             except ExperimentError as err:  # every failure names the step it happened in
                 message = str(err)
                 raise ExperimentError(message if message.startswith(f"step {step}") else f"step {step}: {message}"
                                       ) from err
             metrics["time/step_s"] = time.perf_counter() - started
-            stop_reason = parts.hooks.early_stop(metrics)
+            stop_reason = early_stop(metrics)
             metrics_sink.write([{"step": step, **metrics, **({"early_stop": stop_reason} if stop_reason else {})}])
             samples_sink.write(samples)
             progress.update(step, metrics, samples[: config.logging.print_samples])
@@ -257,7 +270,7 @@ def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 
             if finished or step % config.run.save_every == 0:
                 metrics_sink.sync()  # on disk before the checkpoint that claims these steps
                 samples_sink.sync()
-                save_checkpoint(run_dir, step, parts.engine, {"finished": finished, "stop_reason": stop_reason},
+                save_checkpoint(run_dir, step, engine, {"finished": finished, "stop_reason": stop_reason},
                                 config.run.keep_last)
             if stop_reason is not None:
                 break
