@@ -72,9 +72,9 @@ def test_tiny_tamper_run_reports_what_its_attacks_logged(tiny_model_dir: Path, t
     # every model the utility check builds, by the adapter it carries
     utility_adapters: list[str | None] = []
 
-    def recording_make_engine(config):
-        utility_adapters.append(config.model.init_adapter)
-        return make_engine(config)
+    def recording_make_engine(model, **kwargs):
+        utility_adapters.append(model.init_adapter)
+        return make_engine(model, **kwargs)
 
     monkeypatch.setattr(tamper, "make_engine", recording_make_engine)
     config = load_config(None, ["--model", str(tiny_model_dir), "--model.device", "cpu", "--model.dtype", "float32",
