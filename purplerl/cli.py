@@ -148,6 +148,35 @@ def sft(
     typer.echo(summarize_sft(Path(summary["run_dir"]), summary))
 
 
+@app.command()
+@reports_errors
+def align(
+    evaluate: Annotated[bool, typer.Option("--eval", help="measure refusal and utility, base vs aligned")] = False,
+    limit: Annotated[int, typer.Option(min=10, help="held-out harmful and benign requests each, for --eval")] = 150,
+    out: Annotated[Path, typer.Option(help="where --eval writes align.json and summary.txt")] = Path("runs/align"),
+) -> None:
+    """Build embedded:smollm2-135m-safe: SmolLM2-135M-Instruct fine-tuned to refuse harmful requests (refusals
+    written by this project) while answering benign ones as before (its own answers). Cached after the first run."""
+    from purplerl.recipes.align import BASE_MODEL, SAFE_MODEL, aligned_model_dir
+
+    _quiet_libraries()
+    path = aligned_model_dir(notify=lambda line: typer.echo(line, err=True))
+    typer.echo(f"embedded:{SAFE_MODEL} is {path}")
+    if evaluate:
+        import json
+
+        from purplerl.eval.alignment import alignment_table, evaluate_alignment
+
+        result = evaluate_alignment(BASE_MODEL, f"embedded:{SAFE_MODEL}", limit=limit,
+                                    notify=lambda line: typer.echo(line, err=True))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "align.json").write_text(json.dumps(result, indent=1))
+        table = alignment_table(result)
+        (out / "summary.txt").write_text(table + "\n")
+        typer.echo(table)
+        typer.echo(f"wrote {out / 'align.json'} and {out / 'summary.txt'}")
+
+
 @app.command("tamper-test", context_settings=OVERRIDES, epilog=_config_epilog())
 @reports_errors
 def tamper_test(

@@ -27,6 +27,10 @@ EMBEDDED_MODELS = {
 }
 
 
+# embedded models that purplerl builds from another one on first use and caches: name -> "module:function"
+DERIVED_MODELS = {"smollm2-135m-safe": "purplerl.recipes.align:aligned_model_dir"}
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("PURPLERL_CACHE", Path.home() / ".cache" / "purplerl")).expanduser()
 
@@ -120,6 +124,10 @@ def resolve_model_path(name: str) -> str:
             raise UserError(f"cannot load model '{name}': no such path")
         return str(Path(name).expanduser()) if name.startswith("~") else name
     short = name[len(EMBEDDED_PREFIX):]
+    if short in DERIVED_MODELS:
+        module, function = DERIVED_MODELS[short].split(":")
+        # named by string: the builder is a recipe, a layer above the engines, imported only when asked for
+        return str(getattr(importlib.import_module(module), function)())
     gguf = find_embedded_gguf(short)
     dist_name = EMBEDDED_MODELS[short][0]
     version = importlib.metadata.version(dist_name)
