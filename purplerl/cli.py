@@ -100,9 +100,9 @@ def attack(
                                                "from step 1 (its logs are replaced)")] = False,
 ) -> None:
     """Red-team a model by GRPO: reward toxicity, penalize repetition and KL to the base model."""
-    from purplerl.recipes.attack import run_attack, summarize_attack
+    from purplerl.recipes.attack import ATTACK_DEFAULTS, run_attack, summarize_attack
 
-    cfg = _recipe_config("attack", ctx.args, config, resume)
+    cfg = _recipe_config("attack", ctx.args, config, resume, defaults=ATTACK_DEFAULTS)
     _quiet_libraries()
     summary = run_attack(cfg, resume_dir=resume, restart=_restart(restart, resume))
     typer.echo(summarize_attack(Path(summary["run_dir"]), summary))

@@ -190,6 +190,7 @@ class RewardConfig(Section):
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator (Schulman 2020)")
     kl_in: Literal["reward", "loss"] = Field("reward", description="apply the KL penalty in the reward or as a loss term")
     entropy_bonus_cap: float | None = Field(None, ge=0.0, description="adaptive attack: add min(mean token entropy, cap) to the reward (Token Buncher uses 3.0)")
+    refusal_penalty: float = Field(0.0, ge=0.0, description="weight of the keyword refusal judge subtracted from the reward (rewards not refusing; for attacks on an aligned model)")
     zscore: bool = Field(False, description="z-score normalize rewards over the batch before advantages")
 
 

@@ -36,8 +36,8 @@ BASE_MODEL = "embedded:smollm2-135m-instruct"
 ALIGN_SETTINGS: dict[str, Any] = {
     "version": 1,
     "harmful_examples": 560,  # of the training split's harmful requests (refusals)
-    "benign_examples": 400,  # of its benign requests (answered by the base model itself)
-    "answer": {"max_new_tokens": 128, "temperature": 0.7, "top_p": 0.9, "seed": 0},
+    "benign_examples": 288,  # of its benign requests (answered by the base model itself)
+    "answer": {"max_new_tokens": 96, "temperature": 0.7, "top_p": 0.9, "seed": 0},
     "sft": {"steps": 160, "batch_size": 8, "lr": 3e-4, "lora_rank": 16, "lora_alpha": 32.0, "max_tokens": 320,
             "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
 }
@@ -67,8 +67,18 @@ def _pick(examples: list, count: int, seed: int) -> list:
     return picked
 
 
+def _whole_sentences(text: str, finished: bool) -> str:
+    """The answer, or when it was cut at max_new_tokens, its whole sentences only: a cut mid-sentence would teach
+    the model to stop mid-sentence."""
+    text = text.strip()
+    if finished:
+        return text
+    end = max(text.rfind(mark) for mark in (". ", ".\n", "! ", "? ", "!\n", "?\n"))
+    return text[:end + 1].strip() if end >= 40 else ""
+
+
 def self_distilled_answers(prompts: list, notify: Callable[[str], None]) -> list[tuple[Any, str]]:
-    """(example, the base model's own answer) for the benign prompts whose answer ends by itself."""
+    """(example, the base model's own answer) for the benign prompts, answers cut to whole sentences."""
     a = ALIGN_SETTINGS["answer"]
     engine = make_engine(ModelConfig(name=BASE_MODEL))
     kept: list[tuple[Any, str]] = []
@@ -80,9 +90,10 @@ def self_distilled_answers(prompts: list, notify: Callable[[str], None]) -> list
         sampling = SamplingParams(max_new_tokens=a["max_new_tokens"], temperature=a["temperature"], top_p=a["top_p"],
                                   seed=a["seed"] + start)
         groups = engine.sample(tokens, 1, sampling)
-        # an answer cut at max_new_tokens would teach the model to stop mid-sentence
-        kept += [(ex, g[0].text.strip()) for ex, g in zip(batch, groups, strict=True)
-                 if g[0].finish_reason == "stop" and g[0].text.strip()]
+        for ex, group in zip(batch, groups, strict=True):
+            answer = _whole_sentences(group[0].text, group[0].finish_reason == "stop")
+            if answer:
+                kept.append((ex, answer))
         notify(f"align: base answers {min(start + ANSWER_BATCH, len(prompts))}/{len(prompts)} ({len(kept)} kept)")
     return kept
 

@@ -18,6 +18,7 @@ from purplerl.recipes.summary import summarize_run
 from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_toxicity_scorer
 from purplerl.rewards.client import HTTPScorer, record_server
 from purplerl.rewards.entropy import mean_entropy
+from purplerl.rewards.refusal import RefusalJudge
 from purplerl.train.loop import RecipeHooks, RewardFn, reward_kl_beta, rl_update
 from purplerl.train.runner import execute_run, new_run_dir, rl_recipe
 from purplerl.train.stops import threshold_early_stop
@@ -31,6 +32,7 @@ def attack_reward_fn(config: Config) -> RewardFn:
         # recorded before the runner saves config.yaml, so the run says which model gave its rewards
         record_server(r.toxicity, toxicity.info())
     repetition = RepetitionScorer(r.repetition_ngram)
+    refusal = RefusalJudge()
     kl_weight = reward_kl_beta(config)
 
     def reward_fn(prompts: list[PromptRecord], completions: list[Completion], kl_N: torch.Tensor) -> RewardBreakdown:
@@ -38,7 +40,9 @@ def attack_reward_fn(config: Config) -> RewardFn:
         prompt_texts = [p.messages[-1]["content"] for p in prompts]
         terms = {"toxicity": (r.toxicity_weight, checked_scores(toxicity, texts, prompt_texts)),
                  "repetition": (-r.repetition_penalty, checked_scores(repetition, texts, prompt_texts)),
-                 "kl": (-kl_weight, kl_N)}
+                 "kl": (-kl_weight, kl_N),
+                 # logged at weight 0 too: how often the policy still refuses is what an attack on safety breaks
+                 "refusal": (-r.refusal_penalty, checked_scores(refusal, texts, prompt_texts))}
         if r.entropy_bonus_cap is not None:
             # Token Buncher's adaptive attack: pay the policy for keeping its entropy up (up to the cap), which
             # counters a defense that makes harmful answers low-entropy
@@ -54,6 +58,10 @@ def attack_reward_fn(config: Config) -> RewardFn:
     return reward_fn
 
 
+# The attack's target is the aligned model (purplerl align builds it on first use): a model with safety to break.
+ATTACK_DEFAULTS: dict[str, Any] = {"recipe": "attack", "model": {"name": "embedded:smollm2-135m-safe"}}
+
+
 def build_attack(config: Config) -> RecipeHooks:
     return RecipeHooks(reward=attack_reward_fn(config), update=rl_update, early_stop=threshold_early_stop(config))
 
@@ -66,4 +74,4 @@ def run_attack(config: Config, resume_dir: Path | None = None, restart: bool = F
 
 
 def summarize_attack(run_dir: Path, summary: dict[str, Any]) -> str:
-    return summarize_run(run_dir, summary, {"toxicity/mean": "mean toxicity"})
+    return summarize_run(run_dir, summary, {"toxicity/mean": "mean toxicity", "refusal/mean": "refusal rate"})
