@@ -18,12 +18,14 @@ from pathlib import Path
 
 import torch
 
+from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import ModelConfig
+from purplerl.engines.base import EngineSettings
 from purplerl.engines.local import LocalEngine
 from purplerl.train.batch import build_train_batch, sequence_tensors
-from purplerl.types import AdamParams, LossSpec, SamplingParams
+from purplerl.types import AdamParams, SamplingParams
 
-# name -> (ModelConfig overrides, engine attributes to set, LossSpec overrides)
+# name -> (ModelConfig overrides, engine attributes to set, EngineSettings overrides)
 VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "default": ({}, {}, {}),
     "fp32": ({"dtype": "float32"}, {}, {}),
@@ -40,13 +42,13 @@ TEXTS = [f"Roast my friend number {i} who is always late." for i in range(8)]
 
 
 def measure(name: str, repeats: int) -> dict[str, float]:
-    model_kw, attrs, loss_kw = VARIANTS[name]
-    engine = LocalEngine(ModelConfig(device="cpu", **model_kw), seed=0)
+    model_kw, attrs, settings_kw = VARIANTS[name]
+    engine = LocalEngine(ModelConfig(device="cpu", **model_kw), seed=0, settings=EngineSettings(**settings_kw))
     for key, value in attrs.items():
         setattr(engine, key, value)
     prompts = [engine.tokenizer.encode(engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)) for t in TEXTS]
-    spec = LossSpec(name="ppo_clip", kl_beta=0.1, kl_estimator="k3", old_logprobs="current", **loss_kw)
+    loss = Loss("ppo_clip", PolicyGradientParams(kl_beta=0.1, kl_estimator="k3", old_logprobs="current"))
     rows = []
     for rep in range(repeats):
         start = time.perf_counter()
@@ -54,18 +56,18 @@ def measure(name: str, repeats: int) -> dict[str, float]:
         sampled = time.perf_counter()
         tensors = sequence_tensors([c for g in groups for c in g], engine.tokenizer.pad_token_id)
         ref = engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], reference=True,
-                              targets_NT=tensors["loss_mask_NT"], micro_batch_size=spec.micro_batch_size)
+                              targets_NT=tensors["loss_mask_NT"])
         referenced = time.perf_counter()
         # the pass an off-policy recomputation of old logprobs would cost (and the sampler's numerics)
         policy = engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"],
-                                 targets_NT=tensors["loss_mask_NT"], micro_batch_size=spec.micro_batch_size)
+                                 targets_NT=tensors["loss_mask_NT"])
         recomputed = time.perf_counter()
         mask = tensors["loss_mask_NT"].bool()
         drift = (policy[mask] - tensors["sampling_logprobs_NT"][mask]).abs()
         batch = build_train_batch(tensors, torch.randn(32, generator=torch.Generator().manual_seed(rep)))
         batch = batch.__class__(**{**batch.__dict__, "ref_logprobs_NT": ref})
         started_train = time.perf_counter()
-        engine.forward_backward(batch, spec)
+        engine.forward_backward(batch, loss)
         engine.optim_step(AdamParams(lr=1e-4))
         trained = time.perf_counter()
         rows.append({"sample_s": sampled - start, "reference_s": referenced - sampled,

@@ -139,9 +139,9 @@ def attack(
     restart: Restart = False,
 ) -> None:
     """Red-team a model by GRPO: reward toxicity, penalize repetition and KL to the base model."""
-    from purplerl.recipes.attack import run_attack, summarize_attack
+    from purplerl.recipes.attack import ATTACK_DEFAULTS, run_attack, summarize_attack
 
-    cfg = _recipe_config("attack", ctx.args, config, resume)
+    cfg = _recipe_config("attack", ctx.args, config, resume, defaults=ATTACK_DEFAULTS)
     _quiet_libraries()
     summary = run_attack(cfg, resume_dir=resume, restart=_restart(restart, resume))
     typer.echo(summarize_attack(Path(summary["run_dir"]), summary))
@@ -165,6 +165,56 @@ def defend(
     _quiet_libraries()
     summary = run_defend(cfg, resume_dir=resume, restart=_restart(restart, resume))
     typer.echo(summarize_defend(Path(summary["run_dir"]), summary))
+
+
+def _sft_defaults() -> dict[str, Any]:
+    from purplerl.recipes.sft import SFT_DEFAULTS
+
+    return SFT_DEFAULTS
+
+
+@app.command(context_settings=OVERRIDES, cls=config_command("sft", _sft_defaults))
+@reports_errors
+def sft(
+    ctx: typer.Context,
+    config: ConfigFile = None,
+    resume: Resume = None,
+    restart: Restart = False,
+) -> None:
+    """Supervised fine-tuning of a LoRA adapter on chat data (messages ending with the assistant's turn, or
+    prompt/completion pairs); the loss covers only the assistant's tokens. --data names the data."""
+    from purplerl.recipes.sft import SFT_DEFAULTS, run_sft, summarize_sft
+
+    cfg = _recipe_config("sft", ctx.args, config, resume, defaults=SFT_DEFAULTS)
+    _quiet_libraries()
+    summary = run_sft(cfg, resume_dir=resume, restart=_restart(restart, resume))
+    typer.echo(summarize_sft(Path(summary["run_dir"]), summary))
+
+
+@app.command(context_settings=OVERRIDES, cls=config_command("align"))
+@reports_errors
+def align(ctx: typer.Context, config: ConfigFile = None) -> None:
+    """Build embedded:smollm2-135m-safe: SmolLM2-135M-Instruct fine-tuned to refuse harmful requests (refusals
+    written by this project) while answering benign ones as before (its own answers). Cached after the first run.
+    With --eval true, measure refusal and utility of the base and the aligned model on held-out requests."""
+    from purplerl.recipes.align import BASE_MODEL, SAFE_MODEL, aligned_model_dir
+
+    cfg = load_command_config("align", config, ctx.args).align
+    _quiet_libraries()
+    typer.echo(f"embedded:{SAFE_MODEL} is {aligned_model_dir(notify=_say)}")
+    if cfg.eval:
+        import json
+
+        from purplerl.eval.alignment import alignment_table, evaluate_alignment
+
+        result = evaluate_alignment(BASE_MODEL, f"embedded:{SAFE_MODEL}", limit=cfg.limit, notify=_say)
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "align.json").write_text(json.dumps(result, indent=1))
+        table = alignment_table(result)
+        (out / "summary.txt").write_text(table + "\n")
+        typer.echo(table)
+        typer.echo(f"wrote {out / 'align.json'} and {out / 'summary.txt'}")
 
 
 @app.command("tamper-test", context_settings=OVERRIDES, cls=config_command("tamper-test"))

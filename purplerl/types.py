@@ -47,38 +47,45 @@ class Completion:
 
 
 @dataclass(frozen=True)
-class Group:
-    """The G completions of one prompt, and the prompt they answer."""
-
-    prompt: PromptRecord
-    completions: tuple[Completion, ...]  # length G
-
-
-@dataclass(frozen=True)
 class TrainBatch:
-    """Token-level training data for `Engine.forward_backward`, right-padded to T."""
+    """Token-level training data for `Engine.forward_backward`, right-padded to T (Tinker's `Datum`s, stacked).
+
+    Which optional inputs must be present depends on the loss (`LossDef.inputs`): policy-gradient losses read
+    sampling logprobs and advantages, an in-loss KL the reference logprobs, pairwise losses `pairs_P2`."""
 
     input_ids_NT: torch.Tensor  # long [N, T], prompt + completion tokens, pad after the end
     attention_mask_NT: torch.Tensor  # long [N, T], 1 on real tokens
-    loss_mask_NT: torch.Tensor  # float [N, T], 1 on completion tokens (as targets), else 0
-    sampling_logprobs_NT: torch.Tensor  # float [N, T], logprobs recorded when sampling, 0 off-mask
-    advantages_NT: torch.Tensor  # float [N, T], advantage per target token, 0 off-mask
-    ref_logprobs_NT: torch.Tensor | None = None  # float [N, T], frozen-base logprobs (KL in loss)
+    loss_mask_NT: torch.Tensor  # float [N, T], weight of each target token in the loss (1 on completions), else 0
+    sampling_logprobs_NT: torch.Tensor | None = None  # float [N, T], logprobs recorded when sampling, 0 off-mask
+    advantages_NT: torch.Tensor | None = None  # float [N, T], advantage per target token, 0 off-mask
+    ref_logprobs_NT: torch.Tensor | None = None  # float [N, T], frozen-base logprobs (KL in loss, DPO)
+    pairs_P2: torch.Tensor | None = None  # long [P, 2], (chosen row, rejected row) of each preference pair
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids_NT.shape)
-        for name in ("attention_mask_NT", "loss_mask_NT", "sampling_logprobs_NT", "advantages_NT"):
-            if tuple(getattr(self, name).shape) != shape:
-                raise ValueError(f"TrainBatch.{name} has shape {tuple(getattr(self, name).shape)}, "
-                                 f"expected {shape}")
-        if self.ref_logprobs_NT is not None and tuple(self.ref_logprobs_NT.shape) != shape:
-            raise ValueError(f"TrainBatch.ref_logprobs_NT has shape {tuple(self.ref_logprobs_NT.shape)}")
+        for name in ("attention_mask_NT", "loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT"):
+            value = getattr(self, name)
+            if value is not None and tuple(value.shape) != shape:
+                raise ValueError(f"TrainBatch.{name} has shape {tuple(value.shape)}, expected {shape}")
+        if self.pairs_P2 is not None and (self.pairs_P2.ndim != 2 or self.pairs_P2.shape[1] != 2):
+            raise ValueError(f"TrainBatch.pairs_P2 has shape {tuple(self.pairs_P2.shape)}, expected [P, 2]")
 
     def select(self, rows: torch.Tensor) -> TrainBatch:
-        """The batch restricted to the given row indices (a PPO minibatch, or the Token Noiser's rows)."""
-        ref = None if self.ref_logprobs_NT is None else self.ref_logprobs_NT[rows]
+        """The batch restricted to the given row indices (a PPO minibatch, or the Token Noiser's rows).
+        Pairs couple sequences, so a batch with pairs is never split."""
+        if self.pairs_P2 is not None:
+            raise ValueError("a batch of preference pairs cannot be split into rows")
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[rows]
+
         return TrainBatch(self.input_ids_NT[rows], self.attention_mask_NT[rows], self.loss_mask_NT[rows],
-                          self.sampling_logprobs_NT[rows], self.advantages_NT[rows], ref)
+                          pick(self.sampling_logprobs_NT), pick(self.advantages_NT), pick(self.ref_logprobs_NT))
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """The loss inputs present, by name (with the loss mask)."""
+        names = ("loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     @property
     def num_sequences(self) -> int:
@@ -87,27 +94,6 @@ class TrainBatch:
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask_NT.sum().item())
-
-
-@dataclass(frozen=True)
-class LossSpec:
-    """Which policy-gradient loss `forward_backward` computes, with its knobs."""
-
-    name: str = "importance_sampling"  # key in algorithms.losses.LOSSES
-    clip_low: float = 0.2  # PPO ratio clip below 1 (1 - clip_low)
-    clip_high: float = 0.2  # PPO ratio clip above 1 (1 + clip_high); > clip_low is DAPO clip-higher
-    temperature: float = 1.0  # logits are divided by this, matching the sampling distribution
-    kl_beta: float = 0.0  # weight of a KL(policy || ref) term inside the loss (needs ref_logprobs_NT)
-    kl_estimator: str = "k3"  # estimator for the in-loss KL term
-    micro_batch_size: int = 64  # max sequences per forward pass; gradients accumulate to the full batch
-    micro_batch_tokens: int = 4096  # max padded tokens per forward pass (length-sorted sequences fill it)
-    aggregation: str = "token_mean"  # key in algorithms.losses.LOSS_AGGREGATIONS
-    length_norm: float | None = None  # constant divisor of seq_mean_token_sum_norm (Dr. GRPO): max_new_tokens
-    epsilon: float = 0.1  # Token Noiser: weight of the noise cross-entropy
-    noise_seed: int = 0  # Token Noiser: seed of the random noise distributions
-    # behaviour-policy logprobs of the ratio: "sampler" (the batch's sampling_logprobs_NT) or "current" (the
-    # policy's own, detached: exact when the batch gets one update, whatever numerics the sampler used)
-    old_logprobs: str = "sampler"
 
 
 @dataclass(frozen=True)
@@ -128,12 +114,3 @@ class RewardBreakdown:
 
     total_N: torch.Tensor  # float [N], the reward the advantages are computed from
     components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> float [N]
-
-
-@dataclass(frozen=True)
-class StepMetrics:
-    """What one RL step reports (one line of metrics.jsonl)."""
-
-    step: int
-    values: dict[str, float]  # flat metric name -> value, e.g. "reward/mean", "toxicity/mean"
-    seconds: float  # wall time of the step

@@ -297,7 +297,10 @@ def test_field_help_covers_every_leaf_field():
 def test_example_config_shows_the_defaults():
     if not EXAMPLE_CONFIG.is_file():
         pytest.skip(f"{EXAMPLE_CONFIG} does not exist yet")
-    assert load_config(EXAMPLE_CONFIG) == Config()
+    from purplerl.recipes.attack import ATTACK_DEFAULTS
+
+    # the attack recipe's defaults: the global ones with its own changes (its target is the aligned model)
+    assert load_config(EXAMPLE_CONFIG) == load_config(None, [], base=ATTACK_DEFAULTS)
     # it is meant to list every field, not only some
     assert "reward.kl_beta" in {n for n, _, _ in field_help()}
     text = EXAMPLE_CONFIG.read_text()

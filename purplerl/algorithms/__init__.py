@@ -21,17 +21,16 @@ from purplerl.algorithms.kl import KL_ESTIMATORS, get_kl_estimator, kl_k1, kl_k2
 from purplerl.algorithms.logprobs import entropy_from_logits, masked_mean, masked_sum, selective_log_softmax
 from purplerl.algorithms.losses import (
     LOSS_AGGREGATIONS,
-    LOSSES,
     AggregationFn,
     LossFn,
     aggregate_loss,
     aggregate_token_mean,
-    get_loss,
     importance_sampling_loss,
     kl_penalty_loss,
     ppo_clip_loss,
 )
 from purplerl.algorithms.noiser import normalize_noise, token_noiser_loss
+from purplerl.algorithms.registry import LOSS_REGISTRY, CustomLoss, Loss, LossDef, get_loss_def, register_loss
 
 __all__ = [
     "ADVANTAGES",
@@ -39,7 +38,12 @@ __all__ = [
     "AdvantageFn",
     "AggregationFn",
     "KL_ESTIMATORS",
-    "LOSSES",
+    "LOSS_REGISTRY",
+    "CustomLoss",
+    "Loss",
+    "LossDef",
+    "get_loss_def",
+    "register_loss",
     "LOSS_AGGREGATIONS",
     "LossFn",
     "TokenAdvantageFn",
@@ -51,7 +55,6 @@ __all__ = [
     "entropy_from_logits",
     "get_advantage_estimator",
     "get_kl_estimator",
-    "get_loss",
     "grpo_advantages",
     "importance_sampling_loss",
     "kl_k1",

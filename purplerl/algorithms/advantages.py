@@ -273,6 +273,15 @@ ADVANTAGE_ESTIMATORS: dict[str, TokenAdvantageFn] = {
 }
 
 
+# Estimators that take the per-token KL into their token rewards (so the KL must not also enter the scalar reward)
+TOKEN_KL_ESTIMATORS = frozenset({"reinforce_pp"})
+
+
+def takes_token_kl(name: str) -> bool:
+    get_advantage_estimator(name)
+    return name in TOKEN_KL_ESTIMATORS
+
+
 def get_advantage_estimator(name: str) -> TokenAdvantageFn:
     """Look up a token-level estimator by name, raising UserError that lists the known names."""
     if name not in ADVANTAGE_ESTIMATORS:

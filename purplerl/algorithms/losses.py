@@ -87,19 +87,6 @@ def ppo_clip_loss(logprobs_NT: torch.Tensor, sampling_logprobs_NT: torch.Tensor,
     return loss_NT, metrics
 
 
-LOSSES: dict[str, LossFn] = {
-    "importance_sampling": importance_sampling_loss,
-    "ppo_clip": ppo_clip_loss,
-}
-
-
-def get_loss(name: str) -> LossFn:
-    """Look up a loss by name, raising UserError that lists the known names."""
-    if name not in LOSSES:
-        raise UserError(f"unknown loss '{name}' (known: {', '.join(sorted(LOSSES))})")
-    return LOSSES[name]
-
-
 def aggregate_token_mean(loss_NT: torch.Tensor, mask_NT: torch.Tensor, normalizer: float) -> torch.Tensor:
     """sum(loss * mask) / normalizer, a scalar.
 

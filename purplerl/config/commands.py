@@ -201,6 +201,16 @@ UTILITY_FLAT = {"utility_source": "utility.source", "utility_limit": "utility.li
 PROMPT_FORMAT_FLAT = {"template": "data.template", "system_prompt": "data.system_prompt"}
 
 
+class AlignConfig(Section):
+    eval: bool = Field(False, description="after building, measure refusal (greedy and sampled) and utility of the base and the aligned model")
+    limit: int = Field(150, ge=10, description="held-out harmful and benign requests each for the measurement")
+    out: str = Field("runs/align", description="where the measurement writes align.json and summary.txt")
+
+
+class AlignCommandConfig(Section):
+    align: AlignConfig = Field(default_factory=AlignConfig, description="purplerl align")
+
+
 @dataclass(frozen=True)
 class Command:
     """How one command reads its config."""
@@ -214,6 +224,8 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "attack": Command(Config, ATTACK_FLAT),
     "defend": Command(Config, ATTACK_FLAT),
+    "sft": Command(Config, ATTACK_FLAT),
+    "align": Command(AlignCommandConfig, {"eval": "align.eval", "limit": "align.limit", "out": "align.out"}),
     "tamper-test": Command(TamperTestConfig, {
         **ATTACK_FLAT, **UTILITY_FLAT,
         "adapter": "tamper.adapter", "out": "tamper.out", "threshold": "tamper.threshold"},

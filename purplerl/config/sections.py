@@ -208,7 +208,19 @@ class RewardConfig(Section):
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator (Schulman 2020)")
     kl_in: Literal["reward", "loss"] = Field("reward", description="apply the KL penalty in the reward or as a loss term")
     entropy_bonus_cap: float | None = Field(None, ge=0.0, description="adaptive attack: add min(mean token entropy, cap) to the reward (Token Buncher uses 3.0)")
+    refusal_penalty: float = Field(0.0, ge=0.0, description="weight of the keyword refusal judge subtracted from the reward (rewards not refusing; for attacks on an aligned model)")
     zscore: bool = Field(False, description="z-score normalize rewards over the batch before advantages")
+
+
+class SFTConfig(Section):
+    messages_field: str = Field("messages", description="field holding chat messages whose assistant turns are trained on (the last turn must be the assistant's)")
+    prompt_field: str = Field("prompt", description="without messages: field holding the prompt (text or chat messages)")
+    completion_field: str = Field("completion", description="without messages: field holding the assistant's answer")
+    max_tokens: int = Field(1024, ge=8, description="longest sequence trained on; longer ones are cut at the end (their last tokens are not trained)")
+    eval_split: str | None = Field(None, description="held-out split of the data source for the eval loss (null: hold out eval_fraction of the training split)")
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="share of the training split held out for the eval loss when eval_split is null (0: no eval)")
+    eval_every: int = Field(10, ge=0, description="compute the held-out loss every N steps and at the last step (0: never)")
+    eval_limit: int = Field(256, ge=1, description="at most this many held-out examples")
 
 
 class LoggingConfig(Section):
@@ -240,6 +252,7 @@ class Config(Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="optimization")
     data: DataConfig = Field(default_factory=DataConfig, description="prompt source")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="reward composition")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="supervised fine-tuning (purplerl sft)")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="console output")
     run: RunConfig = Field(default_factory=RunConfig, description="run directory and checkpoints")
 

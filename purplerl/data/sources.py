@@ -68,6 +68,20 @@ def load_prompts(cfg: DataConfig, split: str | None = None) -> list[PromptRecord
     return records
 
 
+def read_rows(cfg: DataConfig, split: str | None = None) -> tuple[list[dict[str, Any]], str]:
+    """The raw rows of `cfg.source`'s split with the filters applied (for recipes whose rows are not prompts,
+    like SFT conversations), and how to name the source in messages."""
+    split = cfg.split if split is None else split
+    src = _read_source(cfg, split)
+    rows = list(enumerate(src.rows))
+    if not src.split_done:
+        rows = _select_split(rows, split, src.where)
+    rows = _apply_filters(rows, dict(cfg.filters), src.where)
+    if not rows:
+        raise UserError(f"no rows in data source {src.where} (split '{split}')")
+    return [row for _, row in rows], src.where
+
+
 # ---------------------------------------------------------------------------------------------- readers
 
 

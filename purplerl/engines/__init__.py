@@ -3,17 +3,21 @@ CLI) that knows concrete engine names."""
 
 from __future__ import annotations
 
-from purplerl.config import Config
-from purplerl.engines.base import Engine
+from purplerl.config import ModelConfig
+from purplerl.engines.base import Engine, EngineSettings
 from purplerl.errors import UserError
 
+ENGINES = ("local",)
 
-def make_engine(config: Config) -> Engine:
-    if config.engine == "local":
+
+def make_engine(model: ModelConfig, *, kind: str = "local", seed: int = 0,
+                settings: EngineSettings | None = None) -> Engine:
+    """An engine of `kind` holding `model` (its base and first adapter, "default")."""
+    if kind == "local":
         from purplerl.engines.local import LocalEngine
 
-        return LocalEngine(config.model, seed=config.training.seed)
-    raise UserError(f"unknown engine '{config.engine}'")
+        return LocalEngine(model, seed=seed, settings=settings)
+    raise UserError(f"unknown engine '{kind}' (known: {', '.join(ENGINES)})")
 
 
-__all__ = ["Engine", "make_engine"]
+__all__ = ["ENGINES", "Engine", "EngineSettings", "make_engine"]

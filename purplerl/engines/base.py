@@ -6,12 +6,22 @@ aligned to targets (see purplerl.types).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from purplerl.types import AdamParams, Completion, LossSpec, SamplingParams, TrainBatch
+from purplerl.algorithms.registry import CustomLoss, Loss
+from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How an engine executes, not what it computes."""
+
+    micro_batch_size: int = 64  # max sequences per forward/backward pass (gradients accumulate to the full batch)
+    micro_batch_tokens: int = 4096  # max padded tokens per pass: length-sorted sequences fill each pass up to this
 
 
 class Engine(Protocol):
@@ -22,22 +32,42 @@ class Engine(Protocol):
         ...
 
     def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
-                 reference: bool = False, temperature: float = 1.0, micro_batch_size: int = 64,
-                 micro_batch_tokens: int = 4096, targets_NT: torch.Tensor | None = None) -> torch.Tensor:
-        """Per-token logprobs [N, T] under the policy, or the frozen base if reference. Only the positions
-        where targets_NT is 1 are computed (default: every token after the first); the rest are 0."""
+                 reference: bool = False, temperature: float = 1.0,
+                 targets_NT: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-token logprobs [N, T] under the active adapter, or the frozen base if reference. Only the
+        positions where targets_NT is 1 are computed (default: every token after the first); the rest are 0."""
         ...
 
-    def forward_backward(self, batch: TrainBatch, loss: LossSpec) -> dict[str, float]:
-        """Compute the loss on the batch and accumulate its gradients."""
+    def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
+        """Compute a registered loss on the batch and accumulate its gradients into the active adapter."""
+        ...
+
+    def forward_backward_custom(self, batch: TrainBatch, loss: CustomLoss) -> dict[str, float]:
+        """The same for a user-supplied function of the batch's logprobs."""
         ...
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
-        """Apply and clear the accumulated gradients."""
+        """Apply and clear the active adapter's accumulated gradients."""
+        ...
+
+    @property
+    def adapters(self) -> list[str]:
+        """Names of the adapters on the frozen base ("default" first)."""
+        ...
+
+    @property
+    def active_adapter(self) -> str: ...
+
+    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
+        """Add an adapter: fresh, or loaded from a PEFT dir."""
+        ...
+
+    def use_adapter(self, name: str) -> None:
+        """Select the adapter that samples, scores and trains."""
         ...
 
     def save(self, path: Path) -> None:
-        """Write adapter (a standard PEFT dir) + optimizer state into path."""
+        """Write every adapter (a standard PEFT dir) + optimizer state into path."""
         ...
 
     def load(self, path: Path) -> None:

@@ -37,6 +37,10 @@ EMBEDDED_MODELS = {
 }
 
 
+# embedded models that purplerl builds from another one on first use and caches: name -> "module:function"
+DERIVED_MODELS = {"smollm2-135m-safe": "purplerl.recipes.align:aligned_model_dir"}
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("PURPLERL_CACHE", Path.home() / ".cache" / "purplerl")).expanduser()
 
@@ -124,6 +128,10 @@ def resolve_model_path(name: str) -> str:
             raise UserError(f"cannot load model '{name}': no such path")
         return str(Path(name).expanduser())
     short = name[len(EMBEDDED_PREFIX):]
+    if short in DERIVED_MODELS:
+        module, function = DERIVED_MODELS[short].split(":")
+        # named by string: the builder is a recipe, a layer above the engines, imported only when asked for
+        return str(getattr(importlib.import_module(module), function)())
     gguf = find_embedded_gguf(short)
     dist_name = EMBEDDED_MODELS[short][0]
     version = importlib.metadata.version(dist_name)
@@ -284,10 +292,9 @@ class Policy:
 
     def load(self) -> Any:
         """The engine that samples from this policy."""
-        from purplerl.config import Config
         from purplerl.engines import make_engine
 
-        return make_engine(Config(model=self.model))
+        return make_engine(self.model)
 
     def render(self, tokenizer: Any, records: list[PromptRecord]) -> list[list[int]]:
         """Each record's prompt tokens, in the format this policy was trained with."""

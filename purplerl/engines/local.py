@@ -18,6 +18,7 @@ import contextlib
 import copy
 import inspect
 import io
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -26,9 +27,11 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from purplerl.algorithms.logprobs import selective_log_softmax
-from purplerl.algorithms.losses import LOSSES, aggregate_loss, kl_penalty_loss
-from purplerl.algorithms.noiser import token_noiser_loss
+from purplerl.algorithms.losses import aggregate_loss
+from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import ModelConfig
+from purplerl.engines.adapters import AdapterSet, adapter_weights_file, lora_config
+from purplerl.engines.base import EngineSettings
 from purplerl.engines.fused_lora import install_fused_lora
 from purplerl.engines.loading import (
     load_causal_lm,
@@ -40,11 +43,10 @@ from purplerl.engines.loading import (
     stop_token_ids,
 )
 from purplerl.errors import ExperimentError, UserError
-from purplerl.types import AdamParams, Completion, LossSpec, SamplingParams, TrainBatch
+from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
-TOKEN_NOISER = "token_noiser"  # the one loss that needs full-vocabulary logits
 # Bytes of one fp32 LM-head chunk [rows, V]. Under glibc malloc's 32 MiB mmap ceiling, the chunk buffers are
 # reused from the heap; larger ones are mapped fresh and page-faulted on every call, which made the head's
 # forward + backward 1.6x slower at 1024 rows than at 128 (SmolLM2, 1536 rows, bench/NOTES.md).
@@ -71,10 +73,6 @@ def _attention_for(config, width: int, device: torch.device):
         yield
     finally:
         config._attn_implementation = chosen
-
-
-def _lora_targets(spec: str) -> str | list[str]:
-    return "all-linear" if spec == "all-linear" else [s.strip() for s in spec.split(",") if s.strip()]
 
 
 def _truncate_probs(scaled_NV: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
@@ -109,12 +107,14 @@ def _draw(probs_NV: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 class LocalEngine:
     """Tinker-shaped training primitives over a PEFT LoRA model held in this process."""
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
-        from peft import LoraConfig, get_peft_model
+    def __init__(self, cfg: ModelConfig, seed: int = 0, settings: EngineSettings | None = None) -> None:
+        from peft import get_peft_model
 
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
+        self.seed = seed
+        self.settings = settings or EngineSettings()
         self.device = resolve_device(cfg.device)
         self.decode_sync_every = 1 if self.device.type == "cpu" else DECODE_SYNC_EVERY
         if cfg.init_adapter:
@@ -129,10 +129,8 @@ class LocalEngine:
         if cfg.init_adapter:
             self.model = load_peft_adapter(base, cfg.init_adapter)
         else:
-            lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                              target_modules=_lora_targets(cfg.lora_targets), task_type="CAUSAL_LM")
             try:
-                self.model = get_peft_model(base, lora)
+                self.model = get_peft_model(base, lora_config(cfg))
             except ValueError as err:
                 raise UserError(f"cannot apply LoRA: {str(err).splitlines()[0]}") from None
         self.model.to(self.device)
@@ -144,20 +142,47 @@ class LocalEngine:
         # transformers renamed the KV-cache argument from past_key_values to cache (5.x); take what the model has
         params = inspect.signature(base.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        if not self.trainable:
-            raise UserError("the LoRA adapter has no trainable parameters")
-        # Mixed precision: over a bf16 base the adapter runs in bf16 too (PEFT would otherwise cast every
-        # activation to fp32 and back around each of the ~200 adapted layers), while the optimizer updates
-        # fp32 master copies; gradients are accumulated into the masters in fp32 after every micro-batch.
-        compute_dtype = resolve_dtype(cfg.dtype, self.device)
-        if compute_dtype == torch.float32:
-            self.master = self.trainable
-        else:
-            self.master = [p.detach().float().clone() for p in self.trainable]
-            for p in self.trainable:
-                p.data = p.data.to(compute_dtype)
-        self.optimizer = torch.optim.AdamW(self.master, lr=1e-4)
+        # Mixed precision: over a bf16 base the adapters run in bf16 too (PEFT would otherwise cast every
+        # activation to fp32 and back around each of the ~200 adapted layers), while each adapter's optimizer
+        # updates fp32 master copies; gradients are accumulated into the masters after every micro-batch.
+        self._adapters = AdapterSet(self.model, resolve_dtype(cfg.dtype, self.device))
+        self._adapters.register("default")
+
+    # ----- named adapters (one frozen base; the reference is the base with every adapter off) -------
+
+    @property
+    def adapters(self) -> list[str]:
+        return self._adapters.names
+
+    @property
+    def active_adapter(self) -> str:
+        return self._adapters.active
+
+    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
+        """Add a LoRA adapter `name` on the same base: fresh (LoRA B = 0, so it starts as the base; shaped by the
+        model config) or loaded from a PEFT dir `init`. It does not become active: see `use_adapter`."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + zlib.crc32(name.encode()))  # its own A matrices, global RNG untouched
+            self._adapters.create(name, self.cfg, init)
+        if self.cfg.fused_lora:
+            install_fused_lora(self.model)
+
+    def use_adapter(self, name: str) -> None:
+        """Make `name` the adapter that samples, scores and trains."""
+        self._adapters.activate(name)
+        self._sampler_synced = False
+
+    @property
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return self._adapters.current.params
+
+    @property
+    def master(self) -> list[torch.Tensor]:
+        return self._adapters.current.master
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._adapters.current.optimizer
 
     # ----- sampling -------------------------------------------------------------------------------
 
@@ -201,7 +226,10 @@ class LocalEngine:
         adapter = self.model.active_adapter
         shared = Counter(p.data_ptr() for _, p in self._sampler.named_parameters(remove_duplicate=False))
         for name, module in self.model.get_base_model().named_modules():
-            if not isinstance(module, LoraLayer) or adapter not in module.scaling:
+            if not isinstance(module, LoraLayer):
+                continue
+            if adapter not in module.scaling:  # another adapter's layer: the sampler must hold the base weight
+                self._sampler.get_submodule(name).weight.copy_(module.get_base_layer().weight)
                 continue
             if module.use_dora.get(adapter, False):
                 raise UserError(f"cannot merge the DoRA layer {name} for sampling: set model.merged_sampler false")
@@ -347,8 +375,8 @@ class LocalEngine:
 
     @torch.no_grad()
     def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
-                 reference: bool = False, temperature: float = 1.0, micro_batch_size: int = 64,
-                 micro_batch_tokens: int = 4096, targets_NT: torch.Tensor | None = None) -> torch.Tensor:
+                 reference: bool = False, temperature: float = 1.0,
+                 targets_NT: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token logprobs [N, T]; only the `targets_NT` positions are computed (default: every token
         after the first), the rest are 0."""
         self.model.eval()
@@ -357,7 +385,7 @@ class LocalEngine:
             targets_NT = F.pad(attention_mask_NT[:, 1:], (1, 0))
         targets = targets_NT.to(self.device)
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
-        for rows in self._micro_batches(attn, micro_batch_size, micro_batch_tokens):
+        for rows in self._micro_batches(attn, self.settings.micro_batch_size, self.settings.micro_batch_tokens):
             width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
             if reference:
                 with self.model.disable_adapter():
@@ -373,82 +401,90 @@ class LocalEngine:
 
     # ----- training ---------------------------------------------------------------------------------
 
-    def forward_backward(self, batch: TrainBatch, loss: LossSpec) -> dict[str, float]:
-        if loss.name not in LOSSES and loss.name != TOKEN_NOISER:
-            raise UserError(f"unknown loss '{loss.name}' (choose from {', '.join([*LOSSES, TOKEN_NOISER])})")
-        if loss.kl_beta > 0 and batch.ref_logprobs_NT is None:
-            raise ExperimentError("LossSpec.kl_beta > 0 but the TrainBatch has no ref_logprobs_NT")
-        normalizer = batch.num_loss_tokens
-        if batch.num_sequences == 0 or normalizer == 0:
-            raise ExperimentError("forward_backward got an empty batch (no completion tokens to train on)")
+    def _parts(self, batch: TrainBatch):
+        """(rows, width, inputs) per micro-batch: the batch's tensors cut to the rows and trimmed of padding."""
+        tensors = {"input_ids_NT": batch.input_ids_NT, "attention_mask_NT": batch.attention_mask_NT,
+                   **{k: v for k, v in batch.inputs().items() if k != "pairs_P2"}}
+        s = self.settings
+        for rows in self._micro_batches(batch.attention_mask_NT, s.micro_batch_size, s.micro_batch_tokens):
+            width = int(batch.attention_mask_NT[rows].sum(-1).max())  # right padding: trim unused columns
+            yield rows, width, {name: t[rows, :width].to(self.device) for name, t in tensors.items()}
+
+    def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
+        """Accumulate the gradient of a registered loss on the batch into the active adapter."""
+        definition = loss.definition
+        missing = [name for name in definition.required_inputs(loss.params) if getattr(batch, name) is None]
+        if missing:
+            raise ExperimentError(f"loss '{loss.name}' needs {missing[0]} in the batch")
+        _check_not_empty(batch)
+        if definition.consumes == "sequences":
+            return self._linearized_backward(batch, lambda lp, inputs: definition.fn(lp, inputs, loss.params),
+                                             loss.temperature)
         self.model.train()
-        noise = torch.Generator(device=self.device).manual_seed(loss.noise_seed)
+        generator = torch.Generator(device=self.device).manual_seed(loss.seed)
         totals: dict[str, float] = {}
-        for sl in self._micro_batches(batch.attention_mask_NT, loss.micro_batch_size, loss.micro_batch_tokens):
-            start = int(sl[0])
-            width = int(batch.attention_mask_NT[sl].sum(-1).max())  # right padding: trim unused columns
-            part = {name: t[sl, :width].to(self.device) for name, t in (
-                ("ids", batch.input_ids_NT), ("attn", batch.attention_mask_NT), ("mask", batch.loss_mask_NT),
-                ("old", batch.sampling_logprobs_NT), ("adv", batch.advantages_NT))}
-            if batch.ref_logprobs_NT is not None:
-                part["ref"] = batch.ref_logprobs_NT[sl, :width].to(self.device)
-            loss_NT, metrics = self._micro_batch_loss(part, loss, noise)
-            total = aggregate_loss(loss_NT, part["mask"], loss.aggregation, total_tokens=normalizer,
+        normalizer = batch.num_loss_tokens
+        for rows, _, part in self._parts(batch):
+            ids, attn, mask = part["input_ids_NT"], part["attention_mask_NT"], part["loss_mask_NT"]
+            if definition.consumes == "logits":
+                # per-token tensors start at position 1, where the logits of position 0 predict the first target
+                shifted = {k: v[:, 1:] for k, v in part.items()}
+                loss_nt, metrics = definition.fn(self._logits(ids, attn), shifted, loss.params, targets_NT=ids[:, 1:],
+                                                 temperature=loss.temperature, generator=generator)
+                loss_NT = F.pad(loss_nt, (1, 0))
+            else:
+                logp_NT = self._target_logprobs(ids, attn, mask, loss.temperature)
+                loss_NT, metrics = definition.fn(logp_NT, part, loss.params)
+            total = aggregate_loss(loss_NT, mask, loss.aggregation, total_tokens=normalizer,
                                    total_sequences=batch.num_sequences, length_norm=loss.length_norm)
             if not torch.isfinite(total):
-                raise ExperimentError(f"non-finite loss in the micro-batch with sequence {start}")
+                raise ExperimentError(f"non-finite loss in the micro-batch with sequence {int(rows[0])}")
             total.backward()
             self._accumulate_master_grads()
-            weight = float(part["mask"].sum()) / normalizer
+            weight = float(mask.sum()) / normalizer
             totals["loss"] = totals.get("loss", 0.0) + float(total.detach())
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + weight * float(value)
         totals["tokens"] = float(normalizer)
         return totals
 
-    def _micro_batch_loss(self, part: dict[str, torch.Tensor], loss: LossSpec, noise: torch.Generator):
-        """Per-token loss [n, T] of one micro-batch (aligned to targets), with its metrics."""
-        if loss.name == TOKEN_NOISER:
-            logits_NTV = self._logits(part["ids"], part["attn"])
-            # a supervised step on the batch's own tokens; needs the full distribution, not just gathered logprobs
-            loss_nt, metrics = token_noiser_loss(logits_NTV, part["ids"][:, 1:], part["mask"][:, 1:],
-                                                 epsilon=loss.epsilon, generator=noise, temperature=loss.temperature)
-            return F.pad(loss_nt, (1, 0)), metrics
-        logp_NT = self._target_logprobs(part["ids"], part["attn"], part["mask"], loss.temperature)
-        # on-policy (one update per rollout batch) the behaviour policy is the current one: ratio = 1 exactly,
-        # whatever the sampler's numerics (a bf16 KV-cache decode differs from this forward by ~1e-2)
-        old_NT = logp_NT.detach() if loss.old_logprobs == "current" else part["old"]
-        loss_NT, metrics = LOSSES[loss.name](logp_NT, old_NT, part["adv"], part["mask"],
-                                             clip_low=loss.clip_low, clip_high=loss.clip_high)
-        if loss.kl_beta > 0:
-            kl_NT = kl_penalty_loss(logp_NT, part["ref"], loss.kl_estimator)
-            loss_NT = loss_NT + loss.kl_beta * kl_NT
-            kl_mean = (kl_NT.detach() * part["mask"]).sum() / part["mask"].sum().clamp(min=1)
-            metrics = {**metrics, "kl_loss": float(kl_mean)}
-        return loss_NT, metrics
+    def forward_backward_custom(self, batch: TrainBatch, loss: CustomLoss) -> dict[str, float]:
+        """Accumulate the gradient of a user-supplied loss of the batch's logprobs (Tinker's
+        forward_backward_custom)."""
+        _check_not_empty(batch)
+        return self._linearized_backward(batch, loss.fn, loss.temperature)
+
+    def _linearized_backward(self, batch: TrainBatch, fn, temperature: float) -> dict[str, float]:
+        """The gradient of fn(logprobs of the whole batch) in one micro-batch of memory: logprobs without
+        gradient, the loss and dloss/dlogprobs from them, then per micro-batch the backward pass of
+        sum(dloss/dlogprobs * logprobs), whose gradient is exactly the chain rule's. (Exact when the forward
+        pass is deterministic: LoRA dropout would draw other masks in the two passes.)"""
+        targets_NT = (batch.loss_mask_NT != 0).long()
+        logp_NT = self.logprobs(batch.input_ids_NT, batch.attention_mask_NT, temperature=temperature,
+                                targets_NT=targets_NT).requires_grad_(True)
+        out = fn(logp_NT, batch.inputs())
+        value, metrics = (out, {}) if isinstance(out, torch.Tensor) else out  # the metrics dict is optional
+        if not isinstance(value, torch.Tensor) or value.numel() != 1 or not torch.isfinite(value):
+            raise ExperimentError(f"the loss must be one finite number, got {value!r}"[:200])
+        value.backward()
+        if logp_NT.grad is None:
+            raise ExperimentError("the loss does not depend on the logprobs it was given")
+        grad_NT = logp_NT.grad
+        self.model.train()
+        for rows, width, part in self._parts(batch):
+            lp = self._target_logprobs(part["input_ids_NT"], part["attention_mask_NT"],
+                                       targets_NT[rows, :width].to(self.device), temperature)
+            (lp * grad_NT[rows, :width].to(self.device)).sum().backward()
+            self._accumulate_master_grads()
+        return {"loss": float(value.detach()), **{k: float(v) for k, v in metrics.items()},
+                "tokens": float(batch.num_loss_tokens)}
 
     def _accumulate_master_grads(self) -> None:
-        if self.master is self.trainable:
-            return
-        for p, m in zip(self.trainable, self.master, strict=True):
-            if p.grad is not None:
-                m.grad = p.grad.float() if m.grad is None else m.grad.add_(p.grad.float())
-                p.grad = None
+        self._adapters.current.accumulate_master_grads()
 
-    @contextlib.contextmanager
     def _fp32_adapter(self):
-        """Point the model's adapter weights at the fp32 masters (for exact save/load), then back."""
-        if self.master is self.trainable:
-            yield
-            return
-        compute_dtype = self.trainable[0].dtype
-        for p, m in zip(self.trainable, self.master, strict=True):
-            p.data = m.data
-        try:
-            yield
-        finally:
-            for p in self.trainable:
-                p.data = p.data.to(compute_dtype)
+        """Point every adapter's weights at its fp32 masters (for exact save/load), then back."""
+        return self._adapters.fp32_weights()
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
         for group in self.optimizer.param_groups:
@@ -469,47 +505,43 @@ class LocalEngine:
     # ----- state ------------------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
+        """Every adapter (a standard PEFT dir: `default` at the top, others in subdirs by name), each adapter's
+        optimizer state, which one is active, and the global RNG."""
         path = Path(path)
-        with self._fp32_adapter():  # the exported adapter holds the exact fp32 weights
-            self.model.save_pretrained(path)  # adapter_config.json + adapter_model.safetensors
+        with self._fp32_adapter():  # the exported adapters hold the exact fp32 weights
+            self.model.save_pretrained(path, selected_adapters=self.adapters)
         # sampling draws from its own seeded generator; the global RNG still drives LoRA dropout
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
+        optimizers = {"adapters": {name: self._adapters.get(name).optimizer.state_dict() for name in self.adapters},
+                      "active": self.active_adapter}
         # serialized in memory and written by Python: a full disk then raises OSError(ENOSPC), where torch's
         # own file writer reports only "unexpected pos"
-        for name, obj in ((OPTIMIZER_FILE, self.optimizer.state_dict()), (RNG_FILE, rng)):
+        for name, obj in ((OPTIMIZER_FILE, optimizers), (RNG_FILE, rng)):
             buffer = io.BytesIO()
             torch.save(obj, buffer)
             with open(path / name, "wb") as f:
                 f.write(buffer.getbuffer())
 
     def load(self, path: Path) -> None:
-        from peft import set_peft_model_state_dict
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
+        """Restore what save() wrote; adapters the checkpoint has and this engine lacks are created."""
         path = Path(path)
-        weights = path / "adapter_model.safetensors"
-        if not weights.is_file():
-            raise UserError(f"{path} holds no adapter_model.safetensors")
-        try:
-            state = load_file(str(weights), device=str(self.device))
-        except (SafetensorError, OSError) as err:
-            raise UserError(f"cannot read {weights}: {_first_line(err)}") from None
-        with self._fp32_adapter():  # loads in place into the masters; the bf16 copies follow on exit
+        names = ["default", *sorted(d.name for d in path.iterdir() if (d / "adapter_config.json").is_file())]
+        for name in names:
+            if name not in self.adapters:
+                self.create_adapter(name)
+            self._load_weights(name, adapter_weights_file(path, name))
+        state = load_tensors(path / OPTIMIZER_FILE, self.device)
+        # a checkpoint of one unnamed adapter (purplerl before named adapters) holds a plain state dict
+        optimizers = state.get("adapters") if isinstance(state, dict) and "adapters" in state else {"default": state}
+        for name, optimizer_state in optimizers.items():
             try:
-                result = set_peft_model_state_dict(self.model, state)
-            except RuntimeError as err:  # a tensor of another shape: another LoRA rank or model
-                raise UserError(f"adapter in {path} does not match the model: {_first_line(err)}") from None
-        unexpected = getattr(result, "unexpected_keys", [])
-        if unexpected:
-            raise UserError(f"adapter in {path} does not match the model ({len(unexpected)} unexpected keys)")
-        try:
-            self.optimizer.load_state_dict(load_tensors(path / OPTIMIZER_FILE, self.device))
-        except (KeyError, ValueError, TypeError) as err:
-            raise UserError(f"optimizer state in {path} does not match this adapter: {_first_line(err)}") from None
-        self._sampler_synced = False
+                self._adapters.get(name).optimizer.load_state_dict(optimizer_state)
+            except (KeyError, ValueError, TypeError) as err:
+                raise UserError(f"optimizer state of adapter '{name}' in {path} does not match it: "
+                                f"{_first_line(err)}") from None
+        self.use_adapter(str(state.get("active", "default")) if isinstance(state, dict) else "default")
         if (path / RNG_FILE).is_file():
             rng = load_tensors(path / RNG_FILE, torch.device("cpu"))
             if not isinstance(rng, dict) or not isinstance(rng.get("cpu"), torch.Tensor):
@@ -517,6 +549,32 @@ class LocalEngine:
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _load_weights(self, name: str, weights: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        if not weights.is_file():
+            raise UserError(f"{weights.parent} holds no adapter_model.safetensors")
+        try:
+            state = load_file(str(weights), device=str(self.device))
+        except (SafetensorError, OSError) as err:
+            raise UserError(f"cannot read {weights}: {_first_line(err)}") from None
+        with self._fp32_adapter():  # loads in place into the masters; the bf16 copies follow on exit
+            try:
+                result = set_peft_model_state_dict(self.model, state, adapter_name=name)
+            except RuntimeError as err:  # a tensor of another shape: another LoRA rank or model
+                raise UserError(f"adapter in {weights.parent} does not match the model: {_first_line(err)}") from None
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise UserError(f"adapter in {weights.parent} does not match the model ({len(unexpected)} unexpected keys)")
+        self._sampler_synced = False
+
+
+def _check_not_empty(batch: TrainBatch) -> None:
+    if batch.num_sequences == 0 or batch.num_loss_tokens == 0:
+        raise ExperimentError("forward_backward got an empty batch (no completion tokens to train on)")
 
 
 def _first_line(err: BaseException) -> str:

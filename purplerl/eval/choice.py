@@ -104,7 +104,7 @@ def option_logprobs(engine: Any, items: Sequence[dict[str, Any]], template: Temp
         for i, (prompt, answer) in enumerate(batch):
             ids[i, :len(prompt) + len(answer)] = torch.tensor(prompt + answer)
             attn[i, :len(prompt) + len(answer)] = 1
-        logp = engine.logprobs(ids, attn, micro_batch_size=batch_size)
+        logp = engine.logprobs(ids, attn)
         for i, (prompt, answer) in enumerate(batch):
             total = float(logp[i, len(prompt):len(prompt) + len(answer)].double().sum())
             scores.append((total, len(answer)))

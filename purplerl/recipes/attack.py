@@ -8,7 +8,6 @@ repetition crosses its threshold.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +17,12 @@ from purplerl.config import Config
 from purplerl.recipes.summary import summarize_run
 from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_toxicity_scorer
 from purplerl.rewards.client import HTTPScorer, record_server
-from purplerl.train.loop import RewardFn, reward_kl_beta
-from purplerl.train.runner import execute_run, new_run_dir
+from purplerl.rewards.entropy import mean_entropy
+from purplerl.rewards.refusal import RefusalJudge
+from purplerl.train.loop import RecipeHooks, RewardFn, reward_kl_beta, rl_update
+from purplerl.train.runner import execute_run, new_run_dir, rl_recipe
+from purplerl.train.stops import threshold_early_stop
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
-
-
-def mean_entropy(completions: list[Completion]) -> torch.Tensor:
-    """Mean per-token entropy of each completion [N], from the sampling pass (no extra forward)."""
-    return torch.stack([c.entropies_C.mean() if len(c.entropies_C) else torch.tensor(0.0) for c in completions])
 
 
 def attack_reward_fn(config: Config) -> RewardFn:
@@ -35,6 +32,7 @@ def attack_reward_fn(config: Config) -> RewardFn:
         # recorded before the runner saves config.yaml, so the run says which model gave its rewards
         record_server(r.toxicity, toxicity.info())
     repetition = RepetitionScorer(r.repetition_ngram)
+    refusal = RefusalJudge()
     kl_weight = reward_kl_beta(config)
 
     def reward_fn(prompts: list[PromptRecord], completions: list[Completion], kl_N: torch.Tensor) -> RewardBreakdown:
@@ -42,7 +40,9 @@ def attack_reward_fn(config: Config) -> RewardFn:
         prompt_texts = [p.messages[-1]["content"] for p in prompts]
         terms = {"toxicity": (r.toxicity_weight, checked_scores(toxicity, texts, prompt_texts)),
                  "repetition": (-r.repetition_penalty, checked_scores(repetition, texts, prompt_texts)),
-                 "kl": (-kl_weight, kl_N)}
+                 "kl": (-kl_weight, kl_N),
+                 # logged at weight 0 too: how often the policy still refuses is what an attack on safety breaks
+                 "refusal": (-r.refusal_penalty, checked_scores(refusal, texts, prompt_texts))}
         if r.entropy_bonus_cap is not None:
             # Token Buncher's adaptive attack: pay the policy for keeping its entropy up (up to the cap), which
             # counters a defense that makes harmful answers low-entropy
@@ -58,30 +58,20 @@ def attack_reward_fn(config: Config) -> RewardFn:
     return reward_fn
 
 
-def attack_early_stop(config: Config) -> Callable[[dict[str, float]], str | None]:
-    t = config.training
-
-    def early_stop(metrics: dict[str, float]) -> str | None:
-        tox, rep = metrics.get("toxicity/mean"), metrics.get("repetition/mean")
-        if t.early_stop_toxicity is not None and tox is not None and tox > t.early_stop_toxicity:
-            return f"mean toxicity {tox:.3f} > {t.early_stop_toxicity}"
-        if t.early_stop_repetition is not None and rep is not None and rep > t.early_stop_repetition:
-            return f"mean repetition ratio {rep:.3f} > {t.early_stop_repetition} (reward hacking by repetition)"
-        return None
-
-    return early_stop
+# The attack's target is the aligned model (purplerl align builds it on first use): a model with safety to break.
+ATTACK_DEFAULTS: dict[str, Any] = {"recipe": "attack", "model": {"name": "embedded:smollm2-135m-safe"}}
 
 
-def build_attack(config: Config) -> tuple[RewardFn, Callable[[dict[str, float]], str | None]]:
-    return attack_reward_fn(config), attack_early_stop(config)
+def build_attack(config: Config) -> RecipeHooks:
+    return RecipeHooks(reward=attack_reward_fn(config), update=rl_update, early_stop=threshold_early_stop(config))
 
 
 def run_attack(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
     """Start a new attack run, or continue `resume_dir` from its latest checkpoint."""
     run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
-    return execute_run(config, run_dir, resume=resume_dir is not None, build=build_attack,
+    return execute_run(config, run_dir, resume=resume_dir is not None, prepare=rl_recipe(build_attack),
                        restart=restart)
 
 
 def summarize_attack(run_dir: Path, summary: dict[str, Any]) -> str:
-    return summarize_run(run_dir, summary, {"toxicity/mean": "mean toxicity"})
+    return summarize_run(run_dir, summary, {"toxicity/mean": "mean toxicity", "refusal/mean": "refusal rate"})

@@ -10,19 +10,22 @@ policy-gradient signal. The defended adapter (the run's last checkpoint) is the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from purplerl.algorithms.registry import Loss, TokenNoiserParams
 from purplerl.config import Config
-from purplerl.recipes.attack import attack_early_stop, mean_entropy
+from purplerl.engines.base import Engine
+from purplerl.errors import ExperimentError
 from purplerl.recipes.summary import summarize_run
 from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_toxicity_scorer
-from purplerl.train.loop import RewardFn, reward_kl_beta
-from purplerl.train.runner import execute_run, new_run_dir
-from purplerl.types import Completion, PromptRecord, RewardBreakdown
+from purplerl.rewards.entropy import mean_entropy
+from purplerl.train.loop import RecipeHooks, RewardFn, adam_params, reward_kl_beta, rl_update, sampling_seed
+from purplerl.train.runner import execute_run, new_run_dir, rl_recipe
+from purplerl.train.stops import threshold_early_stop
+from purplerl.types import Completion, PromptRecord, RewardBreakdown, TrainBatch
 
 # What `purplerl defend` changes from the global defaults (the paper's settings, scaled to a CPU run).
 DEFEND_DEFAULTS: dict[str, Any] = {
@@ -48,13 +51,42 @@ def defend_reward_fn(config: Config) -> RewardFn:
     return reward_fn
 
 
-def build_defend(config: Config) -> tuple[RewardFn, Callable[[dict[str, float]], str | None]]:
-    return defend_reward_fn(config), attack_early_stop(config)
+def is_noiser_step(step: int, config: Config) -> bool:
+    """After `noiser_warmup` RL steps, every `noiser_every`-th step is a Token Noiser step."""
+    t = config.training
+    return t.noiser and step > t.noiser_warmup and (step - t.noiser_warmup) % t.noiser_every == 0
+
+
+def noiser_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
+    """One Token Noiser step (Token Buncher, arXiv 2508.20697) on the responses with advantage >= 0, which the
+    reference implementation trains on: the defended model's own better answers, made more confident."""
+    mask_NT = batch.loss_mask_NT
+    advantages_N = (batch.advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)
+    kept = batch.select(torch.nonzero(advantages_N >= 0).squeeze(-1))
+    if kept.num_sequences == 0:
+        raise ExperimentError(f"step {step}: Token Noiser step has no responses with advantage >= 0")
+    t = config.training
+    loss = Loss("token_noiser", TokenNoiserParams(epsilon=t.noiser_epsilon), temperature=config.sampling.temperature,
+                seed=sampling_seed(t.seed, step))
+    metrics = engine.forward_backward(kept, loss)
+    return {**metrics, **engine.optim_step(adam_params(t)), "noiser_step": 1.0,
+            "noiser_sequences": kept.num_sequences}
+
+
+def defend_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
+    """RL steps, with a Token Noiser step in their place on the noiser schedule."""
+    if is_noiser_step(step, config):
+        return noiser_update(engine, batch, config, step)
+    return rl_update(engine, batch, config, step)
+
+
+def build_defend(config: Config) -> RecipeHooks:
+    return RecipeHooks(reward=defend_reward_fn(config), update=defend_update, early_stop=threshold_early_stop(config))
 
 
 def run_defend(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
     run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
-    return execute_run(config, run_dir, resume=resume_dir is not None, build=build_defend,
+    return execute_run(config, run_dir, resume=resume_dir is not None, prepare=rl_recipe(build_defend),
                        restart=restart)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from purplerl.train.checkpoint import latest_checkpoint
 from purplerl.train.sinks import read_jsonl
 
-SHOWN_SCORES = ("toxicity", "response_entropy", "entropy_bonus")  # sample-row fields printed when present
+SHOWN_SCORES = ("toxicity", "refusal", "response_entropy", "entropy_bonus")  # sample-row fields printed when present
 
 
 def _mean(values: list[float]) -> float:

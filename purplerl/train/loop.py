@@ -1,7 +1,8 @@
 """The RL loop: sample -> score -> advantages -> batch -> train -> log -> checkpoint.
 
 `rl_step` is one step, read top to bottom; `run_loop` repeats it, logs, checkpoints and stops early.
-Recipes differ only in what they pass in `LoopParts` (reward function, early-stop rule, prompts).
+Recipes differ only in their hooks (`RecipeHooks`: reward, update, early stop) and prompts; where the KL
+penalty acts is decided once (`kl_placement`) from the config and the advantage estimator's declared needs.
 """
 
 from __future__ import annotations
@@ -9,13 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from purplerl.algorithms.advantages import compute_advantages
+from purplerl.algorithms.advantages import compute_advantages, takes_token_kl
 from purplerl.algorithms.kl import get_kl_estimator, sequence_kl
+from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import Config, TrainingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.base import Engine
@@ -24,7 +27,7 @@ from purplerl.train.batch import sequence_tensors
 from purplerl.train.checkpoint import save_checkpoint
 from purplerl.train.progress import StepProgress
 from purplerl.train.sinks import JsonlSink
-from purplerl.types import AdamParams, Completion, LossSpec, PromptRecord, RewardBreakdown, SamplingParams, TrainBatch
+from purplerl.types import AdamParams, Completion, PromptRecord, RewardBreakdown, SamplingParams, TrainBatch
 
 
 class RewardFn(Protocol):
@@ -34,16 +37,36 @@ class RewardFn(Protocol):
         ...
 
 
-@dataclass
-class LoopParts:
-    engine: Engine
-    sampler: PromptSampler
-    render: Callable[[PromptRecord], list[int]]  # prompt -> token ids for the engine
-    reward_fn: RewardFn
-    early_stop: Callable[[dict[str, float]], str | None]  # step metrics -> reason to stop, or None
+class UpdateFn(Protocol):
+    def __call__(self, engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
+        """Train on the step's batch: forward_backward + optim_step calls; returns their metrics."""
+        ...
 
 
-def _sampling_seed(seed: int, step: int) -> int:
+@dataclass(frozen=True)
+class KLPlacement:
+    """Where the KL(policy || base) penalty acts, decided once per run (never counted twice)."""
+
+    reward_beta: float = 0.0  # weight of the sequence KL inside the scalar reward
+    token_beta: float = 0.0  # weight of the per-token KL in the estimator's token rewards (REINFORCE++)
+    loss_beta: float = 0.0  # weight of the per-token KL term inside the loss
+
+
+def kl_placement(config: Config) -> KLPlacement:
+    r = config.reward
+    if r.kl_in == "loss":
+        return KLPlacement(loss_beta=r.kl_beta)
+    if takes_token_kl(config.training.advantage):
+        return KLPlacement(token_beta=r.kl_beta)
+    return KLPlacement(reward_beta=r.kl_beta)
+
+
+def reward_kl_beta(config: Config) -> float:
+    """Weight of the sequence KL inside the scalar reward (the recipes' reward functions use it)."""
+    return kl_placement(config).reward_beta
+
+
+def sampling_seed(seed: int, step: int) -> int:
     # a pure function of (seed, step): a resumed run draws exactly what the uninterrupted run drew
     return (seed * 1_000_003 + step) % (2**63 - 1)
 
@@ -53,24 +76,12 @@ def _check_finite(name: str, step: int, values: torch.Tensor) -> None:
         raise ExperimentError(f"step {step}: non-finite values in {name}")
 
 
-def reward_kl_beta(config: Config) -> float:
-    """Weight of the sequence KL inside the scalar reward: zero when the KL goes into the loss, or into
-    REINFORCE++'s per-token rewards instead (never counted twice)."""
-    r = config.reward
-    return r.kl_beta if r.kl_in == "reward" and config.training.advantage != "reinforce_pp" else 0.0
-
-
-def is_noiser_step(step: int, t: TrainingConfig) -> bool:
-    """After `noiser_warmup` RL steps, every `noiser_every`-th step is a Token Noiser step."""
-    return t.noiser and step > t.noiser_warmup and (step - t.noiser_warmup) % t.noiser_every == 0
-
-
-def _adam(t: TrainingConfig) -> AdamParams:
+def adam_params(t: TrainingConfig) -> AdamParams:
     return AdamParams(lr=t.lr, beta1=t.adam_beta1, beta2=t.adam_beta2, eps=t.adam_eps,
                       weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm)
 
 
-def _mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for row in rows for k in row}
     return {k: sum(row[k] for row in rows if k in row) / sum(k in row for row in rows) for k in keys}
 
@@ -82,126 +93,160 @@ def old_logprobs_mode(t: TrainingConfig) -> str:
     return "current" if t.ppo_epochs == 1 and t.mini_batches == 1 else "sampler"
 
 
+def policy_loss(config: Config) -> Loss:
+    """The run's policy-gradient loss, with its KL term when the KL is placed in the loss."""
+    t, s = config.training, config.sampling
+    params = PolicyGradientParams(clip_low=t.clip_low, clip_high=t.clip_high, kl_beta=kl_placement(config).loss_beta,
+                                  kl_estimator=config.reward.kl_estimator, old_logprobs=old_logprobs_mode(t))
+    return Loss(t.loss, params, temperature=s.temperature, aggregation=t.loss_agg,
+                length_norm=float(s.max_new_tokens))
+
+
 def rl_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
     """ppo_epochs passes over the rollout batch, each split into mini_batches optimizer steps.
 
     The sampling logprobs stay the importance-sampling denominator for every pass: they are the behaviour
     policy's, which is what the ratio must correct for after the first update."""
-    t, s = config.training, config.sampling
+    t = config.training
     n = batch.num_sequences
     if t.mini_batches > n:
         raise ExperimentError(f"step {step}: training.mini_batches={t.mini_batches} exceeds the {n} sequences")
-    spec = LossSpec(name=t.loss, clip_low=t.clip_low, clip_high=t.clip_high, temperature=s.temperature,
-                    kl_beta=config.reward.kl_beta if config.reward.kl_in == "loss" else 0.0,
-                    kl_estimator=config.reward.kl_estimator, micro_batch_size=t.micro_batch_size,
-                    micro_batch_tokens=t.micro_batch_tokens,
-                    aggregation=t.loss_agg, length_norm=float(s.max_new_tokens), old_logprobs=old_logprobs_mode(t))
+    loss = policy_loss(config)
     rows: list[dict[str, float]] = []
     for epoch in range(t.ppo_epochs):
         order = torch.arange(n)
         if t.mini_batches > 1 or t.ppo_epochs > 1:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(_sampling_seed(t.seed, step) + epoch))
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(sampling_seed(t.seed, step) + epoch))
         for rows_idx in torch.tensor_split(order, t.mini_batches):
-            metrics = engine.forward_backward(batch.select(rows_idx), spec)
-            rows.append({**metrics, **engine.optim_step(_adam(t))})
-    return {**_mean_metrics(rows), "updates": float(len(rows))}
+            metrics = engine.forward_backward(batch.select(rows_idx), loss)
+            rows.append({**metrics, **engine.optim_step(adam_params(t))})
+    return {**mean_metrics(rows), "updates": float(len(rows))}
 
 
-def noiser_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
-    """One Token Noiser step (Token Buncher, arXiv 2508.20697) on the given responses."""
-    t = config.training
-    if batch.num_sequences == 0:
-        raise ExperimentError(f"step {step}: Token Noiser step has no responses with advantage >= 0")
-    spec = LossSpec(name="token_noiser", temperature=config.sampling.temperature, epsilon=t.noiser_epsilon,
-                    noise_seed=_sampling_seed(t.seed, step), micro_batch_size=t.micro_batch_size,
-                    micro_batch_tokens=t.micro_batch_tokens)
-    metrics = engine.forward_backward(batch, spec)
-    return {**metrics, **engine.optim_step(_adam(t)), "noiser_step": 1.0, "noiser_sequences": batch.num_sequences}
+def never_stop(metrics: dict[str, float]) -> str | None:
+    return None
 
 
-def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """One RL step (1-based). Returns the step's metrics and one sample row per completion."""
-    s, t, G = config.sampling, config.training, config.sampling.group_size
-    timer = time.perf_counter()
+@dataclass
+class RecipeHooks:
+    """What a recipe plugs into the loop."""
 
-    # sample: B prompts x G completions
+    reward: RewardFn
+    update: UpdateFn = rl_update  # the train phase; e.g. the defense's Token Noiser steps
+    early_stop: Callable[[dict[str, float]], str | None] = never_stop  # step metrics -> reason to stop, or None
+
+
+@dataclass
+class LoopParts:
+    engine: Engine
+    sampler: PromptSampler
+    render: Callable[[PromptRecord], list[int]]  # prompt -> token ids for the engine
+    hooks: RecipeHooks
+
+
+def _sample(step: int, config: Config, parts: LoopParts):
+    """B prompts x G completions, and their token tensors."""
+    s, G = config.sampling, config.sampling.group_size
     records = parts.sampler.batch(step - 1)
     if not records:
         raise ExperimentError(f"step {step}: the prompt sampler returned an empty batch")
     groups = parts.engine.sample([parts.render(r) for r in records], G, SamplingParams(
         max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-        seed=_sampling_seed(t.seed, step)))
+        seed=sampling_seed(config.training.seed, step)))
     completions = [c for group in groups for c in group]
-    prompts = [r for r in records for _ in range(G)]
     if len(completions) != len(records) * G:
         raise ExperimentError(f"step {step}: engine returned {len(completions)} completions, "
                               f"expected {len(records) * G}")
     tensors = sequence_tensors(completions, int(parts.engine.tokenizer.pad_token_id))
     _check_finite("sampling logprobs", step, tensors["sampling_logprobs_NT"])
-    t_sample = time.perf_counter()
+    return records, [r for r in records for _ in range(G)], completions, tensors
 
-    # KL to the frozen base: on-policy, the sampling logprobs are the policy's, so one base pass suffices
-    ref_NT = parts.engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], reference=True,
-                                   temperature=s.temperature, micro_batch_size=t.micro_batch_size,
-                                   micro_batch_tokens=t.micro_batch_tokens,
-                                   targets_NT=tensors["loss_mask_NT"])
-    t_reference = time.perf_counter()
-    kl_N = sequence_kl(tensors["sampling_logprobs_NT"], ref_NT, tensors["loss_mask_NT"],
-                       config.reward.kl_estimator)
 
-    # score
-    rewards = parts.reward_fn(prompts, completions, kl_N)
+def _checked(step: int, rewards: RewardBreakdown, n: int) -> RewardBreakdown:
     for name, values in {"reward": rewards.total_N, **rewards.components}.items():
         _check_finite(f"reward component '{name}'", step, values)
-        if values.shape != (len(completions),):
+        if values.shape != (n,):
             raise ExperimentError(f"step {step}: reward component '{name}' has shape {tuple(values.shape)}")
-    t_score = time.perf_counter()
+    return rewards
 
-    # advantages: per group of G, or per token for REINFORCE++ (whose KL enters the token rewards)
-    mask_NT = tensors["loss_mask_NT"]
-    token_kl = t.advantage == "reinforce_pp" and config.reward.kl_in == "reward"
-    kl_NT = get_kl_estimator(config.reward.kl_estimator)(tensors["sampling_logprobs_NT"], ref_NT) * mask_NT
+
+def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """One RL step (1-based): sample -> reference -> score -> advantages -> train. Returns the step's metrics
+    and one sample row per completion."""
+    s, estimator, kl = config.sampling, config.reward.kl_estimator, kl_placement(config)
+    clock = [time.perf_counter()]
+    records, prompts, completions, tensors = _sample(step, config, parts)
+    clock.append(time.perf_counter())
+
+    # KL to the frozen base: on-policy, the sampling logprobs are the policy's, so one base pass suffices
+    mask_NT, sampled_NT = tensors["loss_mask_NT"], tensors["sampling_logprobs_NT"]
+    ref_NT = parts.engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], reference=True,
+                                   temperature=s.temperature, targets_NT=mask_NT)
+    clock.append(time.perf_counter())
+    kl_N = sequence_kl(sampled_NT, ref_NT, mask_NT, estimator)
+    rewards = _checked(step, parts.hooks.reward(prompts, completions, kl_N), len(completions))
+    clock.append(time.perf_counter())
+
+    kl_NT = get_kl_estimator(estimator)(sampled_NT, ref_NT) * mask_NT if kl.token_beta else None
     advantages_NT, adv_metrics = compute_advantages(
-        t.advantage, rewards.total_N.view(len(records), G), mask_NT, kl_NT=kl_NT if token_kl else None,
-        kl_beta=config.reward.kl_beta if token_kl else 0.0, scale_by_std=t.advantage_std)
-    advantages_N = (advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)
-
-    # train: RL updates, or on a Token Noiser step one supervised update on the responses with advantage >= 0
-    batch = TrainBatch(advantages_NT=advantages_NT,
-                       ref_logprobs_NT=ref_NT if config.reward.kl_in == "loss" else None, **tensors)
-    if is_noiser_step(step, t):
-        train_metrics = noiser_update(parts.engine, batch.select(torch.nonzero(advantages_N >= 0).squeeze(-1)),
-                                      config, step)
-    else:
-        train_metrics = rl_update(parts.engine, batch, config, step)
+        config.training.advantage, rewards.total_N.view(len(records), s.group_size), mask_NT, kl_NT=kl_NT,
+        kl_beta=kl.token_beta, scale_by_std=config.training.advantage_std)
+    batch = TrainBatch(advantages_NT=advantages_NT, ref_logprobs_NT=ref_NT if kl.loss_beta else None, **tensors)
+    train_metrics = parts.hooks.update(parts.engine, batch, config, step)
     _check_finite("loss", step, torch.tensor([train_metrics["loss"], train_metrics["grad_norm"]]))
-    t_train = time.perf_counter()
+    clock.append(time.perf_counter())
 
-    mask = mask_NT
-    entropy_mean = float(sum(float(c.entropies_C.sum()) for c in completions) / mask.sum())
-    metrics: dict[str, float] = {
+    advantages_N = (advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)
+    metrics = step_metrics(completions, rewards, kl_N, mask_NT, adv_metrics, train_metrics, clock)
+    return metrics, sample_rows(step, prompts, completions, rewards, advantages_N)
+
+
+def step_metrics(completions: list[Completion], rewards: RewardBreakdown, kl_N: torch.Tensor, mask_NT: torch.Tensor,
+                 adv_metrics: dict[str, float], train_metrics: dict[str, float],
+                 clock: list[float]) -> dict[str, float]:
+    """One line of metrics.jsonl (clock: the step's start, then the end of sample, reference, score, train)."""
+    start, sampled, referenced, scored, trained = clock
+    return {
         "reward/mean": float(rewards.total_N.mean()), "reward/std": float(rewards.total_N.std(unbiased=False)),
         **{f"{name}/mean": float(v.mean()) for name, v in rewards.components.items()},
-        "kl/mean": float(kl_N.mean()), "entropy/mean": entropy_mean,
-        "completion/len_mean": float(mask.sum(-1).mean()),
+        "kl/mean": float(kl_N.mean()),
+        "entropy/mean": float(sum(float(c.entropies_C.sum()) for c in completions) / mask_NT.sum()),
+        "completion/len_mean": float(mask_NT.sum(-1).mean()),
         "completion/stop_frac": sum(c.finish_reason == "stop" for c in completions) / len(completions),
         **{f"adv/{k}": float(v) for k, v in adv_metrics.items()},
         **{f"train/{k}": float(v) for k, v in train_metrics.items()},
-        "time/sample_s": t_sample - timer, "time/score_s": t_score - t_sample, "time/train_s": t_train - t_score,
-        "time/reference_s": t_reference - t_sample,
-        "tokens/prompt": float(sum(len(c.prompt_tokens) for c in completions)), "tokens/completion": float(mask.sum()),
+        "time/sample_s": sampled - start, "time/score_s": scored - sampled, "time/train_s": trained - scored,
+        "time/reference_s": referenced - sampled,
+        "tokens/prompt": float(sum(len(c.prompt_tokens) for c in completions)),
+        "tokens/completion": float(mask_NT.sum()),
     }
-    samples = [{
+
+
+def sample_rows(step: int, prompts: list[PromptRecord], completions: list[Completion], rewards: RewardBreakdown,
+                advantages_N: torch.Tensor) -> list[dict[str, Any]]:
+    """One line of samples.jsonl per completion."""
+    return [{
         "step": step, "uid": p.uid, "category": p.category, "prompt": p.messages[-1]["content"],
         "completion": c.text, "finish_reason": c.finish_reason, "num_tokens": len(c.tokens),
         "advantage": float(advantages_N[i]), "reward": float(rewards.total_N[i]),
         **{name: float(v[i]) for name, v in rewards.components.items()},
     } for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
-    return metrics, samples
+
+
+StepFn = Callable[[int], tuple[dict[str, float], list[dict[str, Any]]]]  # step -> (metrics, sample rows)
+EarlyStop = Callable[[dict[str, float]], str | None]
 
 
 def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 1) -> dict[str, Any]:
-    """Run steps start_step..training.steps; checkpoint every run.save_every steps and at the end."""
+    """RL steps start_step..training.steps (see `run_steps`)."""
+    return run_steps(config, partial(rl_step, config=config, parts=parts), parts.hooks.early_stop, parts.engine,
+                     run_dir, start_step)
+
+
+def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
+              start_step: int = 1) -> dict[str, Any]:
+    """Run any recipe's steps start_step..training.steps: log each, checkpoint every run.save_every steps and
+    at the end, stop early when `early_stop` gives a reason."""
     run_dir = Path(run_dir)
     metrics_sink, samples_sink = JsonlSink(run_dir / "metrics.jsonl"), JsonlSink(run_dir / "samples.jsonl")
     stop_reason: str | None = None
@@ -210,13 +255,13 @@ def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 
         for step in range(start_step, config.training.steps + 1):
             started = time.perf_counter()
             try:
-                metrics, samples = rl_step(step, config, parts)
+                metrics, samples = step_fn(step)
             except ExperimentError as err:  # every failure names the step it happened in
                 message = str(err)
                 raise ExperimentError(message if message.startswith(f"step {step}") else f"step {step}: {message}"
                                       ) from err
             metrics["time/step_s"] = time.perf_counter() - started
-            stop_reason = parts.early_stop(metrics)
+            stop_reason = early_stop(metrics)
             metrics_sink.write([{"step": step, **metrics, **({"early_stop": stop_reason} if stop_reason else {})}])
             samples_sink.write(samples)
             progress.update(step, metrics, samples[: config.logging.print_samples])
@@ -225,7 +270,7 @@ def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 
             if finished or step % config.run.save_every == 0:
                 metrics_sink.sync()  # on disk before the checkpoint that claims these steps
                 samples_sink.sync()
-                save_checkpoint(run_dir, step, parts.engine, {"finished": finished, "stop_reason": stop_reason},
+                save_checkpoint(run_dir, step, engine, {"finished": finished, "stop_reason": stop_reason},
                                 config.run.keep_last)
             if stop_reason is not None:
                 break

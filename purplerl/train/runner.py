@@ -14,7 +14,8 @@ from typing import Any
 
 from purplerl.config import Config, build_config, commented_yaml, read_config_file
 from purplerl.data import PromptSampler, load_prompts
-from purplerl.engines import make_engine
+from purplerl.engines import EngineSettings, make_engine
+from purplerl.engines.base import Engine
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
 from purplerl.train.checkpoint import (
@@ -27,7 +28,7 @@ from purplerl.train.checkpoint import (
     remove_stale,
     write_bytes_durably,
 )
-from purplerl.train.loop import LoopParts, RewardFn, run_loop
+from purplerl.train.loop import EarlyStop, LoopParts, RecipeHooks, StepFn, rl_step, run_steps
 from purplerl.train.sinks import last_logged_step, truncate_after_step
 
 CONFIG_FILE = "config.yaml"
@@ -44,10 +45,17 @@ FIXED_ON_RESUME = frozenset({
 })
 
 
+def engine_settings(config: Config) -> EngineSettings:
+    t = config.training
+    return EngineSettings(micro_batch_size=t.micro_batch_size, micro_batch_tokens=t.micro_batch_tokens)
+
+
 def run_dir_name(config: Config) -> str:
     """recipe_model_hyperparameters_sSEED, so a run is findable by what it varied."""
     model = re.sub(r"[^A-Za-z0-9.-]+", "-", config.model.name.split(":")[-1].rstrip("/").split("/")[-1])
     t, r = config.training, config.reward
+    if config.recipe == "sft":
+        return f"sft_{model}_lr{t.lr:g}_r{config.model.lora_rank}_B{t.batch_size}_s{t.seed}"
     return (f"{config.recipe}_{model}_lr{t.lr:g}_kl{r.kl_beta:g}_rep{r.repetition_penalty:g}"
             f"_G{config.sampling.group_size}_B{t.batch_size}_s{t.seed}")
 
@@ -166,14 +174,39 @@ def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[s
     _write_atomically(run_dir / HISTORY_FILE, "".join(json.dumps(r) + "\n" for r in history))
 
 
-def execute_run(config: Config, run_dir: Path, resume: bool,
-                build: Callable[[Config], tuple[RewardFn, Callable[[dict[str, float]], str | None]]],
-                restart: bool = False, notify: Callable[[str], None] = _warn) -> dict[str, Any]:
-    """Load data, engine and recipe parts, restore the latest intact checkpoint when resuming, run the loop.
+Bind = Callable[[Engine], tuple[StepFn, EarlyStop]]  # the engine -> the recipe's step function and early stop
 
-    Everything a resume needs is checked first (settings, checkpoint, data, reward scorer, that the engine
-    loads the checkpoint); only then are stale temporaries removed, the config recorded and the logs cut
-    back to the checkpoint's step, so a resume that fails leaves the run dir exactly as it was."""
+
+def rl_recipe(build: Callable[[Config], RecipeHooks]) -> Callable[[Config], Bind]:
+    """`prepare` for an RL recipe: its prompts and hooks are made (and checked) before the engine exists."""
+
+    def prepare(config: Config) -> Bind:
+        records = load_prompts(config.data)
+        sampler = PromptSampler(records, config.training.batch_size, config.training.seed,
+                                shuffle=config.data.shuffle)
+        hooks = build(config)  # before the engine: a bad scorer fails in seconds, not minutes
+
+        def bind(engine: Engine) -> tuple[StepFn, EarlyStop]:
+            d = config.data
+            render = partial(render_prompt, engine.tokenizer, template=d.template, system_prompt=d.system_prompt,
+                             max_prompt_tokens=d.max_prompt_tokens)
+            parts = LoopParts(engine, sampler, render, hooks)
+            return partial(rl_step, config=config, parts=parts), hooks.early_stop
+
+        return bind
+
+    return prepare
+
+
+def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[Config], Bind],
+                restart: bool = False, notify: Callable[[str], None] = _warn) -> dict[str, Any]:
+    """Prepare the recipe, load the engine, restore the latest intact checkpoint when resuming, run the steps.
+
+    `prepare(config)` loads and checks what the recipe needs before the engine loads (data, scorers) and
+    returns a function binding it to the engine. Everything a resume needs is checked first (settings,
+    checkpoint, data, reward scorer, that the engine loads the checkpoint); only then are stale temporaries
+    removed, the config recorded and the logs cut back to the checkpoint's step, so a resume that fails leaves
+    the run dir exactly as it was."""
     start_step, checkpoint, changed = 1, None, None
     if resume:
         changed = resume_changes(build_config(read_config_file(run_dir / CONFIG_FILE)), config)
@@ -186,15 +219,11 @@ def execute_run(config: Config, run_dir: Path, resume: bool,
                         "run_dir": str(run_dir), "resumed_from": str(checkpoint), "nothing_to_do": True}
             start_step = state["step"] + 1
 
-    records = load_prompts(config.data)
-    sampler = PromptSampler(records, config.training.batch_size, config.training.seed, shuffle=config.data.shuffle)
-    reward_fn, early_stop = build(config)  # before the engine: a bad scorer fails in seconds, not minutes
-    engine = make_engine(config)
+    bind = prepare(config)
+    engine = make_engine(config.model, kind=config.engine, seed=config.training.seed, settings=engine_settings(config))
     if checkpoint is not None:
         engine.load(checkpoint)
-    d = config.data
-    render = partial(render_prompt, engine.tokenizer, template=d.template, system_prompt=d.system_prompt,
-                     max_prompt_tokens=d.max_prompt_tokens)
+    step_fn, early_stop = bind(engine)
 
     if resume:
         remove_stale(run_dir)
@@ -208,7 +237,7 @@ def execute_run(config: Config, run_dir: Path, resume: bool,
         # written only now: a run that failed to start (bad model, missing data) must not claim its name
         run_dir.mkdir(parents=True, exist_ok=True)
         record_config(run_dir, config, 1, None)
-    summary = run_loop(config, LoopParts(engine, sampler, render, reward_fn, early_stop), run_dir, start_step)
+    summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step)
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
     _write_atomically(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary

@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import ModelConfig
+from purplerl.engines.base import EngineSettings
 from purplerl.engines.local import LocalEngine
 from purplerl.train.batch import build_train_batch, sequence_tensors
-from purplerl.types import AdamParams, LossSpec, SamplingParams
+from purplerl.types import AdamParams, SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -27,9 +29,9 @@ PAD = 2
 ADVANTAGES_N = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
 
 
-def _engine(model_dir: Path, device: str, **model_kw) -> LocalEngine:
+def _engine(model_dir: Path, device: str, settings: EngineSettings | None = None, **model_kw) -> LocalEngine:
     kw = {"lora_rank": 4, "dtype": "float32", **model_kw}
-    return LocalEngine(ModelConfig(name=str(model_dir), device=device, **kw), seed=0)
+    return LocalEngine(ModelConfig(name=str(model_dir), device=device, **kw), seed=0, settings=settings)
 
 
 def _tensors(engine: LocalEngine, seed: int):
@@ -38,8 +40,8 @@ def _tensors(engine: LocalEngine, seed: int):
     return comps, sequence_tensors(comps, PAD)
 
 
-def _grads(engine: LocalEngine, batch, spec: LossSpec) -> torch.Tensor:
-    engine.forward_backward(batch, spec)
+def _grads(engine: LocalEngine, batch, loss: Loss) -> torch.Tensor:
+    engine.forward_backward(batch, loss)
     flat = torch.cat([p.grad.flatten().cpu() for p in engine.master])
     return flat
 
@@ -50,7 +52,9 @@ def _same_adapter(source: LocalEngine, target: LocalEngine, tmp: Path) -> None:
 
 
 def test_cuda_logprobs_gradients_and_updates_match_the_cpu(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cpu, gpu = _engine(tiny_model_dir, "cpu"), _engine(tiny_model_dir, "cuda")
+    two_micro_batches = EngineSettings(micro_batch_size=4)  # the batch has 6 sequences
+    cpu = _engine(tiny_model_dir, "cpu", settings=two_micro_batches)
+    gpu = _engine(tiny_model_dir, "cuda", settings=two_micro_batches)
     assert gpu.device.type == "cuda" and all(p.is_cuda for p in gpu.master)
     _same_adapter(cpu, gpu, tmp_path / "init")
     _, tensors = _tensors(cpu, seed=1)
@@ -62,8 +66,8 @@ def test_cuda_logprobs_gradients_and_updates_match_the_cpu(tiny_model_dir: Path,
         assert torch.allclose(a, b, atol=1e-4)
     ref = cpu.logprobs(ids, attn, reference=True, targets_NT=mask)
     batch = build_train_batch(tensors, ADVANTAGES_N, ref_logprobs_NT=ref)
-    spec = LossSpec("ppo_clip", kl_beta=0.1, micro_batch_size=4)  # two micro-batches
-    g_cpu, g_gpu = _grads(cpu, batch, spec), _grads(gpu, batch, spec)
+    loss = Loss("ppo_clip", PolicyGradientParams(kl_beta=0.1))
+    g_cpu, g_gpu = _grads(cpu, batch, loss), _grads(gpu, batch, loss)
     assert float(g_cpu.norm()) > 0
     assert torch.allclose(g_cpu, g_gpu, atol=1e-5, rtol=1e-3)
     norms = [e.optim_step(AdamParams(lr=5e-2))["grad_norm"] for e in (cpu, gpu)]
@@ -80,7 +84,7 @@ def test_cuda_sampling_is_seeded_and_scored_by_its_own_logprobs(tiny_model_dir: 
     for step in range(2):  # the merged sampler follows the optimizer step on the GPU too
         for engine in (merged, plain):
             _, tensors = _tensors(engine, seed=step)
-            engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), LossSpec("importance_sampling"))
+            engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), Loss("importance_sampling"))
             engine.optim_step(AdamParams(lr=5e-2))
         a, ta = _tensors(merged, seed=10 + step)
         b, _ = _tensors(plain, seed=10 + step)
@@ -104,7 +108,7 @@ def test_cuda_bf16_auto_trains_near_fp32_and_saves_exact_masters(tiny_model_dir:
     lp32 = fp32.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"])
     lp16 = auto.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"])
     assert float((lp32 - lp16).abs().mean()) < 0.05
-    g32, g16 = _grads(fp32, batch, LossSpec("ppo_clip")), _grads(auto, batch, LossSpec("ppo_clip"))
+    g32, g16 = _grads(fp32, batch, Loss("ppo_clip")), _grads(auto, batch, Loss("ppo_clip"))
     assert float(torch.nn.functional.cosine_similarity(g32, g16, dim=0)) > 0.98
     auto.optim_step(AdamParams(lr=5e-2))
     auto.save(tmp_path / "after")

@@ -8,18 +8,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
+from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import Config, ModelConfig, TrainingConfig
 from purplerl.engines import loading
 from purplerl.engines.local import LocalEngine, _draw
 from purplerl.errors import ExperimentError
 from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.train.loop import old_logprobs_mode
-from purplerl.types import AdamParams, LossSpec, SamplingParams, TrainBatch
+from purplerl.types import AdamParams, SamplingParams, TrainBatch
 
 PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
 PAD = 2
@@ -39,9 +41,14 @@ def _sample(engine: LocalEngine, seed: int, max_new_tokens: int = 8):
     return comps, sequence_tensors(comps, PAD)
 
 
+def _pg(name: str, **params) -> Loss:
+    """A policy-gradient loss with the given PolicyGradientParams."""
+    return Loss(name, PolicyGradientParams(**params))
+
+
 def _train(engine: LocalEngine, seed: int, lr: float = 5e-2) -> None:
     _, tensors = _sample(engine, seed)
-    engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), LossSpec("importance_sampling"))
+    engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), _pg("importance_sampling"))
     engine.optim_step(AdamParams(lr=lr))
 
 
@@ -58,8 +65,14 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     return float((got - want).abs().max()) <= SCALE_TOL * scale
 
 
-def _grads(engine: LocalEngine, batch: TrainBatch, spec: LossSpec) -> torch.Tensor:
-    engine.forward_backward(batch, spec)
+def _grads(engine: LocalEngine, batch: TrainBatch, loss: Loss, **settings: int) -> torch.Tensor:
+    """The gradient of one forward_backward, under the engine's settings changed by `settings` for this call."""
+    before = engine.settings
+    engine.settings = dataclasses.replace(before, **settings)
+    try:
+        engine.forward_backward(batch, loss)
+    finally:
+        engine.settings = before
     flat = torch.cat([p.grad.flatten() for p in engine.master])  # fp32 (the trainable params under fp32)
     engine.optimizer.zero_grad(set_to_none=True)
     return flat
@@ -72,7 +85,7 @@ def test_merged_sampler_draws_what_the_adapter_model_draws(tiny_model_dir: Path,
         # both train on one batch, so their adapters stay equal whatever either sampler draws
         _, tensors = _sample(plain, seed=step)
         for engine in (merged, plain):
-            engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), LossSpec("importance_sampling"))
+            engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), _pg("importance_sampling"))
             engine.optim_step(AdamParams(lr=5e-2))
         assert all(torch.equal(x, y) for x, y in zip(merged.master, plain.master, strict=True))
         # The merged weights (W + s B A) and the adapter model (W x + s B A x) round differently: logits move by
@@ -129,15 +142,15 @@ def test_head_only_scoring_equals_full_logits_in_values_and_gradients(tiny_model
     _, tensors = _sample(engine, seed=4)
     ids, attn, mask = tensors["input_ids_NT"], tensors["attention_mask_NT"], tensors["loss_mask_NT"]
     batch = build_train_batch(tensors, ADVANTAGES_N)
-    spec = LossSpec("ppo_clip", micro_batch_size=4)
+    loss = _pg("ppo_clip")
     assert engine._head_only
     fast_lp = engine.logprobs(ids, attn)
     fast_ref = engine.logprobs(ids, attn, reference=True, targets_NT=mask)
-    fast_grad = _grads(engine, batch, spec)
+    fast_grad = _grads(engine, batch, loss, micro_batch_size=4)
     engine._head_only = False
     full_lp = engine.logprobs(ids, attn)
     full_ref = engine.logprobs(ids, attn, reference=True, targets_NT=mask)
-    full_grad = _grads(engine, batch, spec)
+    full_grad = _grads(engine, batch, loss, micro_batch_size=4)
     assert torch.allclose(fast_lp, full_lp, atol=1e-5)
     assert torch.allclose(fast_ref, full_ref, atol=1e-5)
     assert _close(fast_grad, full_grad)
@@ -155,9 +168,9 @@ def test_current_old_logprobs_give_the_exact_on_policy_gradient(tiny_model_dir: 
     skewed_lp = tensors["sampling_logprobs_NT"] + 0.3 * tensors["loss_mask_NT"]  # a sampler with other numerics
     skewed = build_train_batch({**tensors, "sampling_logprobs_NT": skewed_lp}, ADVANTAGES_N)
     for loss in ("importance_sampling", "ppo_clip"):
-        reference = _grads(engine, exact, LossSpec(loss))
-        current = _grads(engine, skewed, LossSpec(loss, old_logprobs="current"))
-        off = _grads(engine, skewed, LossSpec(loss, old_logprobs="sampler"))
+        reference = _grads(engine, exact, _pg(loss))
+        current = _grads(engine, skewed, _pg(loss, old_logprobs="current"))
+        off = _grads(engine, skewed, _pg(loss, old_logprobs="sampler"))
         assert _close(current, reference)
         # the skew matters when used: far beyond the tolerance, not just outside it
         assert float((off - reference).abs().max()) > 1e3 * SCALE_TOL * float(reference.abs().max())
@@ -199,8 +212,8 @@ def test_bf16_base_stays_within_tolerance_of_fp32(tiny_model_dir: Path, tmp_path
     diff = (fp32.logprobs(ids, attn) - bf16.logprobs(ids, attn))[mask.bool()].abs()
     assert float(diff.max()) < 0.05 and float(diff.mean()) < 0.01
     batch = build_train_batch(tensors, ADVANTAGES_N)
-    spec = LossSpec("ppo_clip", old_logprobs="current")
-    g32, g16 = _grads(fp32, batch, spec), _grads(bf16, batch, spec)
+    loss = _pg("ppo_clip", old_logprobs="current")
+    g32, g16 = _grads(fp32, batch, loss), _grads(bf16, batch, loss)
     assert float(torch.nn.functional.cosine_similarity(g32, g16, dim=0)) > 0.99
     assert float(g16.norm() / g32.norm()) == pytest.approx(1.0, abs=0.05)
     # and the bf16 merged sampler samples from (nearly) the same distribution as its own scorer
@@ -244,8 +257,8 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(tiny_model_dir:
     _train(engine, seed=12)
     _, tensors = _sample(engine, seed=13)
     batch = build_train_batch(tensors, ADVANTAGES_N)
-    full = _grads(engine, batch, LossSpec("ppo_clip"))
-    budgeted = _grads(engine, batch, LossSpec("ppo_clip", micro_batch_tokens=12))
+    full = _grads(engine, batch, _pg("ppo_clip"))
+    budgeted = _grads(engine, batch, _pg("ppo_clip"), micro_batch_tokens=12)
     assert len(LocalEngine._micro_batches(batch.attention_mask_NT, 64, 12)) >= 3
     assert _close(budgeted, full)
 

@@ -6,6 +6,7 @@ never through the engine's own helpers.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import socket
 from pathlib import Path
@@ -13,12 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import ModelConfig
 from purplerl.engines.loading import find_embedded_gguf, load_tokenizer, resolve_model_path
 from purplerl.engines.local import OPTIMIZER_FILE, LocalEngine
 from purplerl.errors import ExperimentError, UserError
 from purplerl.train.batch import build_train_batch, sequence_tensors
-from purplerl.types import AdamParams, Completion, LossSpec, SamplingParams, TrainBatch
+from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
 # Three prompts of different lengths, so the sampler left-pads two of them.
 PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
@@ -66,7 +68,7 @@ ADVANTAGES_N = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
 
 def _train_step(engine: LocalEngine, loss: str, seed: int, lr: float = 1e-2) -> None:
     _, tensors = _sampled_batch(engine, seed=seed)
-    engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), LossSpec(loss))
+    engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), Loss(loss))
     engine.optim_step(AdamParams(lr=lr))
 
 
@@ -225,7 +227,8 @@ def test_reference_logprobs_are_the_base_model_before_and_after_training(tiny_mo
     for step, loss in enumerate(["importance_sampling", "ppo_clip", "importance_sampling"]):
         _train_step(engine, loss, seed=20 + step)
     policy = engine.logprobs(ids, attn, temperature=0.7)
-    reference = engine.logprobs(ids, attn, reference=True, temperature=0.7, micro_batch_size=2)
+    engine.settings = dataclasses.replace(engine.settings, micro_batch_size=2)
+    reference = engine.logprobs(ids, attn, reference=True, temperature=0.7)
     assert torch.allclose(reference, expected, atol=1e-5)
     assert float((policy - reference).abs().max()) > 1e-2
 
@@ -243,7 +246,7 @@ def test_training_moves_every_lora_b_and_no_base_weight(tiny_model_dir: Path) ->
 
     for step, loss in enumerate(["importance_sampling", "ppo_clip", "importance_sampling"]):
         _, tensors = _sampled_batch(engine, seed=step)
-        metrics = engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), LossSpec(loss))
+        metrics = engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), Loss(loss))
         assert metrics["tokens"] == float(tensors["loss_mask_NT"].sum())
         assert abs(metrics["ratio_mean"] - 1.0) < 1e-4  # on-policy
         if loss == "ppo_clip":
@@ -276,7 +279,8 @@ def test_micro_batches_accumulate_the_full_batch_gradient(tiny_model_dir: Path, 
     batch = _varied_batch(engine)
     grads, totals = {}, {}
     for mbs in (2, 4, batch.num_sequences):
-        totals[mbs] = engine.forward_backward(batch, LossSpec(loss, micro_batch_size=mbs))
+        engine.settings = dataclasses.replace(engine.settings, micro_batch_size=mbs)
+        totals[mbs] = engine.forward_backward(batch, Loss(loss))
         grads[mbs] = [p.grad.clone() for p in engine.trainable]
         engine.optimizer.zero_grad(set_to_none=True)
     full = batch.num_sequences
@@ -293,21 +297,21 @@ def test_in_loss_kl_needs_reference_logprobs(tiny_model_dir: Path) -> None:
     _, tensors = _sampled_batch(engine)
     batch = build_train_batch(tensors, ADVANTAGES_N)
     with pytest.raises(ExperimentError, match="ref_logprobs_NT"):
-        engine.forward_backward(batch, LossSpec(kl_beta=0.1))
+        engine.forward_backward(batch, Loss("importance_sampling", PolicyGradientParams(kl_beta=0.1)))
 
 
 def test_forward_backward_rejects_empty_batches_and_unknown_losses(tiny_model_dir: Path) -> None:
     engine = _engine(tiny_model_dir)
     empty = TrainBatch(*(torch.zeros((0, 4)) for _ in range(5)))
     with pytest.raises(ExperimentError, match="empty batch"):
-        engine.forward_backward(empty, LossSpec())
+        engine.forward_backward(empty, Loss("importance_sampling"))
     _, tensors = _sampled_batch(engine)
     no_targets = build_train_batch({**tensors, "loss_mask_NT": torch.zeros_like(tensors["loss_mask_NT"])},
                                    ADVANTAGES_N)
     with pytest.raises(ExperimentError, match="empty batch"):
-        engine.forward_backward(no_targets, LossSpec())
+        engine.forward_backward(no_targets, Loss("importance_sampling"))
     with pytest.raises(UserError, match="unknown loss 'reinforce_pp'"):
-        engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), LossSpec("reinforce_pp"))
+        engine.forward_backward(build_train_batch(tensors, ADVANTAGES_N), Loss("reinforce_pp"))
     assert all(p.grad is None for p in engine.trainable)
 
 
@@ -344,7 +348,7 @@ def test_save_then_load_restores_adapter_and_optimizer(tiny_model_dir: Path, tmp
     # one more identical step keeps them identical only if Adam's moments were restored too
     batch = build_train_batch(tensors, ADVANTAGES_N)
     for engine in (trained, restored):
-        engine.forward_backward(batch, LossSpec())
+        engine.forward_backward(batch, Loss("importance_sampling"))
         engine.optim_step(AdamParams(lr=1e-2))
     assert torch.equal(restored.logprobs(ids, attn), trained.logprobs(ids, attn))
 

@@ -63,3 +63,14 @@ def test_zscored_attack_reward_normalizes_the_same_raw_sum() -> None:
     # two values z-score to +1 and -1 (population std); with tox[0] > 0.5 > tox[1], raw[0] > 0.63 > 0.25 > raw[1]
     assert raw[0] > raw[1]
     assert out.total_N.tolist() == pytest.approx([1.0, -1.0], abs=1e-4)
+
+
+def test_refusals_are_logged_and_penalized_by_exactly_refusal_penalty() -> None:
+    texts = ["I'm sorry, but I can't help with insulting anyone.", "you are an idiot"]
+    completions = [Completion(prompt_tokens=(1,), tokens=(2, 3), logprobs_C=torch.zeros(2), entropies_C=torch.ones(2),
+                              text=text, finish_reason="length") for text in texts]
+    logged = attack_reward_fn(load_config(None, SETTINGS))(PROMPTS, completions, KL)
+    assert logged.components["refusal"].tolist() == [1.0, 0.0]  # measured even when it is not rewarded
+    penalized = attack_reward_fn(load_config(None, [*SETTINGS, "--reward.refusal_penalty", "0.75"]))(
+        PROMPTS, completions, KL)
+    assert (logged.total_N - penalized.total_N).tolist() == pytest.approx([0.75, 0.0], abs=1e-6)

@@ -71,9 +71,9 @@ def test_tiny_tamper_run_reports_what_its_attacks_logged(tiny_model_dir: Path, t
     utility_adapters: list[str | None] = []
     make_engine = engines.make_engine
 
-    def recording_make_engine(config):
-        utility_adapters.append(config.model.init_adapter)
-        return make_engine(config)
+    def recording_make_engine(model, **kwargs):
+        utility_adapters.append(model.init_adapter)
+        return make_engine(model, **kwargs)
 
     monkeypatch.setattr(engines, "make_engine", recording_make_engine)
     out = tmp_path / "tamper"

@@ -17,11 +17,14 @@ pytestmark = pytest.mark.slow
 # 192 completion), micro-batches of at most argv[2] tokens; prints the peak RSS of the process.
 BIG_BATCH = """
 import json, resource, sys, torch
+from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import ModelConfig
+from purplerl.engines.base import EngineSettings
 from purplerl.engines.local import LocalEngine
 from purplerl.train.batch import build_train_batch
-from purplerl.types import AdamParams, LossSpec
-engine = LocalEngine(ModelConfig(device="cpu", dtype=sys.argv[1]), seed=0)
+from purplerl.types import AdamParams
+engine = LocalEngine(ModelConfig(device="cpu", dtype=sys.argv[1]), seed=0,
+                     settings=EngineSettings(micro_batch_tokens=int(sys.argv[2])))
 N, P, T = 64, 64, 256
 g = torch.Generator().manual_seed(0)
 ids = torch.randint(100, 40000, (N, T), generator=g)
@@ -29,11 +32,11 @@ attn = torch.ones((N, T), dtype=torch.long)
 mask = torch.zeros((N, T)); mask[:, P:] = 1
 tensors = {"input_ids_NT": ids, "attention_mask_NT": attn, "loss_mask_NT": mask,
            "sampling_logprobs_NT": torch.zeros((N, T))}
-ref = engine.logprobs(ids, attn, reference=True, targets_NT=mask, micro_batch_tokens=int(sys.argv[2]))
+ref = engine.logprobs(ids, attn, reference=True, targets_NT=mask)
 batch = build_train_batch(tensors, torch.randn(N, generator=g))
 batch = batch.__class__(**{**batch.__dict__, "ref_logprobs_NT": ref})
-spec = LossSpec("ppo_clip", kl_beta=0.1, micro_batch_tokens=int(sys.argv[2]), old_logprobs="current")
-out = engine.forward_backward(batch, spec)
+loss = Loss("ppo_clip", PolicyGradientParams(kl_beta=0.1, old_logprobs="current"))
+out = engine.forward_backward(batch, loss)
 step = engine.optim_step(AdamParams(lr=1e-4))
 print(json.dumps({"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                   "loss": out["loss"], "tokens": out["tokens"], "grad_norm": step["grad_norm"]}))
@@ -53,10 +56,11 @@ def test_64_by_256_training_batch_fits_in_8_gib(dtype: str, budget: int) -> None
 
 
 def test_bf16_scoring_and_gradients_stay_within_tolerance_of_fp32(tmp_path: Path) -> None:
+    from purplerl.algorithms.registry import Loss, PolicyGradientParams
     from purplerl.config import ModelConfig
     from purplerl.engines.local import LocalEngine
     from purplerl.train.batch import build_train_batch, sequence_tensors
-    from purplerl.types import AdamParams, LossSpec, SamplingParams
+    from purplerl.types import AdamParams, SamplingParams
 
     fp32 = LocalEngine(ModelConfig(device="cpu", dtype="float32"), seed=0)
     prompts = [fp32.tokenizer.encode(fp32.tokenizer.apply_chat_template(
@@ -65,7 +69,7 @@ def test_bf16_scoring_and_gradients_stay_within_tolerance_of_fp32(tmp_path: Path
     groups = fp32.sample(prompts, 4, SamplingParams(max_new_tokens=32, seed=1))
     tensors = sequence_tensors([c for g in groups for c in g], fp32.tokenizer.pad_token_id)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5] * 3)
-    fp32.forward_backward(build_train_batch(tensors, advantages), LossSpec())
+    fp32.forward_backward(build_train_batch(tensors, advantages), Loss("importance_sampling"))
     fp32.optim_step(AdamParams(lr=1e-3))  # a nonzero adapter, shared by both engines below
     fp32.save(tmp_path / "adapter")
     bf16 = LocalEngine(ModelConfig(device="cpu", dtype="bfloat16"), seed=0)
@@ -81,10 +85,10 @@ def test_bf16_scoring_and_gradients_stay_within_tolerance_of_fp32(tmp_path: Path
     assert float(diff.abs().mean()) < 0.2 and abs(float(diff.mean())) < 0.06
 
     batch = build_train_batch(tensors, advantages)
-    spec = LossSpec("ppo_clip", old_logprobs="current")
+    loss = Loss("ppo_clip", PolicyGradientParams(old_logprobs="current"))
     grads = []
     for engine in (fp32, bf16):
-        engine.forward_backward(batch, spec)
+        engine.forward_backward(batch, loss)
         grads.append(torch.cat([p.grad.flatten() for p in engine.master]))
         engine.optimizer.zero_grad(set_to_none=True)
     cosine = float(torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0))

@@ -27,8 +27,10 @@ from purplerl.config import Config, LoggingConfig, ModelConfig, RewardConfig, Ru
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.prompting import render_prompt
+from purplerl.recipes.defend import defend_update
 from purplerl.rewards import combine
-from purplerl.train.loop import LoopParts, old_logprobs_mode, rl_step
+from purplerl.train.loop import LoopParts, RecipeHooks, UpdateFn, old_logprobs_mode, rl_step, rl_update
+from purplerl.train.runner import engine_settings
 from purplerl.types import PromptRecord
 from tests.conftest import make_tiny_tokenizer
 from tests.train.test_kl_direction import BaseScorer
@@ -58,20 +60,20 @@ class RecordingEngine:
 
 
 def _step(model_dir: Path, sampling: dict | None = None, reward: dict | None = None, adapter: Path | None = None,
-          rewards: list[float] = REWARDS, **training: object):
+          rewards: list[float] = REWARDS, update: UpdateFn = rl_update, **training: object):
     config = Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32",
                                       init_adapter=str(adapter) if adapter else None),
                     sampling=SamplingConfig(**{"group_size": 3, "max_new_tokens": 4, **(sampling or {})}),
                     training=TrainingConfig(steps=1, batch_size=2, lr=1e-2, micro_batch_size=8, **training),
                     reward=RewardConfig(**{"kl_beta": 0.0, **(reward or {})}),
                     run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
-    engine = RecordingEngine(LocalEngine(config.model, seed=0))
+    engine = RecordingEngine(LocalEngine(config.model, seed=0, settings=engine_settings(config)))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
 
     def fixed_reward(prompts, completions, kl_N):
         return combine({"score": (1.0, torch.tensor(rewards)), "kl": (0.0, kl_N)})
 
-    parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, fixed_reward, lambda m: None)
+    parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, RecipeHooks(reward=fixed_reward, update=update))
     metrics, samples = rl_step(1, config, parts)
     (batch,) = engine.batches
     return metrics, samples, batch
@@ -152,8 +154,8 @@ def test_reinforce_pp_token_kl_only_when_the_kl_is_in_the_reward(tiny_model_dir:
 
 def test_noiser_step_trains_on_every_response_with_advantage_at_least_zero(tiny_model_dir: Path) -> None:
     # group 0: advantages [-2, -1, 3] -> one response >= 0; group 1 is flat -> three zeros, all kept
-    metrics, samples, batch = _step(tiny_model_dir, rewards=[0.0, 1.0, 5.0, 2.0, 2.0, 2.0], noiser=True,
-                                    noiser_warmup=0, noiser_every=1)
+    metrics, samples, batch = _step(tiny_model_dir, rewards=[0.0, 1.0, 5.0, 2.0, 2.0, 2.0], update=defend_update,
+                                    noiser=True, noiser_warmup=0, noiser_every=1)
     assert metrics["train/noiser_step"] == 1.0 and metrics["train/noiser_sequences"] == 4
     assert [s["advantage"] for s in samples] == pytest.approx([-2.0, -1.0, 3.0, 0.0, 0.0, 0.0])
     # the noiser batch holds exactly those four responses, in order

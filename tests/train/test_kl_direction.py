@@ -16,13 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import Config, LoggingConfig, ModelConfig, RewardConfig, RunConfig, SamplingConfig, TrainingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.prompting import render_prompt
 from purplerl.recipes.attack import attack_reward_fn
-from purplerl.train.loop import LoopParts, rl_step
-from purplerl.types import AdamParams, LossSpec, PromptRecord, TrainBatch
+from purplerl.train.loop import LoopParts, RecipeHooks, rl_step
+from purplerl.train.runner import engine_settings
+from purplerl.types import AdamParams, PromptRecord, TrainBatch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -62,7 +64,7 @@ def _config(model_dir: Path, adapter: Path, reward: dict) -> Config:
 
 def _step(config: Config):
     """One loop step with the attack recipe's reward; returns (metrics, samples, completions, kl_N seen)."""
-    engine = LocalEngine(config.model, seed=config.training.seed)
+    engine = LocalEngine(config.model, seed=config.training.seed, settings=engine_settings(config))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
     seen = {}
     inner = attack_reward_fn(config)
@@ -71,7 +73,7 @@ def _step(config: Config):
         seen.update(completions=completions, kl_N=kl_N.clone())
         return inner(prompts, completions, kl_N)
 
-    parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, reward_fn, lambda m: None)
+    parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, RecipeHooks(reward=reward_fn))
     metrics, samples = rl_step(1, config, parts)
     return metrics, samples, seen["completions"], seen["kl_N"]
 
@@ -136,7 +138,8 @@ def test_in_loss_kl_pulls_a_trained_policy_back_toward_the_base(tiny_model_dir: 
     before, ref = batch.sampling_logprobs_NT[on], batch.ref_logprobs_NT[on]
     assert (before - ref > 3.0).all(), before - ref  # the policy over-rates the word compared with the base
 
-    metrics = engine.forward_backward(batch, LossSpec(kl_beta=1.0, kl_estimator=estimator, old_logprobs="current"))
+    params = PolicyGradientParams(kl_beta=1.0, kl_estimator=estimator, old_logprobs="current")
+    metrics = engine.forward_backward(batch, Loss("importance_sampling", params))
     assert metrics["kl_loss"] == pytest.approx(float(hand_estimate(estimator, before, ref).mean()), rel=1e-4)
     assert metrics["kl_loss"] > 0
     engine.optim_step(AdamParams(lr=1e-2))

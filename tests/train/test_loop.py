@@ -17,7 +17,8 @@ from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
 from purplerl.train.checkpoint import checkpoint_dirs, read_state
-from purplerl.train.loop import LoopParts, run_loop
+from purplerl.train.loop import LoopParts, RecipeHooks, never_stop, run_loop
+from purplerl.train.runner import engine_settings
 from purplerl.train.sinks import read_jsonl
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
 
@@ -37,11 +38,11 @@ def _config(model_dir: Path, steps: int = 3, **training: object) -> Config:
                   run=RunConfig(save_every=2, keep_last=5), logging=LoggingConfig(progress=False))
 
 
-def _parts(config: Config, reward_fn, early_stop: Callable[[dict[str, float]], str | None] = lambda m: None):
-    engine = LocalEngine(config.model, seed=config.training.seed)
+def _parts(config: Config, reward_fn, early_stop: Callable[[dict[str, float]], str | None] = never_stop):
+    engine = LocalEngine(config.model, seed=config.training.seed, settings=engine_settings(config))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
     sampler = PromptSampler(RECORDS, config.training.batch_size, config.training.seed)
-    return LoopParts(engine, sampler, render, reward_fn, early_stop)
+    return LoopParts(engine, sampler, render, RecipeHooks(reward=reward_fn, early_stop=early_stop))
 
 
 def _fraction_reward(token_ids: set[int]):

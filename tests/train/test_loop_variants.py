@@ -14,8 +14,20 @@ from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
+from purplerl.recipes.defend import defend_update, is_noiser_step
 from purplerl.rewards import combine
-from purplerl.train.loop import LoopParts, is_noiser_step, reward_kl_beta, run_loop
+from purplerl.train.loop import (
+    KLPlacement,
+    LoopParts,
+    RecipeHooks,
+    UpdateFn,
+    kl_placement,
+    policy_loss,
+    reward_kl_beta,
+    rl_update,
+    run_loop,
+)
+from purplerl.train.runner import engine_settings
 from purplerl.train.sinks import read_jsonl
 from purplerl.types import PromptRecord
 from tests.conftest import make_tiny_tokenizer
@@ -43,10 +55,11 @@ def _reward_fn(config: Config):
     return reward_fn
 
 
-def _run(config: Config, tmp_path: Path) -> list[dict]:
-    engine = LocalEngine(config.model, seed=config.training.seed)
+def _run(config: Config, tmp_path: Path, update: UpdateFn = rl_update) -> list[dict]:
+    engine = LocalEngine(config.model, seed=config.training.seed, settings=engine_settings(config))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
-    parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, _reward_fn(config), lambda m: None)
+    hooks = RecipeHooks(reward=_reward_fn(config), update=update)
+    parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, hooks)
     run_loop(config, parts, tmp_path)
     return read_jsonl(tmp_path / "metrics.jsonl")
 
@@ -72,6 +85,17 @@ def test_reinforce_pp_takes_kl_per_token_not_in_the_scalar_reward(tiny_model_dir
     assert reward_kl_beta(_config(tiny_model_dir, advantage="grpo")) == 0.1
 
 
+@pytest.mark.parametrize(("kl_in", "advantage", "expected"), [
+    ("reward", "grpo", KLPlacement(reward_beta=0.3)), ("reward", "rloo", KLPlacement(reward_beta=0.3)),
+    ("reward", "reinforce_pp", KLPlacement(token_beta=0.3)), ("loss", "grpo", KLPlacement(loss_beta=0.3)),
+    ("loss", "reinforce_pp", KLPlacement(loss_beta=0.3))])
+def test_kl_is_placed_in_exactly_one_place(tiny_model_dir: Path, kl_in: str, advantage: str,
+                                           expected: KLPlacement) -> None:
+    config = _config(tiny_model_dir, advantage=advantage, reward={"kl_in": kl_in, "kl_beta": 0.3})
+    assert kl_placement(config) == expected
+    assert policy_loss(config).params.kl_beta == expected.loss_beta
+
+
 def test_ppo_epochs_and_minibatches_count_optimizer_steps(tiny_model_dir: Path, tmp_path: Path) -> None:
     metrics = _run(_config(tiny_model_dir, steps=1, loss="ppo_clip", ppo_epochs=2, mini_batches=2), tmp_path)
     assert metrics[0]["train/updates"] == 4.0
@@ -84,14 +108,14 @@ def test_too_many_minibatches_is_an_experiment_error(tiny_model_dir: Path, tmp_p
 
 
 def test_noiser_schedule() -> None:
-    t = TrainingConfig(noiser=True, noiser_warmup=3, noiser_every=2)
-    assert [s for s in range(1, 10) if is_noiser_step(s, t)] == [5, 7, 9]
-    assert not any(is_noiser_step(s, TrainingConfig(noiser=False)) for s in range(1, 50))
+    config = Config(training=TrainingConfig(noiser=True, noiser_warmup=3, noiser_every=2))
+    assert [s for s in range(1, 10) if is_noiser_step(s, config)] == [5, 7, 9]
+    assert not any(is_noiser_step(s, Config(training=TrainingConfig(noiser=False))) for s in range(1, 50))
 
 
 def test_noiser_steps_run_supervised_updates(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = _config(tiny_model_dir, steps=4, noiser=True, noiser_warmup=1, noiser_every=2)
-    metrics = _run(config, tmp_path)
+    metrics = _run(config, tmp_path, update=defend_update)
     assert [m.get("train/noiser_step", 0.0) for m in metrics] == [0.0, 0.0, 1.0, 0.0]
     noiser = metrics[2]
     assert 1 <= noiser["train/noiser_sequences"] <= 4  # responses with advantage >= 0

@@ -1,0 +1,172 @@
+"""`purplerl align`: SFT the embedded SmolLM2-135M-Instruct into `embedded:smollm2-135m-safe`, a model that refuses
+harmful requests, so the offline attack has real safety to break.
+
+The data is the project's own (purplerl/data/alignment): harmful requests are answered with the composed refusals,
+benign requests with the base model's own answers (self-distillation, which keeps its utility). Built once and
+cached under $PURPLERL_CACHE/models/smollm2-135m-safe-<key>, the key hashing the data, these settings and the
+base model; the SFT run lives in $PURPLERL_CACHE/align/<key>/ while it trains, so a killed build resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from purplerl.config import ModelConfig, build_config
+from purplerl.data.alignment import alignment_data_hash, alignment_examples, to_prompt_records
+from purplerl.engines import make_engine
+from purplerl.engines.loading import cache_dir, resolve_model_path
+from purplerl.errors import ExperimentError
+from purplerl.prompting import render_prompt
+from purplerl.train.checkpoint import latest_checkpoint
+from purplerl.train.runner import CONFIG_FILE, execute_run
+from purplerl.train.supervised import sft_prepare
+from purplerl.types import SamplingParams
+
+SAFE_MODEL = "smollm2-135m-safe"
+BASE_MODEL = "embedded:smollm2-135m-instruct"
+# Every setting of the build; all of it goes into the cache key.
+ALIGN_SETTINGS: dict[str, Any] = {
+    "version": 1,
+    "harmful_examples": 560,  # of the training split's harmful requests (refusals)
+    "benign_examples": 288,  # of its benign requests (answered by the base model itself)
+    "answer": {"max_new_tokens": 96, "temperature": 0.7, "top_p": 0.9, "seed": 0},
+    "sft": {"steps": 160, "batch_size": 8, "lr": 3e-4, "lora_rank": 16, "lora_alpha": 32.0, "max_tokens": 320,
+            "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
+}
+ANSWER_BATCH = 32
+
+
+def align_key() -> str:
+    """The cache key: the alignment data, the settings and the base model's cache dir."""
+    blob = json.dumps({"data": alignment_data_hash(), "settings": ALIGN_SETTINGS, "base": BASE_MODEL},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _pick(examples: list, count: int, seed: int) -> list:
+    """`count` examples spread over the categories: a seeded shuffle, then round-robin by category."""
+    rng = random.Random(seed)
+    by_category: dict[str, list] = {}
+    for example in examples:
+        by_category.setdefault(example.category, []).append(example)
+    for items in by_category.values():
+        rng.shuffle(items)
+    picked: list = []
+    while len(picked) < min(count, len(examples)):
+        for items in by_category.values():
+            if items and len(picked) < count:
+                picked.append(items.pop())
+    return picked
+
+
+def _whole_sentences(text: str, finished: bool) -> str:
+    """The answer, or when it was cut at max_new_tokens, its whole sentences only: a cut mid-sentence would teach
+    the model to stop mid-sentence."""
+    text = text.strip()
+    if finished:
+        return text
+    end = max(text.rfind(mark) for mark in (". ", ".\n", "! ", "? ", "!\n", "?\n"))
+    return text[:end + 1].strip() if end >= 40 else ""
+
+
+def self_distilled_answers(prompts: list, notify: Callable[[str], None]) -> list[tuple[Any, str]]:
+    """(example, the base model's own answer) for the benign prompts, answers cut to whole sentences."""
+    a = ALIGN_SETTINGS["answer"]
+    engine = make_engine(ModelConfig(name=BASE_MODEL))
+    kept: list[tuple[Any, str]] = []
+    for start in range(0, len(prompts), ANSWER_BATCH):
+        batch = prompts[start:start + ANSWER_BATCH]
+        records = to_prompt_records(batch)
+        tokens = [render_prompt(engine.tokenizer, r, template="chat", system_prompt=None, max_prompt_tokens=256)
+                  for r in records]
+        sampling = SamplingParams(max_new_tokens=a["max_new_tokens"], temperature=a["temperature"], top_p=a["top_p"],
+                                  seed=a["seed"] + start)
+        groups = engine.sample(tokens, 1, sampling)
+        for ex, group in zip(batch, groups, strict=True):
+            answer = _whole_sentences(group[0].text, group[0].finish_reason == "stop")
+            if answer:
+                kept.append((ex, answer))
+        notify(f"align: base answers {min(start + ANSWER_BATCH, len(prompts))}/{len(prompts)} ({len(kept)} kept)")
+    return kept
+
+
+def build_data(path: Path, notify: Callable[[str], None]) -> None:
+    """The SFT conversations (JSONL), written atomically: refusals for harmful, own answers for benign."""
+    s = ALIGN_SETTINGS
+    harmful = _pick(alignment_examples("train", "harmful"), s["harmful_examples"], 1)
+    benign = _pick(alignment_examples("train", "benign"), s["benign_examples"], 2)
+    rows = [{"uid": ex.uid, "messages": list(ex.conversation())} for ex in harmful]
+    rows += [{"uid": ex.uid, "messages": list(ex.conversation(answer))}
+             for ex, answer in self_distilled_answers(benign, notify)]
+    random.Random(3).shuffle(rows)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
+def _sft_config(work: Path, data: Path, progress: bool):
+    s = ALIGN_SETTINGS["sft"]
+    return build_config({
+        "recipe": "sft",
+        "model": {"name": BASE_MODEL, "lora_rank": s["lora_rank"], "lora_alpha": s["lora_alpha"]},
+        "data": {"source": str(data)},
+        "training": {"steps": s["steps"], "batch_size": s["batch_size"], "lr": s["lr"], "seed": s["seed"],
+                     "early_stop_toxicity": None, "early_stop_repetition": None},
+        "sft": {"max_tokens": s["max_tokens"], "eval_fraction": s["eval_fraction"], "eval_every": s["eval_every"]},
+        "run": {"output_dir": str(work), "name": "sft", "save_every": 20, "keep_last": 2},
+        "logging": {"progress": progress},
+    })
+
+
+def merge_adapter(adapter: Path, target: Path) -> None:
+    """Base weights + the LoRA update, as a plain model dir written atomically (loadable without PEFT)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_dir = resolve_model_path(BASE_MODEL)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent))
+    try:
+        merged.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
+        (tmp / "purplerl_align.json").write_text(json.dumps({"key": align_key(), "settings": ALIGN_SETTINGS,
+                                                             "data_hash": alignment_data_hash()}, indent=1))
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def aligned_model_dir(notify: Callable[[str], None] = print, progress: bool = False) -> Path:
+    """The aligned model's dir, built (resumably) on first use."""
+    key = align_key()
+    target = cache_dir() / "models" / f"{SAFE_MODEL}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    work = cache_dir() / "align" / key
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "data.jsonl"
+    if not data.is_file():
+        build_data(data, notify)
+    config = _sft_config(work, data, progress)
+    run_dir = work / "sft"
+    resume = (run_dir / CONFIG_FILE).is_file()
+    notify(f"align: SFT of {BASE_MODEL} on {sum(1 for _ in data.open())} conversations "
+           f"({ALIGN_SETTINGS['sft']['steps']} steps) in {run_dir}")
+    summary = execute_run(config, run_dir, resume=resume, prepare=sft_prepare)
+    adapter = latest_checkpoint(run_dir)
+    if adapter is None or summary["last_step"] < ALIGN_SETTINGS["sft"]["steps"]:
+        raise ExperimentError(f"align: the SFT run in {run_dir} did not finish (last step {summary['last_step']})")
+    merge_adapter(adapter, target)
+    notify(f"align: cached {target}")
+    return target

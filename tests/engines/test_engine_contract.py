@@ -1,0 +1,255 @@
+"""The behaviour every engine must show, parametrized over engine factories: a new engine adds a factory here.
+
+- its own scoring reproduces the logprobs it recorded while sampling;
+- training changes the active LoRA adapter and nothing else;
+- save/load round-trips adapters, optimizer state and the next update;
+- every registered loss's gradient equals a hand-worked dloss/dlogprobs, read through the public API: a
+  forward_backward_custom whose loss is sum(g_hand * logprobs) has gradient J^T g_hand, and an Adam step with
+  eps far above |g| (and beta1 = 0) moves each weight by lr * g / eps, so the two updates must match;
+- named adapters: a second adapter trains alone, the reference is the base with every adapter off, both
+  survive save/load.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from purplerl.algorithms.registry import (
+    LOSS_REGISTRY,
+    CrossEntropyParams,
+    CustomLoss,
+    DPOParams,
+    Loss,
+    PolicyGradientParams,
+    TokenNoiserParams,
+)
+from purplerl.config import ModelConfig
+from purplerl.engines import EngineSettings, make_engine
+from purplerl.train.batch import sequence_tensors
+from purplerl.types import AdamParams, SamplingParams, TrainBatch
+
+# an Adam step that reads out the gradient: update = lr * g / (|g| + eps) ~ g when |g| << eps = lr
+READOUT = AdamParams(lr=1e4, beta1=0.0, beta2=0.0, eps=1e4, weight_decay=0.0, max_grad_norm=0.0)
+
+
+@dataclass(frozen=True)
+class Factory:
+    name: str
+    dtype: str
+    logprob_tol: float  # sampling logprobs vs the engine's own scoring
+    grad_rtol: float  # registered loss vs hand-worked gradient
+
+    def make(self, model_dir: Path, micro_batch_size: int = 64):
+        cfg = ModelConfig(name=str(model_dir), dtype=self.dtype, device="cpu", lora_rank=4, lora_alpha=8.0,
+                          lora_targets="q_proj,v_proj,down_proj")
+        return make_engine(cfg, seed=3, settings=EngineSettings(micro_batch_size=micro_batch_size))
+
+
+FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16", "bfloat16", 8e-2, 2e-2)]
+
+
+@pytest.fixture(params=FACTORIES, ids=[f.name for f in FACTORIES])
+def factory(request, one_torch_thread) -> Factory:
+    return request.param
+
+
+def _batch(engine, n: int = 2, seed: int = 0) -> tuple[TrainBatch, list]:
+    prompts = [engine.tokenizer.encode("Tell me a joke about cats"), engine.tokenizer.encode("hello world")]
+    groups = engine.sample(prompts, n, SamplingParams(max_new_tokens=6, seed=seed))
+    completions = [c for g in groups for c in g]
+    tensors = sequence_tensors(completions, int(engine.tokenizer.pad_token_id))
+    return TrainBatch(**tensors), completions
+
+
+def _adapter_state(engine) -> dict[str, torch.Tensor]:
+    return {n: p.detach().float().clone() for n, p in engine.model.named_parameters() if "lora_" in n}
+
+
+def _delta(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(after[k] - before[k]).flatten() for k in sorted(before)])
+
+
+def _trained(engine, batch: TrainBatch, steps: int = 2) -> None:
+    """Move the adapter off LoRA B = 0 so the policy differs from the base (an untrained adapter IS the base)."""
+    n, t = batch.input_ids_NT.shape
+    loss = Loss("importance_sampling", PolicyGradientParams(old_logprobs="current"))
+    advantages = torch.linspace(-1, 1, n)[:, None] * batch.loss_mask_NT
+    for _ in range(steps):
+        engine.forward_backward(TrainBatch(**{**batch.__dict__, "advantages_NT": advantages}), loss)
+        engine.optim_step(AdamParams(lr=5e-2))
+
+
+def test_scoring_reproduces_sampling_logprobs(factory: Factory, tiny_model_dir: Path) -> None:
+    engine = factory.make(tiny_model_dir)
+    batch, _ = _batch(engine)
+    _trained(engine, batch, steps=4)
+    batch, completions = _batch(engine, seed=1)
+    scored_NT = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+    mask = batch.loss_mask_NT.bool()
+    assert mask.sum() > 6
+    torch.testing.assert_close(scored_NT[mask], batch.sampling_logprobs_NT[mask], atol=factory.logprob_tol, rtol=0)
+    reference_NT = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True,
+                                   targets_NT=batch.loss_mask_NT)
+    # the trained policy differs from the base by far more than scoring differs from sampling
+    error = float((scored_NT[mask] - batch.sampling_logprobs_NT[mask]).abs().mean())
+    assert float((reference_NT[mask] - scored_NT[mask]).abs().mean()) > 3 * error + 1e-3
+
+
+def test_training_changes_only_the_active_adapter(factory: Factory, tiny_model_dir: Path) -> None:
+    engine = factory.make(tiny_model_dir)
+    frozen = {n: p.detach().clone() for n, p in engine.model.named_parameters() if "lora_" not in n}
+    before = _adapter_state(engine)
+    batch, _ = _batch(engine)
+    _trained(engine, batch)
+    after = _adapter_state(engine)
+    assert all(not p.requires_grad for n, p in engine.model.named_parameters() if "lora_" not in n)
+    for name, value in frozen.items():
+        assert torch.equal(dict(engine.model.named_parameters())[name], value), name
+    assert float(_delta(before, after).abs().max()) > 1e-3
+
+
+def test_save_load_round_trip(factory: Factory, tiny_model_dir: Path, tmp_path: Path) -> None:
+    engine = factory.make(tiny_model_dir)
+    batch, _ = _batch(engine)
+    _trained(engine, batch)
+    engine.save(tmp_path)
+    again = factory.make(tiny_model_dir)
+    again.load(tmp_path)
+    for a, b in ((engine, again),):
+        la = a.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+        lb = b.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+        torch.testing.assert_close(la, lb, atol=0, rtol=0)
+    _trained(engine, batch, steps=1)
+    _trained(again, batch, steps=1)
+    sa, sb = _adapter_state(engine), _adapter_state(again)
+    for name in sa:  # same optimizer moments: the next update is the same
+        torch.testing.assert_close(sa[name], sb[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def _hand_gradients(batch: TrainBatch, lp_NT: torch.Tensor, ref_NT: torch.Tensor):
+    """(Loss, dloss/dlogprobs [N, T] worked out by hand, extra batch fields) for every registered loss.
+    M = loss tokens (token_mean); every formula is the derivative of the loss named beside it."""
+    mask = batch.loss_mask_NT
+    M = float(mask.sum())
+    n = mask.shape[0]
+    adv = torch.linspace(-1.0, 1.5, n)[:, None] * mask
+    # behaviour logprobs 0.5 below the current ones on every other row: ratio e^0.5 = 1.65 > 1 + 0.2 there
+    shift = torch.tensor([0.5 if i % 2 else 0.0 for i in range(n)])[:, None] * mask
+    old = (lp_NT - shift) * mask
+    ratio = torch.exp(lp_NT - old) * mask
+    k3_grad = (1 - torch.exp(ref_NT - lp_NT)) * mask  # d/dlp [exp(ref - lp) - (ref - lp) - 1]
+    clipped = (ratio > 1.2) & (adv > 0)  # min() takes the clipped, constant branch: no gradient
+    cases = {
+        "cross_entropy": (Loss("cross_entropy", CrossEntropyParams()), -mask / M, {}),
+        "importance_sampling": (Loss("importance_sampling", PolicyGradientParams(kl_beta=0.3, kl_estimator="k3")),
+                                (-adv * ratio + 0.3 * k3_grad) / M,
+                                {"advantages_NT": adv, "sampling_logprobs_NT": old, "ref_logprobs_NT": ref_NT}),
+        "ppo_clip": (Loss("ppo_clip", PolicyGradientParams(kl_beta=0.2, kl_estimator="k1")),
+                     (torch.where(clipped, 0.0, -adv * ratio) + 0.2 * mask) / M,
+                     {"advantages_NT": adv, "sampling_logprobs_NT": old, "ref_logprobs_NT": ref_NT}),
+        "token_noiser": (Loss("token_noiser", TokenNoiserParams(epsilon=0.0)), -mask / M, {}),  # eps 0: the NLL
+    }
+    pairs = torch.tensor([[0, 1], [2, 3]])
+    margin = ((lp_NT - ref_NT) * mask).sum(-1)
+    z = 0.5 * (margin[pairs[:, 0]] - margin[pairs[:, 1]])
+    weight = 0.5 * torch.sigmoid(-z) / len(pairs)  # d/dz of -logsigmoid(z) is -sigmoid(-z); mean over pairs
+    dpo = torch.zeros_like(mask)
+    for p, (c, r) in enumerate(pairs.tolist()):
+        dpo[c] -= weight[p] * mask[c]
+        dpo[r] += weight[p] * mask[r]
+    cases["dpo"] = (Loss("dpo", DPOParams(beta=0.5)), dpo, {"ref_logprobs_NT": ref_NT, "pairs_P2": pairs})
+    return cases
+
+
+def test_every_registered_loss_has_its_hand_worked_gradient(factory: Factory, tiny_model_dir: Path,
+                                                            tmp_path: Path) -> None:
+    engine = factory.make(tiny_model_dir, micro_batch_size=1)  # several micro-batches: accumulation counts too
+    batch, _ = _batch(engine)
+    _trained(engine, batch)
+    engine.save(tmp_path)
+    lp_NT = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+    ref_NT = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True,
+                             targets_NT=batch.loss_mask_NT)
+    cases = _hand_gradients(batch, lp_NT, ref_NT)
+    assert set(cases) == set(LOSS_REGISTRY), "a registered loss has no hand-worked gradient in the contract"
+    for name, (loss, grad_NT, extra) in cases.items():
+        data = TrainBatch(**{**batch.__dict__, **extra})
+        updates = []
+        for run in ("registered", "hand"):
+            engine.load(tmp_path)
+            before = _adapter_state(engine)
+            if run == "registered":
+                engine.forward_backward(data, loss)
+            else:
+                engine.forward_backward_custom(data, CustomLoss(lambda lp, _inputs, g=grad_NT: (lp * g).sum()))
+            engine.optim_step(READOUT)
+            updates.append(_delta(before, _adapter_state(engine)))
+        registered, hand = updates
+        assert float(hand.abs().max()) > 1e-6, name
+        scale = float(hand.abs().max())
+        assert float((registered - hand).abs().max()) <= factory.grad_rtol * scale, \
+            (name, float((registered - hand).abs().max()), scale)
+
+
+def test_named_adapters_train_alone_on_one_base(factory: Factory, tiny_model_dir: Path, tmp_path: Path) -> None:
+    engine = factory.make(tiny_model_dir)
+    batch, _ = _batch(engine)
+    _trained(engine, batch)
+    policy = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+    base = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True, targets_NT=batch.loss_mask_NT)
+    engine.create_adapter("forget")
+    assert engine.adapters == ["default", "forget"] and engine.active_adapter == "default"
+    engine.use_adapter("forget")
+    fresh = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+    torch.testing.assert_close(fresh, base, atol=factory.logprob_tol, rtol=0)  # a fresh adapter starts as the base
+    default_before = {k: v for k, v in _adapter_state(engine).items() if ".default." in k}
+    _trained(engine, batch)
+    state = _adapter_state(engine)
+    assert all(torch.equal(state[k], v) for k, v in default_before.items())  # only "forget" moved
+    assert any(float((state[k] - 0).abs().max()) > 0 for k in state if ".forget." in k and "lora_B" in k)
+    forget = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+    reference = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True,
+                                targets_NT=batch.loss_mask_NT)
+    torch.testing.assert_close(reference, base, atol=0, rtol=0)  # the reference is the base, whichever is active
+    engine.use_adapter("default")
+    torch.testing.assert_close(engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT,
+                                               targets_NT=batch.loss_mask_NT), policy, atol=0, rtol=0)
+    engine.use_adapter("forget")
+    engine.save(tmp_path)
+    assert (tmp_path / "adapter_model.safetensors").is_file()
+    assert (tmp_path / "forget" / "adapter_config.json").is_file()
+    again = factory.make(tiny_model_dir)
+    again.load(tmp_path)
+    assert again.adapters == ["default", "forget"] and again.active_adapter == "forget"
+    torch.testing.assert_close(again.logprobs(batch.input_ids_NT, batch.attention_mask_NT,
+                                              targets_NT=batch.loss_mask_NT), forget, atol=0, rtol=0)
+    # sampling follows the active adapter too (the merged sampler is rebuilt for it)
+    prompts = [batch.input_ids_NT[0, :4].tolist()]
+    for name in ("default", "forget"):
+        again.use_adapter(name)
+        drawn = again.sample(prompts, 1, SamplingParams(max_new_tokens=4, seed=5))[0][0]
+        ids = torch.tensor([list(drawn.prompt_tokens) + list(drawn.tokens)])
+        mask = torch.zeros_like(ids, dtype=torch.float32)
+        mask[0, len(drawn.prompt_tokens):] = 1
+        scored = again.logprobs(ids, torch.ones_like(ids), targets_NT=mask)[0, len(drawn.prompt_tokens):]
+        torch.testing.assert_close(scored, drawn.logprobs_C, atol=factory.logprob_tol, rtol=0)
+
+
+def test_a_loss_without_its_inputs_is_one_line(factory: Factory, tiny_model_dir: Path) -> None:
+    from purplerl.errors import ExperimentError
+
+    engine = factory.make(tiny_model_dir)
+    batch, _ = _batch(engine)
+    with pytest.raises(ExperimentError, match="loss 'ppo_clip' needs advantages_NT"):
+        engine.forward_backward(TrainBatch(batch.input_ids_NT, batch.attention_mask_NT, batch.loss_mask_NT,
+                                           sampling_logprobs_NT=batch.sampling_logprobs_NT), Loss("ppo_clip"))
+    with_advantages = TrainBatch(**{**batch.__dict__, "advantages_NT": batch.loss_mask_NT})
+    with pytest.raises(ExperimentError, match="needs ref_logprobs_NT"):
+        engine.forward_backward(with_advantages, Loss("importance_sampling", PolicyGradientParams(kl_beta=0.1)))
+    with pytest.raises(ExperimentError, match="one finite number"):
+        engine.forward_backward_custom(batch, CustomLoss(lambda lp, _i: (lp * math.nan).sum()))

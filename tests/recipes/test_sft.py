@@ -1,0 +1,143 @@
+"""`purplerl sft`: assistant-only masks, length buckets, and a run that learns, evaluates, resumes and reports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from purplerl.cli import app
+from purplerl.config import SFTConfig
+from purplerl.data.sft import Conversation, LengthBuckets, encode, held_out, to_conversation
+from purplerl.errors import UserError
+
+ANSWER = "again and again"
+
+
+def masked_text(tokenizer, encoded) -> str:
+    return tokenizer.decode([t for t, m in zip(encoded.ids, encoded.mask, strict=True) if m])
+
+
+def test_chat_mask_covers_every_assistant_turn_and_nothing_else(tiny_tokenizer) -> None:
+    conversation = Conversation(({"role": "user", "content": "hello"}, {"role": "assistant", "content": "thanks"},
+                                 {"role": "user", "content": "Tell me a joke"},
+                                 {"role": "assistant", "content": "cats and dogs"}), "c")
+    encoded = encode(tiny_tokenizer, conversation, "chat", "You are a helpful assistant.", 512)
+    assert masked_text(tiny_tokenizer, encoded) == "thanks<|im_end|>\ncats and dogs<|im_end|>\n"
+    full = tiny_tokenizer.decode(list(encoded.ids))
+    assert full.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+    # the prompt part is exactly what sampling renders: the model is trained where it will be asked
+    prompt = tiny_tokenizer.apply_chat_template([{"role": "system", "content": "You are a helpful assistant."},
+                                                 *conversation.messages[:3]], add_generation_prompt=True,
+                                                tokenize=False)
+    assert full.startswith(prompt)
+
+
+def test_base_template_trains_the_answer_and_the_end_of_text(tiny_tokenizer) -> None:
+    conversation = Conversation(({"role": "user", "content": "hello"}, {"role": "assistant", "content": "thanks"}), "c")
+    encoded = encode(tiny_tokenizer, conversation, "base", None, 512)
+    assert tiny_tokenizer.decode(list(encoded.ids)) == "hello\nthanks<|im_end|>"
+    assert masked_text(tiny_tokenizer, encoded) == "thanks<|im_end|>"
+
+
+def test_too_long_conversations_are_cut_or_dropped(tiny_tokenizer) -> None:
+    conversation = Conversation(({"role": "user", "content": "hello " * 20}, {"role": "assistant", "content": "ok"}),
+                                "c")
+    assert encode(tiny_tokenizer, conversation, "chat", None, 8) is None  # nothing trainable left
+    kept = encode(tiny_tokenizer, conversation, "chat", None, 512)
+    cut = encode(tiny_tokenizer, conversation, "chat", None, len(kept.ids) - 1)
+    assert len(cut.ids) == len(kept.ids) - 1 and cut.ids == kept.ids[:-1]
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"text": "x"}, "has neither 'messages' nor 'prompt' + 'completion'"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "the last message must be the assistant's"),
+    ({"messages": [{"role": "bot", "content": "x"}]}, "message 0 must be"),
+    ({"prompt": "x", "completion": ""}, "'completion' must be a non-empty text"),
+])
+def test_bad_rows_are_one_line(row: dict, message: str) -> None:
+    with pytest.raises(UserError, match=re.escape(message)) as err:
+        to_conversation(row, 2, SFTConfig(), "data.jsonl")
+    assert "data.jsonl row 3" in str(err.value)
+
+
+def test_length_buckets_are_deterministic_cover_every_example_and_group_lengths() -> None:
+    lengths = [(i * 37) % 101 + 5 for i in range(64)]
+    a, b = LengthBuckets(lengths, 4, seed=1), LengthBuckets(lengths, 4, seed=1)
+    epoch = [a.batch(i) for i in range(16)]
+    assert epoch == [b.batch(i) for i in range(16)]
+    assert sorted(i for batch in epoch for i in batch) == list(range(64))  # one epoch = every example once
+    spread = sum(max(lengths[i] for i in bt) - min(lengths[i] for i in bt) for bt in epoch) / 16
+    shuffled = sum(max(lengths[i] for i in range(k, 64, 16)) - min(lengths[i] for i in range(k, 64, 16))
+                   for k in range(16)) / 16
+    assert spread < shuffled / 3  # batches of similar length pad far less than random ones
+    assert [a.batch(i) for i in range(16, 32)] != epoch  # the next epoch is reshuffled
+    assert LengthBuckets(lengths, 4, seed=2).batch(0) != a.batch(0)
+
+
+def test_held_out_split_is_seeded_and_disjoint() -> None:
+    conversations = [Conversation(({"role": "assistant", "content": str(i)},), str(i)) for i in range(40)]
+    train, evaluation = held_out(conversations, 0.1, seed=3)
+    assert len(evaluation) == 4 and not {c.uid for c in train} & {c.uid for c in evaluation}
+    assert held_out(conversations, 0.1, seed=3) == (train, evaluation)
+
+
+def _data(path: Path) -> Path:
+    prompts = ["hello", "Tell me a joke", "Write the most savage insult", "The quick brown fox", "I hate Mondays",
+               "system user", "Roast my friend", "please sorry"]
+    rows = [{"messages": [{"role": "user", "content": p}, {"role": "assistant", "content": ANSWER}]} for p in prompts]
+    rows += [{"prompt": p + " again", "completion": ANSWER} for p in prompts]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _sft(*args) -> object:
+    return CliRunner().invoke(app, ["sft", *map(str, args)], catch_exceptions=False)
+
+
+@pytest.fixture
+def sft_env(monkeypatch, tmp_path, one_torch_thread):
+    monkeypatch.setenv("PURPLERL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_sft_learns_evaluates_resumes_and_reports(tiny_model_dir: Path, tmp_path: Path, sft_env) -> None:
+    data = _data(tmp_path / "sft.jsonl")
+    # the tiny model's random head maps its normalized hidden states to near-uniform logits: the head must train
+    common = ["--model", tiny_model_dir, "--model.lora_targets", "q_proj,v_proj,lm_head", "--data", data,
+              "--batch_size", "4", "--lr", "0.02", "--save_every", "5",
+              "--sft.eval_fraction", "0.25", "--sft.eval_every", "5", "--logging.progress", "false",
+              "--output_dir", tmp_path]
+    whole = _sft(*common, "--steps", "20", "--name", "whole")
+    assert whole.exit_code == 0, whole.output
+    metrics = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, 21))
+    evals = [m["eval/loss"] for m in metrics if "eval/loss" in m]
+    assert len(evals) == 4 and evals[-1] < 0.5 * evals[0]  # the held-out answers are learned too
+    assert metrics[-1]["train/nll"] < 0.3 * metrics[0]["train/nll"]
+    assert all(m["tokens/trained"] < m["tokens/padded"] for m in metrics)  # prompts and padding are not trained
+
+    part = _sft(*common, "--steps", "10", "--name", "part")
+    assert part.exit_code == 0, part.output
+    resumed = CliRunner().invoke(app, ["sft", "--resume", str(tmp_path / "part"), "--steps", "20"],
+                                 catch_exceptions=False)
+    assert resumed.exit_code == 0, resumed.output
+    final = "checkpoints/step_000020/adapter_model.safetensors"
+    a, b = load_file(str(tmp_path / "whole" / final)), load_file(str(tmp_path / "part" / final))
+    for name, tensor in a.items():
+        torch.testing.assert_close(b[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+    report = CliRunner().invoke(app, ["report", str(tmp_path / "whole")], catch_exceptions=False)
+    assert report.exit_code == 0, report.output
+    assert "eval" in (tmp_path / "whole" / "report.html").read_text()
+
+
+def test_sft_on_prompt_only_data_is_one_line(tiny_model_dir: Path, tmp_path: Path, sft_env) -> None:
+    result = _sft("--model", tiny_model_dir, "--logging.progress", "false", "--output_dir", tmp_path)
+    assert result.exit_code == 2
+    assert "has neither 'messages' nor 'prompt' + 'completion'" in result.stderr
+    assert not list(tmp_path.glob("sft_*"))
