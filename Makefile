@@ -32,7 +32,9 @@ $(STAMP): pyproject.toml $(LOCK)
 lock: $(STAMP)
 	$(PY) scripts/lock.py --torch "$(TORCH_REQ)" --out $(LOCK)
 
+# align builds embedded:smollm2-135m-safe once (cached), the attack's target
 demo: $(STAMP)
+	$(VENV)/bin/purplerl align
 	$(VENV)/bin/purplerl attack --config $(DEMO_CONFIG) --name demo_$$(date +%Y%m%d_%H%M%S)
 
 test: $(STAMP)

@@ -227,7 +227,7 @@ def tamper_test(
     """Run the same attack on the base model and on a defended adapter (--adapter); compare harm curves and utility.
 
     Writes OUT/tamper.json, OUT/tamper.png and OUT/summary.txt. Running it again resumes unfinished attacks."""
-    from purplerl.recipes.tamper import run_tamper_test, tamper_summary
+    from purplerl.experiments.tamper import run_tamper_test, tamper_summary
 
     cfg = load_command_config("tamper-test", config, ctx.args)
     if cfg.recipe != "attack":

@@ -12,6 +12,8 @@ from typing import Literal
 
 import torch
 
+from purplerl.errors import ExperimentError
+
 
 @dataclass(frozen=True)
 class PromptRecord:
@@ -74,7 +76,8 @@ class TrainBatch:
         """The batch restricted to the given row indices (a PPO minibatch, or the Token Noiser's rows).
         Pairs couple sequences, so a batch with pairs is never split."""
         if self.pairs_P2 is not None:
-            raise ValueError("a batch of preference pairs cannot be split into rows")
+            raise ExperimentError("a batch of preference pairs cannot be split into rows (PPO minibatches need "
+                                  "per-row losses)")
 
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[rows]

@@ -170,6 +170,16 @@ register_loss(LossDef(
     doc="PPO's clipped surrogate with separate low/high bounds (arXiv 1707.06347, 2503.14476)"))
 
 
+class _PolicyGradientLosses:
+    """The names of the registered losses that train on advantages (training.loss's choices), read live."""
+
+    def __iter__(self):
+        return iter([name for name, d in LOSS_REGISTRY.items() if d.params is PolicyGradientParams])
+
+
+POLICY_GRADIENT_LOSSES = _PolicyGradientLosses()
+
+
 # ----- supervised --------------------------------------------------------------------------------------
 
 

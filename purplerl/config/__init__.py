@@ -50,6 +50,8 @@ from purplerl.config.sections import (
     RewardServerConfig,
     RunConfig,
     SamplingConfig,
+    SFTConfig,
+    SFTRunConfig,
     ToxicityConfig,
     TrainingConfig,
 )
@@ -59,7 +61,8 @@ __all__ = [
     "EvalCommandConfig", "EvalConfig", "EvalDataConfig", "EvalUtilityConfig", "GenerationConfig", "JudgesConfig",
     "LoggingConfig", "ModelConfig", "ModelLoadConfig", "PrepareCommandConfig", "PrepareConfig",
     "PromptFormatConfig", "PromptSourceConfig", "Registry", "RewardConfig", "RewardServerConfig", "RunConfig",
-    "SampleCommandConfig", "SampleConfig", "SamplingConfig", "Section", "TamperConfig", "TamperTestConfig",
+    "SampleCommandConfig", "SampleConfig", "SamplingConfig", "SFTConfig", "SFTRunConfig", "Section", "TamperConfig",
+    "TamperTestConfig",
     "Template", "ToxicityConfig", "TrainingConfig", "UtilityConfig", "apply_overrides", "build", "build_config",
     "build_server_config", "commented_yaml", "field_help", "load_command_config", "load_config",
     "parse_overrides", "read_config_file", "save_config", "section_descriptions",

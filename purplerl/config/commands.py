@@ -19,6 +19,7 @@ from purplerl.config.sections import (
     GenerationConfig,
     ModelLoadConfig,
     PromptFormatConfig,
+    SFTRunConfig,
 )
 
 SUITES = Registry("purplerl.eval.suites:SUITES", "suite")
@@ -224,7 +225,7 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "attack": Command(Config, ATTACK_FLAT),
     "defend": Command(Config, ATTACK_FLAT),
-    "sft": Command(Config, ATTACK_FLAT),
+    "sft": Command(SFTRunConfig, ATTACK_FLAT),
     "align": Command(AlignCommandConfig, {"eval": "align.eval", "limit": "align.limit", "out": "align.out"}),
     "tamper-test": Command(TamperTestConfig, {
         **ATTACK_FLAT, **UTILITY_FLAT,

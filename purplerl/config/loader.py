@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from purplerl.config.base import Section, item_type, registry_of
 from purplerl.config.commands import ATTACK_FLAT, COMMANDS, Command
-from purplerl.config.sections import Config, RewardServerConfig
+from purplerl.config.sections import Config, RewardServerConfig, SFTRunConfig
 from purplerl.errors import UserError, first_line
 from purplerl.files import read_text
 from purplerl.scalars import admitted_types
@@ -45,8 +45,8 @@ def build(schema: type[Section], data: dict[str, Any]) -> Any:
 
 
 def build_config(data: dict[str, Any]) -> Config:
-    """Validate a nested dict into an RL recipe's Config."""
-    return build(Config, data)
+    """Validate a nested dict into its recipe's Config (an SFT run's has the sft section)."""
+    return build(SFTRunConfig if data.get("recipe") == "sft" else Config, data)
 
 
 def build_server_config(values: dict[str, Any], name_of: Callable[[str], str] = lambda f: "--" + f.replace("_", "-"),
@@ -191,8 +191,8 @@ def load_command_config(name: str, path: str | Path | None = None, overrides: li
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 base: dict[str, Any] | None = None) -> Config:
-    """An RL recipe's Config: recipe defaults (base) <- config file <- CLI overrides."""
-    return load_command_config("attack", path, overrides, base)
+    """A recipe's Config: recipe defaults (base) <- config file <- CLI overrides."""
+    return load_command_config("sft" if (base or {}).get("recipe") == "sft" else "attack", path, overrides, base)
 
 
 def commented_yaml(config: Section) -> str:

@@ -8,14 +8,21 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from purplerl.config.base import EMBEDDED_MODEL, Section, Template
+from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template
 from purplerl.files import plain_name_problem
+
+# choices read from the algorithm registries (when a value is checked), never typed again here
+POLICY_LOSS = Registry("purplerl.algorithms.registry:POLICY_GRADIENT_LOSSES", "policy-gradient loss").field()
+ADVANTAGE = Registry("purplerl.algorithms.advantages:ADVANTAGE_ESTIMATORS", "advantage estimator").field()
+LOSS_AGGREGATION = Registry("purplerl.algorithms.losses:LOSS_AGGREGATIONS", "loss aggregation").field()
+KL_ESTIMATOR = Registry("purplerl.algorithms.kl:KL_ESTIMATORS", "KL estimator").field()
+ENGINE = Registry("purplerl.engines:ENGINES", "engine").field()
 
 
 class ModelLoadConfig(Section):
     """Which model to load and where: all that evaluating or sampling a model needs."""
 
-    name: str = Field(EMBEDDED_MODEL, description="policy model: 'embedded:smollm2-135m-instruct', an HF id or a local path")
+    name: str = Field(EMBEDDED_MODEL, description="policy model: 'embedded:smollm2-135m-instruct', 'embedded:smollm2-135m-safe' (built by purplerl align; the attack's default), an HF id or a local path")
     revision: str | None = Field(None, description="hub revision (branch, tag or commit) of an HF model id")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the frozen base weights and compute; 'auto': bfloat16 on bf16-capable GPUs and AMX/AVX512-BF16 CPUs, else float32 (the optimizer keeps float32 master weights of the adapter)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' picks cuda when available, else cpu")
@@ -67,12 +74,12 @@ class TrainingConfig(Section):
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2")
     adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
     max_grad_norm: float = Field(1.0, ge=0.0, description="gradient-norm clip (0 disables)")
-    loss: Literal["importance_sampling", "ppo_clip"] = Field("importance_sampling", description="policy-gradient loss")
+    loss: POLICY_LOSS = Field("importance_sampling", description="policy-gradient loss")
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="PPO clip epsilon below 1")
     clip_high: float = Field(0.2, ge=0.0, description="PPO clip epsilon above 1 (> clip_low: clip-higher)")
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = Field("grpo", description="advantage estimator (algorithms.advantages)")
+    advantage: ADVANTAGE = Field("grpo", description="advantage estimator (algorithms.advantages)")
     advantage_std: bool = Field(False, description="divide GRPO advantages by the group std")
-    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field("token_mean", description="how per-token losses become one number (seq_mean_token_sum_norm: Dr. GRPO)")
+    loss_agg: LOSS_AGGREGATION = Field("token_mean", description="how per-token losses become one number (seq_mean_token_sum_norm: Dr. GRPO)")
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each rollout batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the rollout batch is split into this many)")
     noiser: bool = Field(False, description="interleave Token Noiser supervised steps (Token Buncher defense)")
@@ -205,7 +212,7 @@ class RewardConfig(Section):
     repetition_penalty: float = Field(0.3, ge=0.0, description="weight of the repeated-n-gram ratio penalty")
     repetition_ngram: int = Field(3, ge=1, le=16, description="n of the n-grams counted by the repetition ratio")
     kl_beta: float = Field(0.1, ge=0.0, description="weight of KL(policy || base) subtracted from the reward")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="per-token KL estimator (Schulman 2020)")
+    kl_estimator: KL_ESTIMATOR = Field("k1", description="per-token KL estimator (Schulman 2020)")
     kl_in: Literal["reward", "loss"] = Field("reward", description="apply the KL penalty in the reward or as a loss term")
     entropy_bonus_cap: float | None = Field(None, ge=0.0, description="adaptive attack: add min(mean token entropy, cap) to the reward (Token Buncher uses 3.0)")
     refusal_penalty: float = Field(0.0, ge=0.0, description="weight of the keyword refusal judge subtracted from the reward (rewards not refusing; for attacks on an aligned model)")
@@ -246,13 +253,12 @@ class RunConfig(Section):
 
 class Config(Section):
     recipe: str = Field("attack", description="recipe this config is for")
-    engine: Literal["local"] = Field("local", description="where sampling and training run (see purplerl.engines)")
+    engine: ENGINE = Field("local", description="where sampling and training run (see purplerl.engines)")
     model: ModelConfig = Field(default_factory=ModelConfig, description="policy model and adapter")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling")
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="optimization")
     data: DataConfig = Field(default_factory=DataConfig, description="prompt source")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="reward composition")
-    sft: SFTConfig = Field(default_factory=SFTConfig, description="supervised fine-tuning (purplerl sft)")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="console output")
     run: RunConfig = Field(default_factory=RunConfig, description="run directory and checkpoints")
 
@@ -261,3 +267,9 @@ class Config(Section):
         if self.reward.toxicity.model != "embedded" and self.reward.toxicity.label is None:
             raise ValueError("reward.toxicity.label is required for an HF classifier (a label name or index)")
         return self
+
+
+class SFTRunConfig(Config):
+    """A `purplerl sft` run: the common sections, and the SFT section no RL recipe shows."""
+
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="supervised fine-tuning (purplerl sft)")

@@ -42,7 +42,7 @@ from purplerl.engines.loading import (
     resolve_dtype,
     stop_token_ids,
 )
-from purplerl.errors import ExperimentError, UserError
+from purplerl.errors import ExperimentError, UserError, first_line
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -540,7 +540,7 @@ class LocalEngine:
                 self._adapters.get(name).optimizer.load_state_dict(optimizer_state)
             except (KeyError, ValueError, TypeError) as err:
                 raise UserError(f"optimizer state of adapter '{name}' in {path} does not match it: "
-                                f"{_first_line(err)}") from None
+                                f"{first_line(err)}") from None
         self.use_adapter(str(state.get("active", "default")) if isinstance(state, dict) else "default")
         if (path / RNG_FILE).is_file():
             rng = load_tensors(path / RNG_FILE, torch.device("cpu"))
@@ -560,12 +560,12 @@ class LocalEngine:
         try:
             state = load_file(str(weights), device=str(self.device))
         except (SafetensorError, OSError) as err:
-            raise UserError(f"cannot read {weights}: {_first_line(err)}") from None
+            raise UserError(f"cannot read {weights}: {first_line(err)}") from None
         with self._fp32_adapter():  # loads in place into the masters; the bf16 copies follow on exit
             try:
                 result = set_peft_model_state_dict(self.model, state, adapter_name=name)
             except RuntimeError as err:  # a tensor of another shape: another LoRA rank or model
-                raise UserError(f"adapter in {weights.parent} does not match the model: {_first_line(err)}") from None
+                raise UserError(f"adapter in {weights.parent} does not match the model: {first_line(err)}") from None
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
             raise UserError(f"adapter in {weights.parent} does not match the model ({len(unexpected)} unexpected keys)")
@@ -575,10 +575,6 @@ class LocalEngine:
 def _check_not_empty(batch: TrainBatch) -> None:
     if batch.num_sequences == 0 or batch.num_loss_tokens == 0:
         raise ExperimentError("forward_backward got an empty batch (no completion tokens to train on)")
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def load_tensors(path: Path, device: torch.device):
@@ -593,4 +589,4 @@ def load_tensors(path: Path, device: torch.device):
         raise UserError(f"{path} holds objects other than tensors and plain values: refused without "
                         "unpickling them (only tensors are ever loaded from a checkpoint)") from None
     except (RuntimeError, OSError, EOFError) as err:
-        raise UserError(f"cannot read {path}: {_first_line(err)}") from None
+        raise UserError(f"cannot read {path}: {first_line(err)}") from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import Config
+from purplerl.config import SFTRunConfig
 from purplerl.recipes.summary import summarize_run
 from purplerl.train.runner import execute_run, new_run_dir
 from purplerl.train.supervised import sft_prepare
@@ -18,7 +18,7 @@ SFT_DEFAULTS: dict[str, Any] = {
 }
 
 
-def run_sft(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
+def run_sft(config: SFTRunConfig, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
     """Start a new SFT run, or continue `resume_dir` from its latest intact checkpoint."""
     run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
     return execute_run(config, run_dir, resume=resume_dir is not None, prepare=sft_prepare, restart=restart)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.engines.base import Engine
-from purplerl.errors import ExperimentError, UserError
+from purplerl.errors import ExperimentError, UserError, first_line
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "loop_state.json"
@@ -160,8 +160,7 @@ def _is_disk_full(err: BaseException) -> bool:
 def _save_failed(err: BaseException, root: Path, step: int) -> ExperimentError:
     free = shutil.disk_usage(root).free / 2**20
     previous = latest_checkpoint(root.parent)
-    cause = "the disk is full" if _is_disk_full(err) else \
-        f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+    cause = "the disk is full" if _is_disk_full(err) else f"{type(err).__name__}: {first_line(err)}"
     kept = f"the newest intact checkpoint {previous.name} is kept" if previous else "no earlier checkpoint exists"
     return ExperimentError(f"step {step}: cannot write a checkpoint into {root} ({cause}; {free:.0f} MiB free): "
                            f"{kept}; free space, then continue with --resume {root.parent}")

@@ -16,7 +16,9 @@ from purplerl.config import Config, build_config, commented_yaml, read_config_fi
 from purplerl.data import PromptSampler, load_prompts
 from purplerl.engines import EngineSettings, make_engine
 from purplerl.engines.base import Engine
+from purplerl.engines.loading import RUN_CONFIG_FILE
 from purplerl.errors import UserError
+from purplerl.files import read_jsonl
 from purplerl.prompting import render_prompt
 from purplerl.train.checkpoint import (
     CHECKPOINTS,
@@ -31,7 +33,7 @@ from purplerl.train.checkpoint import (
 from purplerl.train.loop import EarlyStop, LoopParts, RecipeHooks, StepFn, rl_step, run_steps
 from purplerl.train.sinks import last_logged_step, truncate_after_step
 
-CONFIG_FILE = "config.yaml"
+CONFIG_FILE = RUN_CONFIG_FILE
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -138,15 +140,7 @@ def _write_atomically(path: Path, text: str) -> None:
 def _history(run_dir: Path) -> list[dict[str, Any]]:
     """The config history rows (a torn last line, from a kill mid-write of an older purplerl, is dropped)."""
     path = run_dir / HISTORY_FILE
-    rows = []
-    lines = path.read_text().splitlines() if path.is_file() else []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                raise UserError(f"{path} line {i + 1} is not JSON; repair or remove it to resume") from None
-    return rows
+    return read_jsonl(path, cut_tail=True) if path.is_file() else []
 
 
 def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[str, list[Any]] | None,

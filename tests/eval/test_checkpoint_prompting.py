@@ -122,7 +122,7 @@ def test_eval_prompts_the_checkpoint_and_its_base_as_the_run_was_trained(
 
 def test_tamper_test_attacks_and_checks_utility_as_the_defense_was_trained(
         run_checkpoint: Path, prompts_seen: list[str], tmp_path: Path) -> None:
-    from purplerl.recipes.tamper import run_tamper_test
+    from purplerl.experiments.tamper import run_tamper_test
 
     out = tmp_path / "tamper"
     # no --model, no template: both attacks start from the defended run's base model and prompt format

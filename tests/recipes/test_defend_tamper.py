@@ -10,9 +10,9 @@ import torch
 
 from purplerl.config import load_config
 from purplerl.errors import UserError
+from purplerl.experiments.tamper import harm_curve_stats, tamper_summary
 from purplerl.recipes.attack import attack_reward_fn
 from purplerl.recipes.defend import DEFEND_DEFAULTS, defend_reward_fn
-from purplerl.recipes.tamper import harm_curve_stats, tamper_summary
 from purplerl.rewards.entropy import mean_entropy
 from purplerl.types import Completion, PromptRecord
 

@@ -14,7 +14,7 @@ import pytest
 
 from purplerl import engines
 from purplerl.config import load_command_config
-from purplerl.recipes.tamper import harm_curve_stats, run_tamper_test, tamper_summary
+from purplerl.experiments.tamper import harm_curve_stats, run_tamper_test, tamper_summary
 from purplerl.train.sinks import read_jsonl
 from tests.conftest import ADAPTER_WORD
 
