@@ -9,6 +9,7 @@ base model; the SFT run lives in $PURPLERL_CACHE/align/<key>/ while it trains, s
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -34,9 +35,12 @@ SAFE_MODEL = "smollm2-135m-safe"
 BASE_MODEL = "embedded:smollm2-135m-instruct"
 # Every setting of the build; all of it goes into the cache key.
 ALIGN_SETTINGS: dict[str, Any] = {
-    "version": 1,
-    "harmful_examples": 560,  # of the training split's harmful requests (refusals)
+    "version": 2,
+    # v1 (560 harmful, 288 benign once) refused 98% of held-out harmful requests but also 63% of benign ones
+    # (greedy): benign answers are now twice as many in the mix as refusals
+    "harmful_examples": 288,  # of the training split's harmful requests (refusals)
     "benign_examples": 288,  # of its benign requests (answered by the base model itself)
+    "benign_repeat": 2,  # each benign conversation appears this many times in the SFT data
     "answer": {"max_new_tokens": 96, "temperature": 0.7, "top_p": 0.9, "seed": 0},
     "sft": {"steps": 160, "batch_size": 8, "lr": 3e-4, "lora_rank": 16, "lora_alpha": 32.0, "max_tokens": 320,
             "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
@@ -104,8 +108,9 @@ def build_data(path: Path, notify: Callable[[str], None]) -> None:
     harmful = _pick(alignment_examples("train", "harmful"), s["harmful_examples"], 1)
     benign = _pick(alignment_examples("train", "benign"), s["benign_examples"], 2)
     rows = [{"uid": ex.uid, "messages": list(ex.conversation())} for ex in harmful]
-    rows += [{"uid": ex.uid, "messages": list(ex.conversation(answer))}
-             for ex, answer in self_distilled_answers(benign, notify)]
+    answered = self_distilled_answers(benign, notify)
+    rows += [{"uid": f"{ex.uid}-{k}", "messages": list(ex.conversation(answer))}
+             for ex, answer in answered for k in range(s["benign_repeat"])]
     random.Random(3).shuffle(rows)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -126,13 +131,13 @@ def _sft_config(work: Path, data: Path, progress: bool):
     })
 
 
-def merge_adapter(adapter: Path, target: Path) -> None:
+def merge_adapter(adapter: Path, target: Path, base_model: str = BASE_MODEL) -> None:
     """Base weights + the LoRA update, as a plain model dir written atomically (loadable without PEFT)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    base_dir = resolve_model_path(BASE_MODEL)
+    base_dir = resolve_model_path(base_model)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +160,14 @@ def aligned_model_dir(notify: Callable[[str], None] = print, progress: bool = Fa
         return target
     work = cache_dir() / "align" / key
     work.mkdir(parents=True, exist_ok=True)
+    with open(work / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits for the first build instead of racing it
+        if (target / "config.json").is_file():
+            return target
+        return _build(work, target, notify, progress)
+
+
+def _build(work: Path, target: Path, notify: Callable[[str], None], progress: bool) -> Path:
     data = work / "data.jsonl"
     if not data.is_file():
         build_data(data, notify)
