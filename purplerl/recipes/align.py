@@ -35,14 +35,15 @@ SAFE_MODEL = "smollm2-135m-safe"
 BASE_MODEL = "embedded:smollm2-135m-instruct"
 # Every setting of the build; all of it goes into the cache key.
 ALIGN_SETTINGS: dict[str, Any] = {
-    "version": 2,
-    # v1 (560 harmful, 288 benign once) refused 98% of held-out harmful requests but also 63% of benign ones
-    # (greedy): benign answers are now twice as many in the mix as refusals
+    "version": 3,
+    # v1 (560 harmful, 288 benign once, 160 steps) refused 98% of held-out harmful requests but also 63% of benign
+    # ones (greedy); v2 (benign answers twice as many as refusals) 89% and 49%; v3 trains twice as long
+    # (docs/results/align/README.md)
     "harmful_examples": 288,  # of the training split's harmful requests (refusals)
     "benign_examples": 288,  # of its benign requests (answered by the base model itself)
     "benign_repeat": 2,  # each benign conversation appears this many times in the SFT data
     "answer": {"max_new_tokens": 96, "temperature": 0.7, "top_p": 0.9, "seed": 0},
-    "sft": {"steps": 160, "batch_size": 8, "lr": 3e-4, "lora_rank": 16, "lora_alpha": 32.0, "max_tokens": 320,
+    "sft": {"steps": 320, "batch_size": 8, "lr": 3e-4, "lora_rank": 16, "lora_alpha": 32.0, "max_tokens": 320,
             "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
 }
 ANSWER_BATCH = 32
