@@ -11,21 +11,15 @@ from pathlib import Path
 
 import torch
 
-from purplerl.engines.loading import ADAPTER_CONFIG
+from purplerl.engines.loading import ADAPTER_CONFIG, MODEL_WEIGHTS_GLOB, is_full_model_dir
 from purplerl.errors import UserError, first_line
-
-MODEL_CONFIG = "config.json"
-WEIGHTS_GLOB = "model*.safetensors"  # model.safetensors, or the shards of a large model
 
 
 def checkpoint_kind(path: Path) -> str | None:
     """'lora' for a PEFT adapter dir, 'full' for a Hugging Face model dir, None for neither."""
-    path = Path(path)
-    if (path / ADAPTER_CONFIG).is_file():
+    if (Path(path) / ADAPTER_CONFIG).is_file():
         return "lora"
-    if (path / MODEL_CONFIG).is_file() and any(path.glob(WEIGHTS_GLOB)):
-        return "full"
-    return None
+    return "full" if is_full_model_dir(path) else None
 
 
 def refuse_other_kind(path: Path, finetune: str) -> None:
@@ -39,12 +33,27 @@ def refuse_other_kind(path: Path, finetune: str) -> None:
                     f"{kind} to load it")
 
 
+def save_model_dir(model: torch.nn.Module, tokenizer, path: Path) -> None:
+    """The model (its weights as they are now) and tokenizer as a standard Hugging Face model dir."""
+    from transformers.utils import logging as hf_logging
+
+    # transformers draws a "Writing model shards" bar on every save: noise between a run's step lines
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(path)
+
+
 def read_weights(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
     """Every tensor of the safetensors files of model dir `path`, by name."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    files = sorted(Path(path).glob(WEIGHTS_GLOB))
+    files = sorted(Path(path).glob(MODEL_WEIGHTS_GLOB))
     if not files:
         raise UserError(f"{path} holds no model.safetensors")
     state: dict[str, torch.Tensor] = {}

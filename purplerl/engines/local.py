@@ -35,7 +35,7 @@ from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import ModelConfig
 from purplerl.engines.adapters import AdapterSet, FullWeights, adapter_weights_file, lora_config
 from purplerl.engines.base import EngineSettings
-from purplerl.engines.full_weights import copy_weights, read_weights, refuse_other_kind
+from purplerl.engines.full_weights import copy_weights, read_weights, refuse_other_kind, save_model_dir
 from purplerl.engines.fused_lora import install_fused_lora
 from purplerl.engines.loading import (
     load_causal_lm,
@@ -547,11 +547,9 @@ class LocalEngine:
         path = Path(path)
         with self._fp32_adapter():  # the exported weights are the exact fp32 masters
             if self.full:
-                self.model.save_pretrained(path)
+                save_model_dir(self.model, self.tokenizer, path)
             else:
                 self.model.save_pretrained(path, selected_adapters=self.adapters)
-        if self.full:
-            self.tokenizer.save_pretrained(path)
         # sampling draws from its own seeded generator; the global RNG still drives LoRA dropout
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
