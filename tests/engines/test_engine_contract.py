@@ -57,7 +57,8 @@ class Factory:
 
 
 FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16", "bfloat16", 8e-2, 2e-2),
-             Factory("local-full", "float32", 1e-4, 1e-4, finetune="full")]
+             Factory("local-full", "float32", 1e-4, 1e-4, finetune="full"),
+             Factory("local-full-bf16", "bfloat16", 8e-2, 2e-2, finetune="full")]
 
 
 @pytest.fixture(params=FACTORIES, ids=[f.name for f in FACTORIES])
