@@ -126,6 +126,9 @@ def test_mixed_precision_trains_fp32_masters_and_saves_them(tiny_model_dir: Path
     assert {p.dtype for p in engine.trainable} == {torch.bfloat16}
     assert {m.dtype for m in engine.master} == {torch.float32}
     batch = _batch(engine.tokenizer)
+    # the reference (loaded in bf16) is the policy's starting point (loaded in fp32, then cast) to the bit
+    torch.testing.assert_close(engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True),
+                               engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT), atol=0, rtol=0)
     # an update below bf16's resolution (2^-8 relative) is kept by the masters, lost by the bf16 weights
     tiny = AdamParams(lr=1e-5)
     before = [m.clone() for m in engine.master]
