@@ -1,10 +1,7 @@
 """The local engine: torch + transformers + PEFT in this process, on CPU or CUDA.
 
 The PEFT model serves as the LoRA policy (adapter on) and as the frozen base for KL (adapter disabled,
-never a second copy). With `model.finetune: full` there is no PEFT wrapping: every weight of the model trains
-(fp32 masters and AdamW as for an adapter), the model samples itself, and the KL reference is the initial model,
-loaded again from `model.name` the first time a reference logprob is asked for (SFT never asks, so never pays
-for that copy). Sampling runs on a plain copy of the model with the LoRA update merged into its
+never a second copy). Sampling runs on a plain copy of the model with the LoRA update merged into its
 weights (`model.merged_sampler`), refreshed after every optimizer step: decoding then pays for no adapter
 layers, which dominate a small model's per-token cost. Sampling is a hand-written KV-cache decode loop
 rather than `generate()` so that it draws from a seeded `torch.Generator` (no global RNG), and records
@@ -13,6 +10,11 @@ the logprob and entropy of every drawn token from the very logits it drew from.
 Scoring (`logprobs`, `forward_backward`) runs the decoder once and applies the LM head only at the
 positions that are scored (completion tokens), in row chunks: prompt and padding positions never pay for
 the vocabulary projection, and the full [N, T, V] logits never exist.
+
+With `model.finetune: full` there is no PEFT wrapping: every weight of the model trains (fp32 masters and AdamW
+as for an adapter), the model samples itself, and the KL reference is the initial model, loaded again from
+`model.name` the first time a reference logprob is asked for (SFT never asks, so never pays for that copy; a
+resumed run gets the initial model too, not the checkpoint it loaded).
 """
 
 from __future__ import annotations
@@ -338,8 +340,8 @@ class LocalEngine:
     def _logits(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, causal_lm=None) -> torch.Tensor:
         """fp32 logits [N, T-1, V] of the policy (or `causal_lm`): position t predicts token t+1."""
         with self._autocast():
-            logits_NTV = (causal_lm or self._causal_lm)(input_ids=input_ids_NT, attention_mask=attention_mask_NT
-                                                        ).logits
+            model = self._causal_lm if causal_lm is None else causal_lm
+            logits_NTV = model(input_ids=input_ids_NT, attention_mask=attention_mask_NT).logits
         return logits_NTV[:, :-1].float()
 
     @contextlib.contextmanager
@@ -363,7 +365,7 @@ class LocalEngine:
         policy (or `causal_lm`).
 
         The decoder runs once; the LM head and log-softmax run only on the scored positions, in chunks."""
-        causal_lm = causal_lm or self._causal_lm
+        causal_lm = self._causal_lm if causal_lm is None else causal_lm
         picked_NT = targets_NT[:, 1:].bool()  # the logits at position t-1 score token t
         if not self._head_only:
             logits_NTV = self._logits(input_ids_NT, attention_mask_NT, causal_lm)
