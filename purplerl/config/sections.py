@@ -31,6 +31,7 @@ class ModelLoadConfig(Section):
 class ModelConfig(ModelLoadConfig):
     """The policy a recipe trains: the model to load plus its LoRA adapter and engine knobs."""
 
+    finetune: Literal["lora", "full"] = Field("lora", description="what trains: 'lora' (adapters on a frozen base) or 'full' (every weight, with an fp32 master and two AdamW moments each, ~16 bytes/param: ~2.2 GB for a 135M model; the lora_* fields, merged_sampler and fused_lora are then ignored)")
     lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank r")
     lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")

@@ -2,6 +2,8 @@
 
 One base carries the policy, or attacker + defender, or retain + forget adapters; only the active adapter
 samples, scores and trains, and `disable_adapter()` gives the base itself (the KL reference) for all of them.
+Full-parameter fine-tuning (`FullWeights`) is the same machinery with one adapter, "default", whose weights
+are every parameter of the model.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ class Adapter:
                 p.grad = None
 
 
+def new_adapter(params: list[torch.nn.Parameter], compute_dtype: torch.dtype) -> Adapter:
+    """Trainable weights in the compute dtype, with fp32 masters (the weights themselves in fp32) and AdamW."""
+    if compute_dtype == torch.float32:
+        master = params
+    else:
+        master = [p.detach().float().clone() for p in params]
+        for p in params:
+            p.data = p.data.to(compute_dtype)
+    return Adapter(params, master, torch.optim.AdamW(master, lr=1e-4))
+
+
 class AdapterSet:
     """The adapters of one PEFT model, by name, and which one is active."""
 
@@ -79,13 +92,7 @@ class AdapterSet:
         params = self._params_of(name)
         if not params:
             raise UserError(f"the LoRA adapter '{name}' has no trainable parameters")
-        if self.compute_dtype == torch.float32:
-            master = params
-        else:
-            master = [p.detach().float().clone() for p in params]
-            for p in params:
-                p.data = p.data.to(self.compute_dtype)
-        self._adapters[name] = Adapter(params, master, torch.optim.AdamW(master, lr=1e-4))
+        self._adapters[name] = new_adapter(params, self.compute_dtype)
         self.activate(self.active if self.active in self._adapters else name)
 
     def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None) -> None:
@@ -123,3 +130,33 @@ class AdapterSet:
             for adapter in mixed:
                 for p in adapter.params:
                     p.data = p.data.to(self.compute_dtype)
+
+
+FULL_ONLY_DEFAULT = "named adapters need LoRA: with model.finetune 'full' the model's own weights are the one " \
+    "policy, 'default'"
+
+
+class FullWeights(AdapterSet):
+    """Full-parameter fine-tuning: one adapter, "default", whose weights are every parameter of the model (a
+    tied input embedding and LM head are one parameter, trained once), with fp32 masters and AdamW as above."""
+
+    def __init__(self, model: torch.nn.Module, compute_dtype: torch.dtype) -> None:
+        super().__init__(model, compute_dtype)
+        params = list(model.parameters())  # deduplicated: tied weights appear once
+        for p in params:
+            p.requires_grad_(True)
+        self._adapters["default"] = new_adapter(params, compute_dtype)
+
+    def get(self, name: str) -> Adapter:
+        if name != "default":
+            raise UserError(f"no adapter '{name}': {FULL_ONLY_DEFAULT}")
+        return super().get(name)
+
+    def register(self, name: str) -> None:
+        raise UserError(f"cannot add adapter '{name}': {FULL_ONLY_DEFAULT}")
+
+    def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None) -> None:
+        self.register(name)
+
+    def activate(self, name: str) -> None:
+        self.get(name)

@@ -196,6 +196,15 @@ def stop_token_ids(tokenizer, model) -> list[int]:
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+MODEL_CONFIG = "config.json"
+MODEL_WEIGHTS_GLOB = "model*.safetensors"  # model.safetensors, or the shards of a large model
+
+
+def is_full_model_dir(path: str | Path) -> bool:
+    """A Hugging Face model dir (a full-parameter checkpoint), not a PEFT adapter dir."""
+    path = Path(path)
+    return (not (path / ADAPTER_CONFIG).is_file() and (path / MODEL_CONFIG).is_file()
+            and any(path.glob(MODEL_WEIGHTS_GLOB)))
 _LORA_BIASES = ("none", "all", "lora_only")
 
 
@@ -228,6 +237,9 @@ def read_adapter_config(adapter_dir: str | Path, what: str = "adapter") -> dict:
 
     adapter_dir = Path(adapter_dir)
     path = adapter_dir / ADAPTER_CONFIG
+    if is_full_model_dir(adapter_dir):
+        raise UserError(f"{what} {adapter_dir} is a full model (config.json + weights), not a LoRA adapter: "
+                        f"load it as the model itself (--model {adapter_dir})")
     if not path.is_file():
         raise UserError(f"{what} {adapter_dir} is not a PEFT adapter dir (no {ADAPTER_CONFIG})")
     config = read_json_object(path)
@@ -275,10 +287,11 @@ RUN_PROMPT_FIELDS = ("template", "system_prompt", "max_prompt_tokens")
 class Policy:
     """A model to load (a base model, with a checkpoint's adapter or without) and the prompt format it expects."""
 
-    model: ModelConfig  # init_adapter: the checkpoint dir, None for the base model alone
+    model: ModelConfig  # init_adapter: the checkpoint dir, None for the base model alone (or a full checkpoint)
     prompt: PromptFormatConfig
     run_config: str | None = None  # the run's config.yaml the loading and prompting settings came from
     note: str | None = None  # what the user should be told (a bare adapter's fallback)
+    base: ModelConfig | None = None  # a full-parameter checkpoint's base model (what without_adapter gives)
 
     def describe(self) -> dict[str, Any]:
         """What a generation depends on, for eval.json and a resumed eval's check."""
@@ -288,6 +301,8 @@ class Policy:
 
     def without_adapter(self) -> Policy:
         """The same base model, prompted the same way, with no adapter."""
+        if self.base is not None:
+            return replace(self, model=self.base, base=None, note=None)
         return replace(self, model=self.model.model_copy(update={"init_adapter": None}), note=None)
 
     def load(self) -> Any:
@@ -348,11 +363,14 @@ def resolve_policy(checkpoint: str | Path | None, model: ModelLoadConfig, prompt
     and prompt format (template, system prompt, max prompt tokens) from runs/<run>/config.yaml. A bare PEFT
     adapter dir takes the base model its adapter_config.json names and the command's prompt format, and the
     returned note says so. Settings the user gave (`model`/`prompt` fields they set) win either way; device
-    and engine knobs always come from the command."""
+    and engine knobs always come from the command. A full-parameter checkpoint (a model dir) is loaded as the
+    model itself, in the same way."""
     values = model.model_dump()
     if checkpoint is None:
         return Policy(ModelConfig.model_validate({**values, "init_adapter": None}), prompt)
     checkpoint = Path(checkpoint)
+    if is_full_model_dir(checkpoint):
+        return _full_policy(checkpoint, model, prompt)
     adapter = read_adapter_config(checkpoint, "checkpoint")
     run_file = run_config_of(checkpoint)
     if run_file is not None:
@@ -370,3 +388,21 @@ def resolve_policy(checkpoint: str | Path | None, model: ModelLoadConfig, prompt
     note = (f"{checkpoint} is not a checkpoint of a run (no {RUN_CONFIG_FILE} two levels up): base model "
             f"{values['name']}, prompt format {prompt.template!r} with system prompt {prompt.system_prompt!r}")
     return Policy(ModelConfig.model_validate({**values, "init_adapter": str(checkpoint)}), prompt, note=note)
+
+
+def _full_policy(checkpoint: Path, model: ModelLoadConfig, prompt: PromptFormatConfig) -> Policy:
+    """A full-parameter checkpoint: the model is the checkpoint dir itself; its run's dtype and prompt format
+    apply, and the run's base model is what `without_adapter` compares it with."""
+    values = {**model.model_dump(), "init_adapter": None}
+    run_file = run_config_of(checkpoint)
+    note = None
+    if run_file is not None:
+        run_model, run_prompt = _run_settings(run_file)
+        values.update(_unset(model, run_model))
+        prompt = prompt.model_copy(update=_unset(prompt, run_prompt))
+    else:
+        note = (f"{checkpoint} is not a checkpoint of a run (no {RUN_CONFIG_FILE} two levels up): a full model, "
+                f"prompt format {prompt.template!r} with system prompt {prompt.system_prompt!r}")
+    base = ModelConfig.model_validate(values)
+    loaded = base.model_copy(update={"name": str(checkpoint), "revision": None, "finetune": "full"})
+    return Policy(loaded, prompt, run_config=str(run_file) if run_file else None, note=note, base=base)

@@ -10,6 +10,11 @@ the logprob and entropy of every drawn token from the very logits it drew from.
 Scoring (`logprobs`, `forward_backward`) runs the decoder once and applies the LM head only at the
 positions that are scored (completion tokens), in row chunks: prompt and padding positions never pay for
 the vocabulary projection, and the full [N, T, V] logits never exist.
+
+With `model.finetune: full` there is no PEFT wrapping: every weight of the model trains (fp32 masters and AdamW
+as for an adapter), the model samples itself, and the KL reference is the initial model, loaded again from
+`model.name` the first time a reference logprob is asked for (SFT never asks, so never pays for that copy; a
+resumed run gets the initial model too, not the checkpoint it loaded).
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from purplerl.algorithms.logprobs import selective_log_softmax
 from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import ModelConfig
-from purplerl.engines.adapters import AdapterSet, adapter_weights_file, lora_config
+from purplerl.engines.adapters import AdapterSet, FullWeights, adapter_weights_file, lora_config
 from purplerl.engines.base import EngineSettings
+from purplerl.engines.full_weights import copy_weights, read_weights, refuse_other_kind, save_model_dir
 from purplerl.engines.fused_lora import install_fused_lora
 from purplerl.engines.loading import (
     load_causal_lm,
@@ -105,11 +111,10 @@ def _draw(probs_NV: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 class LocalEngine:
-    """Tinker-shaped training primitives over a PEFT LoRA model held in this process."""
+    """Tinker-shaped training primitives over a PEFT LoRA model (or, full-parameter, the model itself) held in
+    this process."""
 
     def __init__(self, cfg: ModelConfig, seed: int = 0, settings: EngineSettings | None = None) -> None:
-        from peft import get_peft_model
-
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
@@ -117,15 +122,41 @@ class LocalEngine:
         self.settings = settings or EngineSettings()
         self.device = resolve_device(cfg.device)
         self.decode_sync_every = 1 if self.device.type == "cpu" else DECODE_SYNC_EVERY
+        self.full = cfg.finetune == "full"
         if cfg.init_adapter:
+            if self.full:
+                raise UserError("model.init_adapter is a LoRA adapter, model.finetune 'full' trains the model "
+                                "itself: start from a model dir with --model, or use --model.finetune lora")
             read_adapter_config(cfg.init_adapter, "init_adapter")  # a malformed one fails before the model loads
         self.tokenizer = load_tokenizer(cfg.name, cfg.revision)
-        base = load_causal_lm(cfg.name, cfg.revision, cfg.dtype, cfg.device)
+        # full: loaded in fp32 so the fp32 masters start from the exact weights, then cast to the compute dtype
+        base = load_causal_lm(cfg.name, cfg.revision, "float32" if self.full else cfg.dtype, cfg.device)
         self.stop_ids = stop_token_ids(self.tokenizer, base)
+        self._causal_lm = base  # PEFT injects its LoRA layers into this very model
+        self._reference_lm = None  # full: the initial model, loaded on first use
+        # final-logit transforms (softcapping, scaling) live in the model's forward: score through it then
+        config = base.config
+        self._head_only = not any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
+        # transformers renamed the KV-cache argument from past_key_values to cache (5.x); take what the model has
+        params = inspect.signature(base.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        compute_dtype = resolve_dtype(cfg.dtype, self.device)
+        if self.full:
+            self._sampler, self._sampler_synced = None, False  # the model samples itself: nothing to merge
+            torch.manual_seed(self.seed)  # the global RNG drives dropout, if the model has any
+            self.model = base
+            self._adapters = FullWeights(self.model, compute_dtype)
+        else:
+            self._wrap_lora(base, compute_dtype)
+
+    def _wrap_lora(self, base, compute_dtype: torch.dtype) -> None:
+        from peft import get_peft_model
+
+        cfg = self.cfg
         # copied before PEFT wraps `base` in place; its LoRA-targeted weights are rewritten by _sync_sampler
         self._sampler = copy.deepcopy(base) if cfg.merged_sampler else None
         self._sampler_synced = False
-        torch.manual_seed(seed)  # LoRA A matrices are drawn from torch's default generator by PEFT
+        torch.manual_seed(self.seed)  # LoRA A matrices are drawn from torch's default generator by PEFT
         if cfg.init_adapter:
             self.model = load_peft_adapter(base, cfg.init_adapter)
         else:
@@ -136,16 +167,10 @@ class LocalEngine:
         self.model.to(self.device)
         if cfg.fused_lora:
             install_fused_lora(self.model)
-        # final-logit transforms (softcapping, scaling) live in the model's forward: score through it then
-        config = base.config
-        self._head_only = not any(getattr(config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
-        # transformers renamed the KV-cache argument from past_key_values to cache (5.x); take what the model has
-        params = inspect.signature(base.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         # Mixed precision: over a bf16 base the adapters run in bf16 too (PEFT would otherwise cast every
         # activation to fp32 and back around each of the ~200 adapted layers), while each adapter's optimizer
         # updates fp32 master copies; gradients are accumulated into the masters after every micro-batch.
-        self._adapters = AdapterSet(self.model, resolve_dtype(cfg.dtype, self.device))
+        self._adapters = AdapterSet(self.model, compute_dtype)
         self._adapters.register("default")
 
     # ----- named adapters (one frozen base; the reference is the base with every adapter off) -------
@@ -164,7 +189,7 @@ class LocalEngine:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + zlib.crc32(name.encode()))  # its own A matrices, global RNG untouched
             self._adapters.create(name, self.cfg, init)
-        if self.cfg.fused_lora:
+        if self.cfg.fused_lora and not self.full:
             install_fused_lora(self.model)
 
     def use_adapter(self, name: str) -> None:
@@ -214,7 +239,7 @@ class LocalEngine:
         from transformers import DynamicCache
 
         try:
-            return DynamicCache(config=self.model.get_base_model().config)
+            return DynamicCache(config=self._causal_lm.config)
         except TypeError:  # transformers < 4.56 builds its cache without the config
             return DynamicCache()
 
@@ -312,23 +337,40 @@ class LocalEngine:
 
     # ----- scoring ----------------------------------------------------------------------------------
 
-    def _logits(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [N, T-1, V]: position t predicts token t+1."""
+    def _logits(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, causal_lm=None) -> torch.Tensor:
+        """fp32 logits [N, T-1, V] of the policy (or `causal_lm`): position t predicts token t+1."""
         with self._autocast():
-            logits_NTV = self.model(input_ids=input_ids_NT, attention_mask=attention_mask_NT).logits
+            model = self._causal_lm if causal_lm is None else causal_lm
+            logits_NTV = model(input_ids=input_ids_NT, attention_mask=attention_mask_NT).logits
         return logits_NTV[:, :-1].float()
 
+    @contextlib.contextmanager
+    def _scorer(self, reference: bool):
+        """The causal LM that scores: the policy, or the frozen reference (LoRA: the base with every adapter
+        off; full: the initial model, loaded again from model.name on first use)."""
+        if not reference:
+            yield self._causal_lm
+        elif not self.full:
+            with self.model.disable_adapter():
+                yield self._causal_lm
+        else:
+            if self._reference_lm is None:
+                c = self.cfg
+                self._reference_lm = load_causal_lm(c.name, c.revision, c.dtype, c.device)
+            yield self._reference_lm
+
     def _target_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
-                         targets_NT: torch.Tensor, temperature: float) -> torch.Tensor:
-        """fp32 logprobs [N, T] of the tokens where targets_NT is 1 (aligned to targets), 0 elsewhere.
+                         targets_NT: torch.Tensor, temperature: float, causal_lm=None) -> torch.Tensor:
+        """fp32 logprobs [N, T] of the tokens where targets_NT is 1 (aligned to targets), 0 elsewhere, under the
+        policy (or `causal_lm`).
 
         The decoder runs once; the LM head and log-softmax run only on the scored positions, in chunks."""
+        causal_lm = self._causal_lm if causal_lm is None else causal_lm
         picked_NT = targets_NT[:, 1:].bool()  # the logits at position t-1 score token t
         if not self._head_only:
-            logits_NTV = self._logits(input_ids_NT, attention_mask_NT)
+            logits_NTV = self._logits(input_ids_NT, attention_mask_NT, causal_lm)
             logp_NT = selective_log_softmax(logits_NTV, input_ids_NT[:, 1:], temperature=temperature)
             return F.pad(logp_NT * picked_NT, (1, 0))
-        causal_lm = self.model.get_base_model()
         with self._autocast(), _attention_for(causal_lm.config, input_ids_NT.shape[1], self.device):
             hidden_NTH = causal_lm.get_decoder()(input_ids=input_ids_NT, attention_mask=attention_mask_NT
                                                  ).last_hidden_state
@@ -387,13 +429,9 @@ class LocalEngine:
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
         for rows in self._micro_batches(attn, self.settings.micro_batch_size, self.settings.micro_batch_tokens):
             width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
-            if reference:
-                with self.model.disable_adapter():
-                    lp = self._target_logprobs(ids[rows, :width], attn[rows, :width], targets[rows, :width],
-                                               temperature)
-            else:
-                lp = self._target_logprobs(ids[rows, :width], attn[rows, :width], targets[rows, :width], temperature)
-            out[rows, :width] = lp
+            with self._scorer(reference) as causal_lm:
+                out[rows, :width] = self._target_logprobs(ids[rows, :width], attn[rows, :width],
+                                                          targets[rows, :width], temperature, causal_lm)
         out = out.cpu()
         if not torch.isfinite(out).all():
             raise ExperimentError(f"non-finite {'reference' if reference else 'policy'} logprobs")
@@ -506,10 +544,14 @@ class LocalEngine:
 
     def save(self, path: Path) -> None:
         """Every adapter (a standard PEFT dir: `default` at the top, others in subdirs by name), each adapter's
-        optimizer state, which one is active, and the global RNG."""
+        optimizer state, which one is active, and the global RNG. Full-parameter: the model as a standard
+        Hugging Face model dir (fp32 weights + tokenizer, loadable on its own) instead of the adapters."""
         path = Path(path)
-        with self._fp32_adapter():  # the exported adapters hold the exact fp32 weights
-            self.model.save_pretrained(path, selected_adapters=self.adapters)
+        with self._fp32_adapter():  # the exported weights are the exact fp32 masters
+            if self.full:
+                save_model_dir(self.model, self.tokenizer, path)
+            else:
+                self.model.save_pretrained(path, selected_adapters=self.adapters)
         # sampling draws from its own seeded generator; the global RNG still drives LoRA dropout
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
@@ -527,11 +569,17 @@ class LocalEngine:
     def load(self, path: Path) -> None:
         """Restore what save() wrote; adapters the checkpoint has and this engine lacks are created."""
         path = Path(path)
-        names = ["default", *sorted(d.name for d in path.iterdir() if (d / "adapter_config.json").is_file())]
-        for name in names:
-            if name not in self.adapters:
-                self.create_adapter(name)
-            self._load_weights(name, adapter_weights_file(path, name))
+        refuse_other_kind(path, self.cfg.finetune)
+        if self.full:
+            state = read_weights(path, self.device)
+            with self._fp32_adapter():  # copied into the masters; the compute-dtype weights follow on exit
+                copy_weights(self.model, state, path)
+        else:
+            names = ["default", *sorted(d.name for d in path.iterdir() if (d / "adapter_config.json").is_file())]
+            for name in names:
+                if name not in self.adapters:
+                    self.create_adapter(name)
+                self._load_weights(name, adapter_weights_file(path, name))
         state = load_tensors(path / OPTIMIZER_FILE, self.device)
         # a checkpoint of one unnamed adapter (purplerl before named adapters) holds a plain state dict
         optimizers = state.get("adapters") if isinstance(state, dict) and "adapters" in state else {"default": state}

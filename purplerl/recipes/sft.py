@@ -1,5 +1,5 @@
-"""`purplerl sft`: supervised fine-tuning of a LoRA adapter on chat data (train/supervised.py), with the RL runs'
-run dir, atomic checkpoints, resume, metrics and report."""
+"""`purplerl sft`: supervised fine-tuning of a LoRA adapter (or, with `--model.finetune full`, of every weight) on
+chat data (train/supervised.py), with the RL runs' run dir, atomic checkpoints, resume, metrics and report."""
 
 from __future__ import annotations
 

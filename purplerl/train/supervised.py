@@ -46,7 +46,7 @@ def _encode_all(engine: Engine, conversations: list[Conversation], config: SFTRu
 
 
 def heldout_loss(engine: Engine, examples: list[Encoded], pad_id: int, batch_size: int) -> float:
-    """Mean NLL per assistant token of the held-out conversations under the current adapter."""
+    """Mean NLL per assistant token of the held-out conversations under the current policy."""
     total, tokens = 0.0, 0.0
     for start in range(0, len(examples), batch_size):
         batch = pad_batch(examples[start:start + batch_size], pad_id)

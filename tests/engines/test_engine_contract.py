@@ -1,13 +1,14 @@
 """The behaviour every engine must show, parametrized over engine factories: a new engine adds a factory here.
 
 - its own scoring reproduces the logprobs it recorded while sampling;
-- training changes the active LoRA adapter and nothing else;
+- training changes the active LoRA adapter and nothing else (full-parameter: every weight may change, and
+  does after an optimizer step);
 - save/load round-trips adapters, optimizer state and the next update;
 - every registered loss's gradient equals a hand-worked dloss/dlogprobs, read through the public API: a
   forward_backward_custom whose loss is sum(g_hand * logprobs) has gradient J^T g_hand, and an Adam step with
   eps far above |g| (and beta1 = 0) moves each weight by lr * g / eps, so the two updates must match;
 - named adapters: a second adapter trains alone, the reference is the base with every adapter off, both
-  survive save/load.
+  survive save/load (full-parameter engines refuse named adapters with one line instead).
 """
 
 from __future__ import annotations
@@ -43,14 +44,21 @@ class Factory:
     dtype: str
     logprob_tol: float  # sampling logprobs vs the engine's own scoring
     grad_rtol: float  # registered loss vs hand-worked gradient
+    finetune: str = "lora"
 
     def make(self, model_dir: Path, micro_batch_size: int = 64):
         cfg = ModelConfig(name=str(model_dir), dtype=self.dtype, device="cpu", lora_rank=4, lora_alpha=8.0,
-                          lora_targets="q_proj,v_proj,down_proj")
+                          lora_targets="q_proj,v_proj,down_proj", finetune=self.finetune)
         return make_engine(cfg, seed=3, settings=EngineSettings(micro_batch_size=micro_batch_size))
 
+    @property
+    def full(self) -> bool:
+        return self.finetune == "full"
 
-FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16", "bfloat16", 8e-2, 2e-2)]
+
+FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16", "bfloat16", 8e-2, 2e-2),
+             Factory("local-full", "float32", 1e-4, 1e-4, finetune="full"),
+             Factory("local-full-bf16", "bfloat16", 8e-2, 2e-2, finetune="full")]
 
 
 @pytest.fixture(params=FACTORIES, ids=[f.name for f in FACTORIES])
@@ -66,8 +74,13 @@ def _batch(engine, n: int = 2, seed: int = 0) -> tuple[TrainBatch, list]:
     return TrainBatch(**tensors), completions
 
 
+def _trains(engine, name: str) -> bool:
+    """Whether parameter `name` belongs to what the engine trains: a LoRA adapter, or every weight when full."""
+    return engine.cfg.finetune == "full" or "lora_" in name
+
+
 def _adapter_state(engine) -> dict[str, torch.Tensor]:
-    return {n: p.detach().float().clone() for n, p in engine.model.named_parameters() if "lora_" in n}
+    return {n: p.detach().float().clone() for n, p in engine.model.named_parameters() if _trains(engine, n)}
 
 
 def _delta(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -102,15 +115,19 @@ def test_scoring_reproduces_sampling_logprobs(factory: Factory, tiny_model_dir: 
 
 def test_training_changes_only_the_active_adapter(factory: Factory, tiny_model_dir: Path) -> None:
     engine = factory.make(tiny_model_dir)
-    frozen = {n: p.detach().clone() for n, p in engine.model.named_parameters() if "lora_" not in n}
+    frozen = {n: p.detach().clone() for n, p in engine.model.named_parameters() if not _trains(engine, n)}
     before = _adapter_state(engine)
     batch, _ = _batch(engine)
     _trained(engine, batch)
     after = _adapter_state(engine)
-    assert all(not p.requires_grad for n, p in engine.model.named_parameters() if "lora_" not in n)
+    assert all(not p.requires_grad for n, p in engine.model.named_parameters() if not _trains(engine, n))
     for name, value in frozen.items():
         assert torch.equal(dict(engine.model.named_parameters())[name], value), name
     assert float(_delta(before, after).abs().max()) > 1e-3
+    if factory.full:  # every weight trains: each tensor of the model moved
+        assert not frozen and len(before) == len(list(engine.model.parameters()))
+        assert all(float((after[k] - before[k]).abs().max()) > 0 for k in before), \
+            [k for k in before if torch.equal(after[k], before[k])]
 
 
 def test_save_load_round_trip(factory: Factory, tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -197,6 +214,8 @@ def test_every_registered_loss_has_its_hand_worked_gradient(factory: Factory, ti
 
 
 def test_named_adapters_train_alone_on_one_base(factory: Factory, tiny_model_dir: Path, tmp_path: Path) -> None:
+    if factory.full:
+        pytest.skip("full-parameter engines have no named adapters (their refusal: test_full_finetune.py)")
     engine = factory.make(tiny_model_dir)
     batch, _ = _batch(engine)
     _trained(engine, batch)

@@ -144,3 +144,31 @@ def test_cuda_sampling_fails_loudly_on_nan_weights(tiny_model_dir: Path) -> None
 
     with pytest.raises(ExperimentError, match="sampling produced non-finite logits"):
         engine.sample(PROMPTS, 2, SamplingParams(max_new_tokens=20, seed=0))
+
+
+def test_cuda_full_finetune_matches_the_cpu_and_checkpoints_move_between_them(tiny_model_dir: Path,
+                                                                              tmp_path: Path) -> None:
+    cpu, gpu = _engine(tiny_model_dir, "cpu", finetune="full"), _engine(tiny_model_dir, "cuda", finetune="full")
+    assert all(p.is_cuda for p in gpu.master) and len(gpu.master) == len(list(gpu.model.parameters()))
+    _, tensors = _tensors(cpu, seed=1)
+    ids, attn = tensors["input_ids_NT"], tensors["attention_mask_NT"]
+    initial = cpu.logprobs(ids, attn)
+    batch = build_train_batch(tensors, ADVANTAGES_N)
+    g_cpu, g_gpu = _grads(cpu, batch, Loss("importance_sampling")), _grads(gpu, batch, Loss("importance_sampling"))
+    assert float(g_cpu.norm()) > 0 and torch.allclose(g_cpu, g_gpu, atol=1e-5, rtol=1e-3)
+    for engine in (cpu, gpu):
+        engine.optim_step(AdamParams(lr=1e-2))
+    after = gpu.logprobs(ids, attn)
+    assert torch.allclose(cpu.logprobs(ids, attn), after, atol=1e-4)
+    assert float((after - initial).abs().max()) > 1e-3
+    assert torch.allclose(gpu.logprobs(ids, attn, reference=True), initial, atol=1e-4)  # the initial model
+    gpu.save(tmp_path / "gpu")
+    restored = _engine(tiny_model_dir, "cpu", finetune="full")
+    restored.load(tmp_path / "gpu")
+    assert torch.allclose(restored.logprobs(ids, attn), after, atol=1e-4)
+    if torch.cuda.is_bf16_supported():  # mixed precision on the GPU: bf16 weights, fp32 masters restored exactly
+        mixed = _engine(tiny_model_dir, "cuda", finetune="full", dtype="bfloat16")
+        mixed.load(tmp_path / "gpu")
+        assert mixed.trainable[0].dtype == torch.bfloat16
+        assert all(torch.equal(m.cpu(), r) for m, r in zip(mixed.master, restored.master, strict=True))
+        assert float((mixed.logprobs(ids, attn) - after).abs().mean()) < 0.05

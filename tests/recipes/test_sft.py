@@ -141,3 +141,60 @@ def test_sft_on_prompt_only_data_is_one_line(tiny_model_dir: Path, tmp_path: Pat
     assert result.exit_code == 2
     assert "has neither 'messages' nor 'prompt' + 'completion'" in result.stderr
     assert not list(tmp_path.glob("sft_*"))
+
+
+def test_full_parameter_sft_learns_resumes_and_its_checkpoint_loads_anywhere(tiny_model_dir: Path, tmp_path: Path,
+                                                                             sft_env) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from purplerl.config import ModelConfig, PromptFormatConfig
+    from purplerl.engines.loading import resolve_policy
+
+    data = _data(tmp_path / "sft.jsonl")
+    common = ["--model", tiny_model_dir, "--model.finetune", "full", "--dtype", "float32", "--device", "cpu",
+              "--data", data, "--batch_size", "4", "--lr", "0.01", "--save_every", "4", "--sft.eval_fraction", "0.25",
+              "--sft.eval_every", "4", "--logging.progress", "false", "--output_dir", tmp_path]
+    whole = _sft(*common, "--steps", "8", "--name", "whole")
+    assert whole.exit_code == 0, whole.output
+    metrics = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["train/nll"] < 0.6 * metrics[0]["train/nll"]
+    evals = [m["eval/loss"] for m in metrics if "eval/loss" in m]
+    assert len(evals) == 2 and evals[-1] < evals[0]
+
+    part = _sft(*common, "--steps", "4", "--name", "part")
+    assert part.exit_code == 0, part.output
+    resumed = CliRunner().invoke(app, ["sft", "--resume", str(tmp_path / "part"), "--steps", "8"],
+                                 catch_exceptions=False)
+    assert resumed.exit_code == 0, resumed.output
+    checkpoint = tmp_path / "whole" / "checkpoints" / "step_000008"
+    a, b = load_file(str(checkpoint / "model.safetensors")), load_file(
+        str(tmp_path / "part" / "checkpoints" / "step_000008" / "model.safetensors"))
+    assert set(a) == set(b) and len(a) == len(list(AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))
+                                                     .state_dict()))
+    for name, tensor in a.items():
+        torch.testing.assert_close(b[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+    # a standard model dir: transformers loads it on its own, with the logits the engine scores with
+    standalone = AutoModelForCausalLM.from_pretrained(str(checkpoint))
+    policy = resolve_policy(checkpoint, ModelConfig(device="cpu"), PromptFormatConfig())
+    assert (policy.model.name, policy.model.finetune, policy.model.dtype) == (str(checkpoint), "full", "float32")
+    assert policy.without_adapter().model.name == str(tiny_model_dir)  # the run's base model
+    engine = policy.load()
+    ids = torch.tensor([engine.tokenizer.encode("Tell me a joke about cats")])
+    logits = standalone(input_ids=ids).logits[:, :-1].float()
+    expected = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    torch.testing.assert_close(engine.logprobs(ids, torch.ones_like(ids))[:, 1:], expected, atol=1e-5, rtol=0)
+
+    sample = CliRunner().invoke(app, ["sample", "--checkpoint", str(checkpoint), "--prompt", "hello",
+                                      "--temperature", "0", "--max_new_tokens", "4", "--device", "cpu"],
+                                catch_exceptions=False)
+    assert sample.exit_code == 0, sample.output
+    assert "again" in sample.output  # the trained answer, never the random base's
+    out = tmp_path / "eval"
+    evaluated = CliRunner().invoke(app, ["eval", "--checkpoint", str(checkpoint), "--suite", "diversity",
+                                         "--limit", "2", "--max_new_tokens", "3", "--device", "cpu", "--out",
+                                         str(out)], catch_exceptions=False)
+    assert evaluated.exit_code == 0, evaluated.output
+    policies = json.loads((out / "eval.json").read_text())["config"]["policies"]
+    assert policies["step_000008"]["model"] == str(checkpoint) and policies["step_000008"]["adapter"] is None
+    assert policies["base"]["model"] == str(tiny_model_dir)
