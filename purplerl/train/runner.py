@@ -41,7 +41,7 @@ HISTORY_FILE = "config_history.jsonl"  # the resolved config of every segment of
 # Settings a resume may not change: the checkpoints, data order and logs of the run were made with them, so a
 # run continued with other values would be neither the old experiment nor a new one.
 FIXED_ON_RESUME = frozenset({
-    "recipe", "engine", "model.name", "model.revision", "model.lora_rank", "model.lora_alpha", "model.lora_targets",
+    "recipe", "engine", "model.name", "model.revision", "model.finetune", "model.lora_rank", "model.lora_alpha", "model.lora_targets",
     "model.init_adapter", "sampling.group_size", "training.batch_size", "training.seed", "data.source", "data.split",
     "data.prompt_field", "data.hf_config", "data.filters", "data.limit", "data.shuffle", "run.output_dir", "run.name",
 })
@@ -57,7 +57,8 @@ def run_dir_name(config: Config) -> str:
     model = re.sub(r"[^A-Za-z0-9.-]+", "-", config.model.name.split(":")[-1].rstrip("/").split("/")[-1])
     t, r = config.training, config.reward
     if config.recipe == "sft":
-        return f"sft_{model}_lr{t.lr:g}_r{config.model.lora_rank}_B{t.batch_size}_s{t.seed}"
+        params = "full" if config.model.finetune == "full" else f"r{config.model.lora_rank}"
+        return f"sft_{model}_lr{t.lr:g}_{params}_B{t.batch_size}_s{t.seed}"
     return (f"{config.recipe}_{model}_lr{t.lr:g}_kl{r.kl_beta:g}_rep{r.repetition_penalty:g}"
             f"_G{config.sampling.group_size}_B{t.batch_size}_s{t.seed}")
 

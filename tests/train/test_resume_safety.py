@@ -167,6 +167,7 @@ def test_a_missing_data_file_or_dead_reward_server_leaves_the_logs_alone(tiny_mo
 @pytest.mark.parametrize(("option", "value"), [
     ("--lora_rank", "4"), ("--model.lora_targets", "q_proj"), ("--group_size", "3"), ("--seed", "9"),
     ("--model", "embedded:smollm2-135m-instruct"), ("--batch_size", "1"), ("--name", "other"),
+    ("--model.finetune", "full"),
 ])
 def test_overrides_that_change_the_experiment_are_refused(run: Path, option: str, value: str) -> None:
     before = snapshot(run)
