@@ -275,8 +275,8 @@ def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: En
     at the end, stop early when `early_stop` gives a reason; run `evaluation` when it is due (evals.jsonl)."""
     run_dir = Path(run_dir)
     metrics_sink, samples_sink = JsonlSink(run_dir / "metrics.jsonl"), JsonlSink(run_dir / "samples.jsonl")
-    evals_sink = JsonlSink(run_dir / EVALS_FILE)
-    if evaluation is not None and start_step == 1:
+    evals_sink = JsonlSink(run_dir / EVALS_FILE) if evaluation is not None else None
+    if evals_sink is not None and start_step == 1:
         evals_sink.write([_evaluated(evaluation, engine, 0)])  # the start point every curve is measured from
     stop_reason: str | None = None
     last_step = start_step - 1
@@ -296,12 +296,13 @@ def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: En
             progress.update(step, metrics, samples[: config.logging.print_samples])
             last_step = step
             finished = stop_reason is not None or step == config.training.steps
-            if evaluation is not None and evaluation.due(step, finished):
+            if evals_sink is not None and evaluation.due(step, finished):
                 evals_sink.write([_evaluated(evaluation, engine, step)])
             if finished or step % config.run.save_every == 0:
                 metrics_sink.sync()  # on disk before the checkpoint that claims these steps
                 samples_sink.sync()
-                evals_sink.sync()
+                if evals_sink is not None:
+                    evals_sink.sync()
                 save_checkpoint(run_dir, step, engine, {"finished": finished, "stop_reason": stop_reason},
                                 config.run.keep_last)
             if stop_reason is not None:
