@@ -280,10 +280,8 @@ COMMANDS: dict[str, Command] = {
         **{name: f"tamper.{name}" for name in ("adapter", "out", "threats", "seeds", "threshold", "eval_every",
                                                "eval_prompts", "sft_source")},
         **{name: f"judges.{name}" for name in ("harm_model", "harm_label", "harm_threshold", "guard_model")}},
-        # greedy utility passes of the base and the defended model on a laptop: a sample, not the whole set; a
-        # short attack at a budget several seeds x threats can afford
-        defaults={"utility": {"limit": 40}, "training": {"steps": 20, "batch_size": 8},
-                  "sampling": {"max_new_tokens": 32}}),
+        # greedy utility passes of the base and the defended model on a laptop: a sample, not the whole set
+        defaults={"utility": {"limit": 40}}),
     "eval": Command(EvalCommandConfig, {
         **MODEL_FLAT, **GENERATION_FLAT, **PROMPT_FORMAT_FLAT, **UTILITY_FLAT,
         "checkpoint": "eval.checkpoints", "suite": "eval.suites", "n": "eval.n", "seed": "eval.seed",
