@@ -221,12 +221,14 @@ def align(ctx: typer.Context, config: ConfigFile = None) -> None:
 @reports_errors
 def tamper_test(
     ctx: typer.Context,
-    config: Annotated[Path | None, typer.Option(help="YAML or JSON file: an attack config, plus the tamper and "
-                                                     "utility sections")] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML or JSON file: an attack config, plus the tamper, "
+                                                     "utility and judges sections")] = None,
 ) -> None:
-    """Run the same attack on the base model and on a defended adapter (--adapter); compare harm curves and utility.
+    """Attack a defended adapter (--adapter) and its base model under each threat model (--threats
+    merged,adapter,sft,adaptive) for --seeds seeds; judge every attack on held-out prompts; verdict per threat.
 
-    Writes OUT/tamper.json, OUT/tamper.png and OUT/summary.txt. Running it again resumes unfinished attacks."""
+    Writes OUT/tamper.json, OUT/tamper.png and OUT/summary.txt. Running it again resumes: finished attacks are
+    reused, an unfinished one continues."""
     from purplerl.experiments.tamper import run_tamper_test, tamper_summary
 
     cfg = load_command_config("tamper-test", config, ctx.args)

@@ -23,24 +23,23 @@ def test_defend_then_tamper_test(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert (adapter / "adapter_config.json").is_file()
 
     out = tmp_path / "tamper"
-    tamper = purplerl("tamper-test", "--adapter", adapter, "--model", tiny_model_dir, *SMALL, "--out", out,
-                      "--utility-limit", "3", env=env)
+    args = ["--adapter", adapter, "--model", tiny_model_dir, *SMALL, "--out", out, "--utility-limit", "3",
+            "--threats", "merged,adapter", "--seeds", "2", "--eval-every", "2", "--eval-prompts", "4"]
+    tamper = purplerl("tamper-test", *args, env=env)
     assert tamper.returncode == 0, tamper.stderr[-2000:]
     result = json.loads((out / "tamper.json").read_text())
-    assert set(result["runs"]) == {"base", "defended"}
+    assert set(result["threats"]) == {"merged", "adapter"}
+    assert set(result["runs"]) == {f"rl_{start}_s{seed}" for start in ("base", "merged", "adapter") for seed in (0, 1)}
     for run in result["runs"].values():
-        assert len(run["harm_curve"]) == 3 and 0.0 <= run["auc"] <= 1.0
-        assert 0.0 <= run["utility_before"] <= 1.0 and 0.0 <= run["utility_after"] <= 1.0
-    defended_cfg = (out / "attack_defended" / "config.yaml").read_text()
-    assert str(adapter) in defended_cfg
+        assert [step for step, _ in run["harm_curve"]] == [0, 2, 3] and 0.0 <= run["auc"] <= 1.0
+    assert str(adapter) in (out / "runs" / "rl_adapter_s0" / "config.yaml").read_text()
     assert (out / "tamper.png").stat().st_size > 1000
-    assert "the defense" in (out / "summary.txt").read_text()
+    summary = (out / "summary.txt").read_text()
+    assert summary.count("verdict: ") == 2 and "utility before any attack" in summary
 
-    again = purplerl("tamper-test", "--adapter", adapter, "--model", tiny_model_dir, *SMALL, "--out", out,
-                     "--utility-limit", "3", env=env)
+    again = purplerl("tamper-test", *args, env=env)
     assert again.returncode == 0, again.stderr[-2000:]  # finished attacks are not rerun
-    assert json.loads((out / "tamper.json").read_text())["runs"]["base"]["harm_curve"] == result["runs"]["base"][
-        "harm_curve"]
+    assert json.loads((out / "tamper.json").read_text())["runs"] == result["runs"]
 
 
 def test_tamper_test_rejects_a_non_adapter(tmp_path: Path) -> None:

@@ -14,8 +14,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,8 @@ from typing import Any
 from purplerl.config import ModelConfig, build_config
 from purplerl.data.alignment import alignment_data_hash, alignment_examples, to_prompt_records
 from purplerl.engines import make_engine
-from purplerl.engines.loading import cache_dir, resolve_model_path
+from purplerl.engines.loading import cache_dir
+from purplerl.engines.merge import merge_adapter
 from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
 from purplerl.train.checkpoint import latest_checkpoint
@@ -132,27 +131,6 @@ def _sft_config(work: Path, data: Path, progress: bool):
     })
 
 
-def merge_adapter(adapter: Path, target: Path, base_model: str = BASE_MODEL) -> None:
-    """Base weights + the LoRA update, as a plain model dir written atomically (loadable without PEFT)."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    base_dir = resolve_model_path(base_model)
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent))
-    try:
-        merged.save_pretrained(tmp)
-        AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
-        (tmp / "purplerl_align.json").write_text(json.dumps({"key": align_key(), "settings": ALIGN_SETTINGS,
-                                                             "data_hash": alignment_data_hash()}, indent=1))
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def aligned_model_dir(notify: Callable[[str], None] = print, progress: bool = False) -> Path:
     """The aligned model's dir, built (resumably) on first use."""
     key = align_key()
@@ -181,6 +159,7 @@ def _build(work: Path, target: Path, notify: Callable[[str], None], progress: bo
     adapter = latest_checkpoint(run_dir)
     if adapter is None or summary["last_step"] < ALIGN_SETTINGS["sft"]["steps"]:
         raise ExperimentError(f"align: the SFT run in {run_dir} did not finish (last step {summary['last_step']})")
-    merge_adapter(adapter, target)
+    merge_adapter(adapter, target, BASE_MODEL, metadata={"purplerl_align.json": {
+        "key": align_key(), "settings": ALIGN_SETTINGS, "data_hash": alignment_data_hash()}})
     notify(f"align: cached {target}")
     return target

@@ -19,7 +19,7 @@ from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_tox
 from purplerl.rewards.client import HTTPScorer, record_server
 from purplerl.rewards.entropy import mean_entropy
 from purplerl.rewards.refusal import RefusalJudge
-from purplerl.train.loop import RecipeHooks, RewardFn, reward_kl_beta, rl_update
+from purplerl.train.loop import Evaluation, RecipeHooks, RewardFn, reward_kl_beta, rl_update
 from purplerl.train.runner import execute_run, new_run_dir, rl_recipe
 from purplerl.train.stops import threshold_early_stop
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
@@ -66,11 +66,13 @@ def build_attack(config: Config) -> RecipeHooks:
     return RecipeHooks(reward=attack_reward_fn(config), update=rl_update, early_stop=threshold_early_stop(config))
 
 
-def run_attack(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
-    """Start a new attack run, or continue `resume_dir` from its latest checkpoint."""
+def run_attack(config: Config, resume_dir: Path | None = None, restart: bool = False,
+               evaluation: Evaluation | None = None) -> dict[str, Any]:
+    """Start a new attack run, or continue `resume_dir` from its latest checkpoint; `evaluation`: a held-out
+    evaluation the loop runs (tamper-test's judge)."""
     run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
     return execute_run(config, run_dir, resume=resume_dir is not None, prepare=rl_recipe(build_attack),
-                       restart=restart)
+                       restart=restart, evaluation=evaluation)
 
 
 def summarize_attack(run_dir: Path, summary: dict[str, Any]) -> str:

@@ -136,6 +136,22 @@ class RecipeHooks:
     early_stop: Callable[[dict[str, float]], str | None] = never_stop  # step metrics -> reason to stop, or None
 
 
+EvaluateFn = Callable[[Engine, int], dict[str, Any]]  # (live engine, step) -> one evals.jsonl row, without "step"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A held-out evaluation the loop runs with the live engine, so it judges exactly the policy a step left
+    behind: before the first step (logged as step 0), every `every` steps and at the last step (also an early
+    stop's). Rows go to the run's evals.jsonl; RL and SFT runs both take it (`run_steps`, `execute_run`)."""
+
+    evaluate: EvaluateFn
+    every: int  # 0: only at step 0 and at the last step
+
+    def due(self, step: int, finished: bool) -> bool:
+        return finished or (self.every > 0 and step % self.every == 0)
+
+
 @dataclass
 class LoopParts:
     engine: Engine
@@ -233,6 +249,7 @@ def sample_rows(step: int, prompts: list[PromptRecord], completions: list[Comple
     } for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
 
 
+EVALS_FILE = "evals.jsonl"  # a run's held-out evaluations, one row per evaluated step (0: before training)
 StepFn = Callable[[int], tuple[dict[str, float], list[dict[str, Any]]]]  # step -> (metrics, sample rows)
 EarlyStop = Callable[[dict[str, float]], str | None]
 
@@ -243,12 +260,24 @@ def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 
                      run_dir, start_step)
 
 
+def _evaluated(evaluation: Evaluation, engine: Engine, step: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        row = evaluation.evaluate(engine, step)
+    except ExperimentError as err:
+        raise ExperimentError(f"step {step}: held-out evaluation: {err}") from err
+    return {"step": step, **row, "time/eval_s": time.perf_counter() - started}
+
+
 def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
-              start_step: int = 1) -> dict[str, Any]:
+              start_step: int = 1, evaluation: Evaluation | None = None) -> dict[str, Any]:
     """Run any recipe's steps start_step..training.steps: log each, checkpoint every run.save_every steps and
-    at the end, stop early when `early_stop` gives a reason."""
+    at the end, stop early when `early_stop` gives a reason; run `evaluation` when it is due (evals.jsonl)."""
     run_dir = Path(run_dir)
     metrics_sink, samples_sink = JsonlSink(run_dir / "metrics.jsonl"), JsonlSink(run_dir / "samples.jsonl")
+    evals_sink = JsonlSink(run_dir / EVALS_FILE) if evaluation is not None else None
+    if evals_sink is not None and start_step == 1:
+        evals_sink.write([_evaluated(evaluation, engine, 0)])  # the start point every curve is measured from
     stop_reason: str | None = None
     last_step = start_step - 1
     with StepProgress(config.training.steps, start_step - 1, enabled=config.logging.progress) as progress:
@@ -267,9 +296,13 @@ def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: En
             progress.update(step, metrics, samples[: config.logging.print_samples])
             last_step = step
             finished = stop_reason is not None or step == config.training.steps
+            if evals_sink is not None and evaluation.due(step, finished):
+                evals_sink.write([_evaluated(evaluation, engine, step)])
             if finished or step % config.run.save_every == 0:
                 metrics_sink.sync()  # on disk before the checkpoint that claims these steps
                 samples_sink.sync()
+                if evals_sink is not None:
+                    evals_sink.sync()
                 save_checkpoint(run_dir, step, engine, {"finished": finished, "stop_reason": stop_reason},
                                 config.run.keep_last)
             if stop_reason is not None:

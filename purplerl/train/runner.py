@@ -30,7 +30,7 @@ from purplerl.train.checkpoint import (
     remove_stale,
     write_bytes_durably,
 )
-from purplerl.train.loop import EarlyStop, LoopParts, RecipeHooks, StepFn, rl_step, run_steps
+from purplerl.train.loop import EVALS_FILE, EarlyStop, Evaluation, LoopParts, RecipeHooks, StepFn, rl_step, run_steps
 from purplerl.train.sinks import last_logged_step, truncate_after_step
 
 CONFIG_FILE = RUN_CONFIG_FILE
@@ -194,14 +194,16 @@ def rl_recipe(build: Callable[[Config], RecipeHooks]) -> Callable[[Config], Bind
 
 
 def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[Config], Bind],
-                restart: bool = False, notify: Callable[[str], None] = _warn) -> dict[str, Any]:
+                restart: bool = False, notify: Callable[[str], None] = _warn,
+                evaluation: Evaluation | None = None) -> dict[str, Any]:
     """Prepare the recipe, load the engine, restore the latest intact checkpoint when resuming, run the steps.
 
     `prepare(config)` loads and checks what the recipe needs before the engine loads (data, scorers) and
     returns a function binding it to the engine. Everything a resume needs is checked first (settings,
     checkpoint, data, reward scorer, that the engine loads the checkpoint); only then are stale temporaries
     removed, the config recorded and the logs cut back to the checkpoint's step, so a resume that fails leaves
-    the run dir exactly as it was."""
+    the run dir exactly as it was. `evaluation`, when given, is run by the loop with the live engine and logged to
+    evals.jsonl, which a resume cuts back with the other logs."""
     start_step, checkpoint, changed = 1, None, None
     if resume:
         changed = resume_changes(build_config(read_config_file(run_dir / CONFIG_FILE)), config)
@@ -228,11 +230,13 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
         record_config(run_dir, config, start_step, changed, restarted=restart)
         for name in (METRICS_FILE, SAMPLES_FILE):
             truncate_after_step(run_dir / name, start_step - 1)
+        # a run started again from step 1 evaluates its step 0 again: drop that row too
+        truncate_after_step(run_dir / EVALS_FILE, start_step - 1 if start_step > 1 else -1)
     else:
         # written only now: a run that failed to start (bad model, missing data) must not claim its name
         run_dir.mkdir(parents=True, exist_ok=True)
         record_config(run_dir, config, 1, None)
-    summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step)
+    summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation)
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
     _write_atomically(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import math
-
 import pytest
 import torch
 
 from purplerl.config import load_config
 from purplerl.errors import UserError
-from purplerl.experiments.tamper import harm_curve_stats, tamper_summary
+from purplerl.experiments.tamper import harm_curve_stats
 from purplerl.recipes.attack import attack_reward_fn
 from purplerl.recipes.defend import DEFEND_DEFAULTS, defend_reward_fn
 from purplerl.rewards.entropy import mean_entropy
@@ -60,19 +57,3 @@ def test_harm_curve_stats_by_hand() -> None:
     assert harm_curve_stats([0.1, 0.2], threshold=0.5)["steps_to_threshold"] is None
     with pytest.raises(UserError):
         harm_curve_stats([], threshold=0.5)
-
-
-def test_tamper_summary_verdict() -> None:
-    run = {"final_harm": 0.8, "auc": 0.5, "steps_to_threshold": 3, "max_harm": 0.9, "steps": 6,
-           "utility_before": 0.25, "utility_after": 0.2}
-    result = {"threshold": 0.5, "adapter": "a", "runs": {"base": run, "defended": {
-        **run, "final_harm": 0.1, "auc": 0.1, "steps_to_threshold": None}}}
-    text = tamper_summary(result)
-    assert "the defense held" in text and "never" in text and "cost utility" not in text
-    result["runs"]["defended"]["utility_before"] = 0.0
-    assert "the defense cost utility: 0.250 (base) -> 0.000 (defended)" in tamper_summary(result)
-    result["runs"]["defended"]["utility_before"] = 0.25
-    json.dumps(result)
-    result["runs"]["defended"]["auc"] = 0.6
-    assert "did not hold" in tamper_summary(result)
-    assert not math.isnan(run["auc"])

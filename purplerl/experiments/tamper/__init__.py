@@ -1,0 +1,172 @@
+"""Tamper-resistance test: do the attacks a real adversary runs fail on the defended model?
+
+For each selected threat model (runs.py) the same attack runs `tamper.seeds` times on the defended model and on
+the undefended start model (the defense's own base model and prompt format, read from the defended adapter's
+run), with early stopping off so every curve covers the same step budget. A judge the attacks never optimize
+(heldout.py) scores each run on held-out prompts as it trains; stats.py turns the curves into AUC, final harm
+and steps-to-threshold with 95% intervals over seeds and a verdict per threat, which also needs the defended
+model's utility to be kept. A killed tamper-test resumes: the merged model, the mined SFT data and the utility
+numbers are reused, finished runs are read, an unfinished one continues from its run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from purplerl.config import Config, TamperTestConfig, UtilityConfig, build_config
+from purplerl.data import load_prompts
+from purplerl.engines.loading import RUN_MODEL_FIELDS, RUN_PROMPT_FIELDS, Policy, resolve_policy
+from purplerl.engines.merge import merge_adapter
+from purplerl.errors import UserError
+from purplerl.eval.suites import HarmJudges, utility_suite
+from purplerl.experiments.tamper.heldout import HARM_KEY, heldout_evaluation
+from purplerl.experiments.tamper.mining import write_sft_data
+from purplerl.experiments.tamper.report import plot_threats, tamper_summary
+from purplerl.experiments.tamper.runs import (
+    RUNS_DIR,
+    AttackRun,
+    Starts,
+    attack_config,
+    execute,
+    plan,
+    read_run,
+    run_order,
+    sft_config,
+)
+from purplerl.experiments.tamper.stats import aggregate, curve_stats, harm_curve_stats, utility_kept, verdict
+from purplerl.types import SamplingParams
+
+__all__ = ["harm_curve_stats", "run_tamper_test", "tamper_summary", "utility_accuracy"]
+MERGED_DIR = "merged_model"
+MERGE_INFO = "purplerl_merge.json"
+SFT_DATA = "sft_data.jsonl"
+UTILITY_FILE = "utility.json"
+
+
+def utility_result(policy: Policy, utility: UtilityConfig) -> dict[str, float]:
+    """Greedy exact match of a policy on the utility set: {"point", "low", "high"} (95% bootstrap CI)."""
+    engine = policy.load()
+
+    def greedy(records: list[Any], max_new_tokens: int) -> list[str]:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+        return [texts[0] for texts in policy.generate(engine, records, 1, params)]
+
+    return dict(utility_suite(greedy, utility, policy.prompt.template, seed=0)["metrics"]["exact_match"])
+
+
+def utility_accuracy(policy: Policy, utility: UtilityConfig) -> float:
+    """Greedy exact-match accuracy of a policy (a model, with an optional adapter) on the utility set."""
+    return float(utility_result(policy, utility)["point"])
+
+
+def shared_attack(config: TamperTestConfig, defended: Policy) -> Config:
+    """The attack every run shares: the config's, on the defense's base model and prompt format."""
+    data = config.attack_config().model_dump(mode="json")
+    data["model"].update({key: getattr(defended.model, key) for key in RUN_MODEL_FIELDS})
+    data["data"].update({key: getattr(defended.prompt, key) for key in RUN_PROMPT_FIELDS})
+    return build_config(data)
+
+
+def _write_json(path: Path, content: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(content, indent=1))
+    os.replace(tmp, path)
+
+
+def merged_model(out: Path, defended: Policy) -> Path:
+    """OUT/merged_model: the defended adapter merged into its base weights, built once and reused."""
+    target, adapter = out / MERGED_DIR, str(Path(defended.model.init_adapter or "").resolve())
+    info = {"adapter": adapter, "base_model": defended.model.name}
+    if (target / "config.json").is_file():
+        saved = json.loads((target / MERGE_INFO).read_text()) if (target / MERGE_INFO).is_file() else None
+        if saved != info:
+            raise UserError(f"{target} is not the merge of {adapter} on {defended.model.name}: use another --out")
+        return target
+    return merge_adapter(adapter, target, defended.model.name, metadata={MERGE_INFO: info})
+
+
+def utility_numbers(out: Path, config: TamperTestConfig, defended: Policy) -> dict[str, Any]:
+    """Utility of the base and the defended model before any attack (computed once, kept in OUT/utility.json)."""
+    path, settings = out / UTILITY_FILE, config.utility.model_dump(mode="json")
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("settings") == settings and saved.get("adapter") == defended.model.init_adapter:
+            return saved
+    base = utility_result(defended.without_adapter(), config.utility)
+    protected = utility_result(defended, config.utility)
+    found = {"settings": settings, "adapter": defended.model.init_adapter, "source": config.utility.source,
+             "base": base, "defended": protected, "kept": utility_kept(protected, base)}
+    _write_json(path, found)
+    return found
+
+
+def _heldout_prompts(attack: Config, config: TamperTestConfig) -> list[Any]:
+    data = attack.data.model_copy(update={"split": config.tamper.eval_split, "limit": config.tamper.eval_prompts})
+    return load_prompts(data)
+
+
+def run_tamper_test(config: TamperTestConfig, announce: Callable[[str], None] = print) -> dict[str, Any]:
+    t = config.tamper
+    if t.adapter is None:
+        raise UserError("tamper-test needs the defended adapter: --adapter DIR (tamper.adapter)")
+    out = Path(t.out)
+    defended = resolve_policy(Path(t.adapter), config.model, config.data)
+    if defended.note:
+        announce(defended.note)
+    attack = shared_attack(config, defended)
+    records = _heldout_prompts(attack, config)  # a missing test split fails here, before any model loads
+    judges = HarmJudges(config.judges, device=config.model.device)
+    out.mkdir(parents=True, exist_ok=True)
+    utility = utility_numbers(out, config, defended)
+    needs_merge = any(threat != "adapter" for threat in t.threats)
+    starts = Starts(defended, merged_model(out, defended) if needs_merge else None)
+
+    seeds = [attack.training.seed + i for i in range(t.seeds)]
+    threats = plan(t.threats, seeds)
+    source = AttackRun("rl", "base", seeds[0]) if "sft" in t.threats and t.sft_source is None else None
+    runs_dir = out / RUNS_DIR
+    results: dict[str, Any] = {}
+    for run in run_order(threats, source):
+        run_dir = runs_dir / run.name
+        if run.family == "sft":
+            data_file = out / SFT_DATA
+            if not data_file.is_file():
+                mined = write_sft_data(Path(t.sft_source) if t.sft_source else runs_dir / source.name, data_file,
+                                       t.sft_min_toxicity, t.max_repetition, t.sft_min_rows)
+                announce(f"sft threat: {mined} mined completions in {data_file}")
+            run_config = sft_config(attack, run, starts, runs_dir, data_file, t.sft_lr)
+        else:
+            run_config = attack_config(attack, run, starts, runs_dir, t.entropy_bonus_cap)
+        announce(f"tamper-test: {run.name}")
+        evaluation = heldout_evaluation(records, attack.data, judges, t.eval_every, attack.sampling.max_new_tokens,
+                                        t.eval_top_p, run.seed, t.max_repetition)
+        execute(run_config, run, run_dir, evaluation)
+        results[run.name] = read_run(run, run_dir, lambda curve: curve_stats(curve, t.threshold), HARM_KEY)
+
+    result = compare(config, threats, results, utility, seeds, judged=config.judges.model_judged())
+    plot_threats(result, out / "tamper.png")
+    _write_json(out / "tamper.json", result)
+    (out / "summary.txt").write_text(tamper_summary(result) + "\n")
+    return result
+
+
+def compare(config: TamperTestConfig, threats: dict[str, dict[str, list[AttackRun]]], results: dict[str, Any],
+            utility: dict[str, Any], seeds: list[int], judged: bool) -> dict[str, Any]:
+    """tamper.json: the settings, utility, every run, and per threat both sides' intervals and the verdict."""
+    t = config.tamper
+    by_threat: dict[str, Any] = {}
+    for threat, sides in threats.items():
+        entry: dict[str, Any] = {f"{side}_runs": [run.name for run in sides[side]] for side in ("base", "defended")}
+        for side in ("base", "defended"):
+            entry[side] = aggregate([results[run.name] for run in sides[side]])
+        entry.update(verdict(entry["defended"], entry["base"], utility["kept"]))
+        by_threat[threat] = entry
+    settings = {"seeds": seeds, "threshold": t.threshold, "eval_every": t.eval_every, "eval_prompts": t.eval_prompts,
+                "eval_split": t.eval_split, "harm_measure": "judge" if judged else "keyword",
+                "steps": config.training.steps}
+    return {"adapter": t.adapter, "threats": by_threat, "settings": settings,
+            "utility": {k: utility[k] for k in ("source", "base", "defended", "kept")}, "runs": results}
