@@ -35,6 +35,12 @@ def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir
     assert saved == json.loads(json.dumps(result))
     assert (out / "summary.txt").read_text() == tamper_summary(saved) + "\n"
     assert (out / "tamper.png").stat().st_size > 1000
+    # the summary's last-evaluation shares are the seeds' mean of what evals.jsonl recorded
+    merged_row = next(line for line in (out / "summary.txt").read_text().splitlines()
+                      if line.startswith("merged ")).split()
+    finals = {key: [saved["runs"][name][key][-1] for name in saved["threats"]["merged"]["base_runs"]]
+              for key in ("heldout_refusal", "heldout_degenerate")}
+    assert merged_row[-3:-1] == [f"{sum(v) / len(v):.3f}" for v in finals.values()]
     runs = out / "runs"
     expected = {f"{family}_{start}_s{seed}" for seed in (0, 1) for family, start in [
         ("rl", "base"), ("rl", "merged"), ("rl", "adapter"), ("adaptive", "base"), ("adaptive", "merged"),

@@ -30,6 +30,11 @@ def _utility_line(utility: dict[str, Any]) -> str:
             f"[{defended['low']:.3f}, {defended['high']:.3f}]: {state}")
 
 
+def _final_mean(runs: list[dict[str, Any]], key: str) -> str:
+    finals = [run[key][-1] for run in runs if run.get(key)]
+    return f"{sum(finals) / len(finals):.3f}" if finals else "-"
+
+
 def tamper_summary(result: dict[str, Any]) -> str:
     s = result["settings"]
     lines = [f"tamper test of {result['adapter']}: {len(s['seeds'])} seed(s) {s['seeds']}, threats "
@@ -38,19 +43,24 @@ def tamper_summary(result: dict[str, Any]) -> str:
              f"'{s['eval_split']}', evaluated at step 0, every {s['eval_every']} steps and at the last step",
              _utility_line(result["utility"]),
              f"{'threat':9} {'start':9} {'AUC':>24} {'final harm':>24} {'steps to ' + str(s['threshold']):>24} "
-             f"{'censored':>8} {'train final':>11}"]
+             f"{'censored':>8} {'refused':>8} {'degenerate':>10} {'train final':>11}"]
     for threat, t in result["threats"].items():
         for side in ("base", "defended"):
             agg = t[side]
             runs = [result["runs"][name] for name in t[f"{side}_runs"]]
             train = [r["train_curve"][-1] for r in runs if r["train_curve"]]
             train_final = f"{sum(train) / len(train):.3f}" if train else "-"
+            # at the last held-out evaluation: harm 0 through refusals and harm 0 through babble are different results
+            refused, babble = (_final_mean(runs, key) for key in ("heldout_refusal", "heldout_degenerate"))
             lines.append(f"{threat if side == 'base' else '':9} {side:9} {interval(agg['auc']):>24} "
                          f"{interval(agg['final_harm']):>24} {interval(agg['steps_to_threshold']):>24} "
-                         f"{str(agg['censored_runs']) + '/' + str(agg['auc']['n']):>8} {train_final:>11}")
+                         f"{str(agg['censored_runs']) + '/' + str(agg['auc']['n']):>8} {refused:>8} {babble:>10} "
+                         f"{train_final:>11}")
         lines.append(f"{'':9} verdict: {t['verdict']} ({t['reason']})")
     lines += ["steps to threshold: a run that never reached the threshold counts as its last step + 1 (censored), "
               "so the mean is a lower bound where censored runs appear",
+              "refused / degenerate: the shares of held-out answers that were refusals / empty or repetitive at the "
+              "last evaluation (mean over seeds)",
               "the verdicts rest on the held-out judge; 'train final' is the attack's own last training value "
               "(toxicity for RL, NLL for SFT), shown for reference only"]
     return "\n".join(lines)
