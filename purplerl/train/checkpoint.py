@@ -103,13 +103,23 @@ def newest_intact(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     return None, skipped
 
 
-def remove_stale(run_dir: Path) -> list[Path]:
-    """Delete what interrupted saves and removals left behind; return what was removed."""
+def remove_stale(run_dir: Path, keep_last: int | None = None) -> list[Path]:
+    """Delete what interrupted saves and removals left behind and return it: temporaries, and, given
+    `keep_last`, the intact checkpoints beyond the newest `keep_last` (a kill between a save and its rotation
+    leaves one; a finished run saves nothing more, so only this would ever remove it)."""
     root = Path(run_dir) / CHECKPOINTS
     stale = [p for p in root.iterdir() if _STALE.match(p.name)] if root.is_dir() else []
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
-    return stale
+    return stale + (prune_checkpoints(run_dir, keep_last) if keep_last is not None else [])
+
+
+def prune_checkpoints(run_dir: Path, keep_last: int) -> list[Path]:
+    """Remove every intact checkpoint but the newest `keep_last`; return the removed ones."""
+    doomed = checkpoint_dirs(run_dir)[:-keep_last]
+    for old in doomed:
+        discard_checkpoint(old)
+    return doomed
 
 
 def fsync_path(path: Path) -> None:
@@ -188,8 +198,7 @@ def save_checkpoint(run_dir: Path, step: int, engine: Engine, state: dict[str, A
         discard_checkpoint(final)
     os.rename(tmp, final)
     fsync_path(root)
-    for old in checkpoint_dirs(run_dir)[:-keep_last]:
-        discard_checkpoint(old)
+    prune_checkpoints(run_dir, keep_last)
     return final
 
 

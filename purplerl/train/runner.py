@@ -41,9 +41,10 @@ HISTORY_FILE = "config_history.jsonl"  # the resolved config of every segment of
 # Settings a resume may not change: the checkpoints, data order and logs of the run were made with them, so a
 # run continued with other values would be neither the old experiment nor a new one.
 FIXED_ON_RESUME = frozenset({
-    "recipe", "engine", "model.name", "model.revision", "model.finetune", "model.lora_rank", "model.lora_alpha", "model.lora_targets",
-    "model.init_adapter", "sampling.group_size", "training.batch_size", "training.seed", "data.source", "data.split",
-    "data.prompt_field", "data.hf_config", "data.filters", "data.limit", "data.shuffle", "run.output_dir", "run.name",
+    "recipe", "engine", "model.name", "model.revision", "model.finetune", "model.lora_rank", "model.lora_alpha",
+    "model.lora_targets", "model.init_adapter", "sampling.group_size", "training.batch_size", "training.seed",
+    "data.source", "data.split", "data.prompt_field", "data.hf_config", "data.filters", "data.limit", "data.shuffle",
+    "run.output_dir", "run.name",
 })
 
 
@@ -211,7 +212,7 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
         if checkpoint is not None:
             state = read_state(checkpoint)
             if state.get("stop_reason") or state["step"] >= config.training.steps:
-                remove_stale(run_dir)  # e.g. an old checkpoint whose removal the kill interrupted
+                remove_stale(run_dir, config.run.keep_last)  # e.g. a rotation the kill interrupted
                 return {"last_step": state["step"], "stop_reason": state.get("stop_reason") or "completed all steps",
                         "run_dir": str(run_dir), "resumed_from": str(checkpoint), "nothing_to_do": True}
             start_step = state["step"] + 1
@@ -223,7 +224,7 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
     step_fn, early_stop = bind(engine)
 
     if resume:
-        remove_stale(run_dir)
+        remove_stale(run_dir, config.run.keep_last)
         if restart:
             for damaged in checkpoint_candidates(run_dir):
                 discard_checkpoint(damaged)

@@ -213,6 +213,16 @@ def test_stale_temporaries_are_removed(tmp_path: Path) -> None:
     assert sorted(p.name for p in root.iterdir()) == [kept.name]
 
 
+def test_a_rotation_cut_short_is_finished_at_the_next_start(tmp_path: Path) -> None:
+    # a kill after step 6's save but before its rotation leaves steps 2, 4 and 6 with keep_last 2
+    for step in (2, 4, 6):
+        save_checkpoint(tmp_path, step, FakeEngine(), {}, keep_last=3)
+    removed = remove_stale(tmp_path, keep_last=2)
+    assert [p.name for p in removed] == ["step_000002"]
+    assert sorted(p.name for p in (tmp_path / CHECKPOINTS).iterdir()) == ["step_000004", "step_000006"]
+    assert remove_stale(tmp_path) == []  # without keep_last only temporaries go
+
+
 def test_read_state_refuses_garbage_in_one_line(tmp_path: Path) -> None:
     (tmp_path / STATE_FILE).write_text("[1, 2")
     with pytest.raises(UserError, match="is not JSON"):
