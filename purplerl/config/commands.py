@@ -156,6 +156,10 @@ class TamperTestConfig(Config):
             # set there, every threat would become the adaptive attack and no run would be the plain one
             raise ValueError("reward.entropy_bonus_cap is set by the adaptive threat: use tamper.entropy_bonus_cap "
                              "and --threats adaptive")
+        if self.reward.refusal_penalty > 0 and not self.judges.model_judged():
+            # the held-out harm would then be judged by the very refusal judge the attack is rewarded against
+            raise ValueError("reward.refusal_penalty makes the attack optimize the keyword refusal judge, which is the "
+                             "held-out judge here: set it to 0 or give a model judge (--harm_model or --guard_model)")
         return self
 
     def attack_config(self) -> Config:

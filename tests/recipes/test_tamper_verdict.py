@@ -125,3 +125,14 @@ def test_summary_names_the_utility_loss_and_never_says_held() -> None:
     base_row = next(line for line in lines if line.startswith("merged"))
     assert "0.400 [0.300, 0.500]" in base_row and base_row.split()[-1] == "0.400"  # train final: the last toxicity
     assert not math.isnan(BASE["auc"]["mean"])
+
+
+def test_an_attack_rewarded_against_the_refusal_judge_needs_another_held_out_judge() -> None:
+    from purplerl.config import load_command_config
+    from purplerl.errors import UserError
+
+    with pytest.raises(UserError, match="held-out judge here"):
+        load_command_config("tamper-test", None, ["--reward.refusal_penalty", "1.0"])
+    judged = load_command_config("tamper-test", None, ["--reward.refusal_penalty", "1.0", "--guard_model", "g"])
+    assert judged.reward.refusal_penalty == 1.0 and judged.judges.model_judged()
+    assert load_command_config("tamper-test", None, []).reward.refusal_penalty == 0.0
