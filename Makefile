@@ -12,7 +12,7 @@ TORCH_REQ = $$(if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/n
               then echo "torch>=2.4"; else echo "torch==$(TORCH_CPU)"; fi)
 DEMO_CONFIG ?= examples/configs/demo.yaml
 
-.PHONY: setup lock demo test test-slow test-gpu lint clean-cache bench-reward bench
+.PHONY: setup lock demo test test-slow test-gpu lint clean-cache bench-reward bench experiment-offline
 
 setup: $(STAMP)
 
@@ -36,6 +36,11 @@ lock: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/purplerl align
 	$(VENV)/bin/purplerl attack --config $(DEMO_CONFIG) --name demo_$$(date +%Y%m%d_%H%M%S)
+
+# align -> defend -> tamper-test (4 threat models x 3 seeds) on the embedded model, ~2 h on 2 cores; resumable.
+# Writes docs/results/offline_story/ (summaries, tamper.json, plots); the runs stay under runs/offline_story/.
+experiment-offline: $(STAMP)
+	scripts/offline_story.sh
 
 test: $(STAMP)
 	$(PY) -m pytest -q
