@@ -455,10 +455,11 @@ def test_every_float_field_of_every_command_refuses_nan(name: str):
 
 
 def test_leaf_field_counts_per_command():
-    # attack's 82 fields plus reward.refusal_penalty; tamper-test adds its comparison (3) and the utility check (3);
-    # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs
+    # attack's 82 fields plus reward.refusal_penalty, training.noiser_noise_weight and the 4 collapse_* fields;
+    # tamper-test adds its comparison (3) and the utility check (3); sft adds its own section (8) that no RL
+    # recipe shows; eval, sample, data prepare and align see only theirs
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 83, "defend": 83, "tamper-test": 89, "sft": 91, "eval": 37, "sample": 15,
+    assert counts == {"attack": 88, "defend": 88, "tamper-test": 94, "sft": 96, "eval": 37, "sample": 15,
                       "data prepare": 10, "align": 3}
 
 
