@@ -39,7 +39,7 @@ def _utility(model: str, adapter: Path | None) -> dict[str, dict[str, float]]:
         groups = engine.sample(tokens, 1, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
         return [g[0].text for g in groups]
 
-    arithmetic = utility_suite(greedy, UtilityConfig(limit=24), "chat", seed=0)["metrics"]["exact_match"]
+    arithmetic = utility_suite(greedy, UtilityConfig(), "chat", seed=0)["metrics"]["exact_match"]
     choice = choice_suite(engine, "builtin:choice", None, "chat", seed=0, batch_size=8)["metrics"]["choice_accuracy"]
     benign = alignment_examples("test", "benign")[:BENIGN_PROMPTS]
     answers = greedy(to_prompt_records(benign), 32)
