@@ -41,10 +41,10 @@ class CollapseBounds:
     max_empty_frac: float = 0.25  # share of completions with no visible text
     max_top_share: float = 0.9  # share of the batch taken by its single most common completion
     # Largest change of mean token entropy (nats) from one step to the next. The scale is log V (10.8 nats on
-    # SmolLM2's 49k vocabulary, the entropy of uniform junk). A defend run on the aligned embedded model moved
-    # at most 0.12 nats between steps (batch-to-batch noise of 8 prompts x 4 answers, slow drift); the
-    # collapsed run on the instruct model swung between 0.7 and 7 nats. 2 nats is over ten times the healthy
-    # variation and a fifth of log V: a model whose answers turn to junk (or to silence) within one step.
+    # SmolLM2's 49k vocabulary, the entropy of uniform junk). The default defend run on the aligned embedded
+    # model moved at most 0.27 nats between steps (batch-to-batch noise of 8 prompts x 4 answers, and the
+    # noiser steps); the collapsed run on the instruct model swung between 0.7 and 7 nats. 2 nats is over
+    # seven times the healthy variation and a fifth of log V: answers turning to junk (or silence) at once.
     max_entropy_swing: float = 2.0
 
 
