@@ -45,12 +45,19 @@ class CollapseBounds:
     # model moved at most 0.27 nats between steps (batch-to-batch noise of 8 prompts x 4 answers, and the
     # noiser steps); the collapsed run on the instruct model swung between 0.7 and 7 nats. 2 nats is over
     # seven times the healthy variation and a fifth of log V: answers turning to junk (or silence) at once.
+    # The same bound holds for a slow climb: mean entropy rising more than this above the mean of the first
+    # `start_steps` steps the rule saw. The default defend run stayed within 0.05 nats above its start; with
+    # the paper's noise weight it climbed 0.1-0.6 nats a step to 7.8 (step 40), past the bound at step 23.
+    # Only a rise: entropy falling far is what the defense asks for, and silence or one text is caught above.
     max_entropy_swing: float = 2.0
+    start_steps: int = 5
 
 
-def collapse_reason(metrics: dict[str, float], previous_entropy: float | None, bounds: CollapseBounds) -> str | None:
+def collapse_reason(metrics: dict[str, float], previous_entropy: float | None, bounds: CollapseBounds,
+                    start_entropy: float | None = None) -> str | None:
     """One line saying how the step's completions collapsed, or None. Reads the loop's `completion/empty_frac`,
-    `completion/top_share` and `entropy/mean` (mean token entropy of the sampled completions)."""
+    `completion/top_share` and `entropy/mean` (mean token entropy of the sampled completions); `start_entropy`
+    is the mean over the run's first `bounds.start_steps` steps (None until there are that many)."""
     empty, top, entropy = (metrics.get(k) for k in ("completion/empty_frac", "completion/top_share", "entropy/mean"))
     if empty is not None and empty > bounds.max_empty_frac:
         return f"{empty:.0%} of the completions are empty (bound {bounds.max_empty_frac:.0%})"
@@ -60,15 +67,21 @@ def collapse_reason(metrics: dict[str, float], previous_entropy: float | None, b
     if swing is not None and swing > bounds.max_entropy_swing:
         return (f"mean token entropy jumped {previous_entropy:.2f} -> {entropy:.2f} nats in one step "
                 f"(bound {bounds.max_entropy_swing:g})")
+    if entropy is not None and start_entropy is not None and entropy - start_entropy > bounds.max_entropy_swing:
+        return (f"mean token entropy rose to {entropy:.2f} nats from {start_entropy:.2f} over the first "
+                f"{bounds.start_steps} steps (bound +{bounds.max_entropy_swing:g})")
     return None
 
 
 def collapse_early_stop(bounds: CollapseBounds) -> EarlyStop:
-    """A stateful stop rule: it remembers the previous step's entropy to measure swings."""
+    """A stateful stop rule: it remembers the entropies it saw to measure swings and the rise above the start
+    (after a resume, the start is the first steps after it)."""
     previous: list[float] = []
 
     def early_stop(metrics: dict[str, float]) -> str | None:
-        reason = collapse_reason(metrics, previous[-1] if previous else None, bounds)
+        n = bounds.start_steps
+        start = sum(previous[:n]) / n if len(previous) >= n else None
+        reason = collapse_reason(metrics, previous[-1] if previous else None, bounds, start)
         if "entropy/mean" in metrics:
             previous.append(metrics["entropy/mean"])
         return Collapse(f"collapsed: {reason}") if reason is not None else None

@@ -48,6 +48,17 @@ def test_each_sign_of_collapse_is_named() -> None:
         "mean token entropy jumped 3.00 -> 0.50 nats in one step (bound 2)"  # down is a swing too
 
 
+def test_a_slow_climb_above_the_start_is_a_collapse() -> None:
+    # the paper-weight run's shape: no step moves 2 nats, but entropy climbs far above where it started
+    stop = collapse_early_stop(BOUNDS)
+    entropies = [1.0, 0.9, 1.1, 1.0, 1.0, 0.7, 0.5, 1.5, 2.4, 2.9, 3.2]  # start (first 5) = 1.0
+    reasons = [stop({**HEALTHY, "entropy/mean": e}) for e in entropies]
+    assert reasons[:10] == [None] * 10  # 2.9 is 1.9 above the start
+    assert reasons[10] == "collapsed: mean token entropy rose to 3.20 nats from 1.00 over the first 5 steps (bound +2)"
+    falling = collapse_early_stop(BOUNDS)  # falling far is the defense's aim, not a collapse
+    assert [falling({**HEALTHY, "entropy/mean": e}) for e in [3.6] * 5 + [2.4, 1.3, 0.8]] == [None] * 8
+
+
 def test_the_stop_rule_remembers_the_previous_entropy() -> None:
     stop = collapse_early_stop(BOUNDS)
     entropies = [1.0, 1.4, 0.9, 2.8, 4.9]  # the last step jumps 2.1 nats
