@@ -73,7 +73,8 @@ class DefendObjective:
         if not self.end < self.start:
             reasons.append("entropy did not go down")
         if self.rose_at:
-            steps = ", ".join(map(str, self.rose_at))
+            steps = ", ".join(map(str, self.rose_at[:5])) + (f", ... ({len(self.rose_at)} steps)"
+                                                             if len(self.rose_at) > 5 else "")
             reasons.append(f"entropy rose above the start after the warm-up (steps {steps})")
         if not self.max_kl <= MAX_KL_PER_TOKEN:
             reasons.append(f"KL to the base exceeded {MAX_KL_PER_TOKEN}")
