@@ -157,14 +157,18 @@ def defend(
 ) -> None:
     """Token Buncher defense: reward low response entropy on harmful prompts, with Token Noiser steps.
 
-    Defaults differ from attack's: training.noiser true, reward.kl_beta 0.001, no toxicity early stop.
-    The last checkpoint is the defended adapter (use it with attack --init_adapter or tamper-test)."""
-    from purplerl.recipes.defend import DEFEND_DEFAULTS, run_defend, summarize_defend
+    Defaults differ from attack's: training.noiser true, reward.kl_beta 0.001, no toxicity early stop,
+    training.collapse_stop true (a collapse exits non-zero). The last checkpoint is the defended adapter
+    (use it with attack --init_adapter or tamper-test)."""
+    from purplerl.recipes.defend import DEFEND_DEFAULTS, collapse_error, run_defend, summarize_defend
 
     cfg = _recipe_config("defend", ctx.args, config, resume, defaults=DEFEND_DEFAULTS)
     _quiet_libraries()
     summary = run_defend(cfg, resume_dir=resume, restart=_restart(restart, resume))
-    typer.echo(summarize_defend(Path(summary["run_dir"]), summary))
+    typer.echo(summarize_defend(Path(summary["run_dir"]), summary, cfg))
+    error = collapse_error(summary)
+    if error is not None:
+        raise error
 
 
 def _sft_defaults() -> dict[str, Any]:

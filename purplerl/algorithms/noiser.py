@@ -2,14 +2,23 @@
 Reinforcement Learning Fine-Tuning", arXiv 2508.20697).
 
 A supervised loss on target tokens y_t (the defended model's own responses), with p = softmax(logits /
-temperature) at each target position:
+temperature) at each target position and w the weight of the noise term:
 
-    loss_t = (1 - eps) * (-log p(y_t)) + eps * sum_{v != y_t} n_{t,v} * (-log p(v))
+    loss_t = (1 - eps) * (-log p(y_t)) + w * sum_{v != y_t} n_{t,v} * (-log p(v))
 
 n_{t,.} is uniform random noise over the NON-target vocabulary entries, normalized to sum to 1
 (n_{t,y_t} = 0), drawn afresh at every call. eps = 0 is the plain NLL. It is label smoothing
 (Szegedy et al. 2016, arXiv 1512.00567) with a random smoothing distribution per token instead of the
-uniform one.
+uniform one. Two weights, `noise_weight`:
+- "reference" (default): w = eps^2. The paper's released code draws the noise so that it sums to eps and
+  then weights the noise term by eps again, so with eps = 0.1 the noise carries 0.01 of the loss.
+- "paper": w = eps, the formula as the paper writes it.
+Why the difference matters: the loss is minimized at p(y_t) = (1 - eps) / (1 - eps + w) and
+p(v) = w n_{t,v} / (1 - eps + w), i.e. a mass of w / (1 - eps + w) spread over the V - 1 other tokens at
+random. Its entropy is h(mass) + mass * H(n), with H(n) ~ log(V) - 0.2: on SmolLM2's V = 49152 that is
+1.39 nats per token for "paper" (mass 0.1) and 0.18 for "reference" (mass 0.011). Trained towards the
+first, a model sampled at temperature 1 draws a random junk token at one position in ten, and the next
+noiser step takes those junk tokens as targets: the entropy the RL reward pushes down climbs back up.
 
 Why: the NLL part keeps the target confident; the noise part makes the leftover probability mass
 follow random tokens instead of the model's plausible alternatives. An attacker's RL that raises the
@@ -30,6 +39,16 @@ import torch
 from purplerl.errors import ExperimentError, UserError
 
 DEFAULT_CHUNK_ROWS = 256
+NOISE_WEIGHTS = ("reference", "paper")  # see the module docstring
+
+
+def noise_term_weight(epsilon: float, noise_weight: str) -> float:
+    """w of the noise cross-entropy: eps^2 ("reference", the released code) or eps ("paper")."""
+    if noise_weight == "reference":
+        return epsilon * epsilon
+    if noise_weight == "paper":
+        return epsilon
+    raise UserError(f"token_noiser noise_weight must be one of {', '.join(NOISE_WEIGHTS)}, got {noise_weight!r}")
 
 
 def normalize_noise(raw_RV: torch.Tensor, targets_R: torch.Tensor) -> torch.Tensor:
@@ -60,19 +79,19 @@ def _check_args(logits_NTV: torch.Tensor, targets_NT: torch.Tensor, mask_NT: tor
 
 
 def _chunk_losses(logits_CV: torch.Tensor, targets_C: torch.Tensor, raw_CV: torch.Tensor, epsilon: float,
-                  temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  weight: float, temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, nll, noise cross-entropy) for C positions, via -log p(v) = logsumexp(z) - z_v."""
     z_CV = logits_CV.float() / temperature
     lse_C = torch.logsumexp(z_CV, dim=-1)
     nll_C = lse_C - z_CV.gather(1, targets_C[:, None])[:, 0]
     # sum_v n_v = 1, so sum_v n_v * (lse - z_v) = lse - sum_v n_v z_v.
     noise_ce_C = lse_C - (normalize_noise(raw_CV, targets_C) * z_CV).sum(dim=-1)
-    return (1.0 - epsilon) * nll_C + epsilon * noise_ce_C, nll_C, noise_ce_C
+    return (1.0 - epsilon) * nll_C + weight * noise_ce_C, nll_C, noise_ce_C
 
 
 def token_noiser_loss(logits_NTV: torch.Tensor, targets_NT: torch.Tensor, mask_NT: torch.Tensor, *,
                       epsilon: float, generator: torch.Generator | None, temperature: float = 1.0,
-                      chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                      noise_weight: str = "reference", chunk_rows: int = DEFAULT_CHUNK_ROWS,
                       noise_NTV: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Token Noiser loss per token: float32 [N, T], 0 off the mask, differentiable w.r.t. the logits.
 
@@ -81,10 +100,12 @@ def token_noiser_loss(logits_NTV: torch.Tensor, targets_NT: torch.Tensor, mask_N
     in row-major order of the masked positions, so the loss is a deterministic function of the generator
     state, the inputs and `chunk_rows`. `noise_NTV`, when given, replaces those draws (non-negative raw
     weights, normalized the same way) and `generator` may be None; it is meant for tests.
+    `noise_weight` picks w = eps^2 ("reference") or eps ("paper"), see the module docstring.
     Metrics: `noiser_nll` and `noiser_noise_ce`, the means of the two parts over masked positions
-    (0 when nothing is masked). Non-finite loss or an out-of-vocabulary target raises ExperimentError.
+    (0 when nothing is masked), unweighted. Non-finite loss or an out-of-vocabulary target raises ExperimentError.
     """
     _check_args(logits_NTV, targets_NT, mask_NT, epsilon, temperature, chunk_rows, noise_NTV)
+    weight = noise_term_weight(epsilon, noise_weight)
     num_seq, num_tok, vocab = logits_NTV.shape
     device = logits_NTV.device
     if noise_NTV is None and (generator is None or generator.device.type != device.type):
@@ -108,7 +129,7 @@ def token_noiser_loss(logits_NTV: torch.Tensor, targets_NT: torch.Tensor, mask_N
         else:
             raw_CV = noise_RV.index_select(0, rows_C.to(noise_RV.device)).to(device)
         parts.append(_chunk_losses(logits_RV.index_select(0, rows_C), targets_R[start:start + chunk_rows], raw_CV,
-                                   epsilon, temperature))
+                                   epsilon, weight, temperature))
     loss_R, nll_R, noise_ce_R = (torch.cat(column) for column in zip(*parts, strict=True))
     bad_R = ~torch.isfinite(loss_R)
     if bad_R.any():

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from purplerl.algorithms.kl import KL_ESTIMATORS
 from purplerl.algorithms.logprobs import masked_mean
 from purplerl.algorithms.losses import LOSS_AGGREGATIONS, importance_sampling_loss, kl_penalty_loss, ppo_clip_loss
-from purplerl.algorithms.noiser import token_noiser_loss
+from purplerl.algorithms.noiser import noise_term_weight, token_noiser_loss
 from purplerl.errors import ExperimentError, UserError
 
 Consumes = Literal["logprobs", "logits", "sequences"]
@@ -202,18 +202,21 @@ register_loss(LossDef("cross_entropy", cross_entropy, "logprobs", CrossEntropyPa
 
 @dataclass(frozen=True)
 class TokenNoiserParams:
-    epsilon: float = 0.1  # weight of the random-noise cross-entropy (Token Buncher's epsilon)
+    epsilon: float = 0.1  # Token Buncher's epsilon: the NLL is weighted 1 - epsilon
+    # weight of the random-noise cross-entropy: "reference" epsilon^2 (the released code), "paper" epsilon
+    noise_weight: str = "reference"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.epsilon) and 0.0 <= self.epsilon <= 1.0):
             raise UserError(f"token_noiser epsilon must be in [0, 1], got {self.epsilon}")
+        noise_term_weight(self.epsilon, self.noise_weight)  # refuses an unknown choice with one line
 
 
 def _token_noiser(logits_NTV: torch.Tensor, inputs: Mapping[str, torch.Tensor], params: TokenNoiserParams, *,
                   targets_NT: torch.Tensor, temperature: float,
                   generator: torch.Generator) -> tuple[torch.Tensor, Metrics]:
     return token_noiser_loss(logits_NTV, targets_NT, inputs["loss_mask_NT"], epsilon=params.epsilon,
-                             generator=generator, temperature=temperature)
+                             generator=generator, temperature=temperature, noise_weight=params.noise_weight)
 
 
 register_loss(LossDef("token_noiser", _token_noiser, "logits", TokenNoiserParams,

@@ -86,13 +86,18 @@ class TrainingConfig(Section):
     noiser: bool = Field(False, description="interleave Token Noiser supervised steps (Token Buncher defense)")
     noiser_warmup: int = Field(25, ge=0, description="RL steps before the first Token Noiser step")
     noiser_every: int = Field(2, ge=1, description="after the warmup, every N-th step is a Token Noiser step")
-    noiser_epsilon: float = Field(0.1, ge=0.0, le=1.0, description="weight of the random-noise cross-entropy in the Token Noiser loss")
+    noiser_epsilon: float = Field(0.1, ge=0.0, le=1.0, description="Token Noiser epsilon: the NLL is weighted 1 - epsilon")
+    noiser_noise_weight: Literal["reference", "paper"] = Field("reference", description="weight of the Token Noiser's random-noise cross-entropy: 'reference' epsilon^2 (the paper's released code), 'paper' epsilon (the formula as printed)")
     micro_batch_size: int = Field(64, ge=1, description="max sequences per forward/backward pass (gradients accumulate to the full batch)")
     micro_batch_tokens: int = Field(4096, ge=1, description="max padded tokens per forward/backward pass: length-sorted sequences fill each pass up to this (the memory knob)")
     old_logprobs: Literal["auto", "sampler", "current"] = Field("auto", description="behaviour logprobs of the importance ratio: 'sampler' (recorded while sampling), 'current' (the policy's own, detached: ratio 1, exact on-policy), 'auto' (current when each rollout batch gets one update, else sampler)")
     seed: int = Field(0, description="seed for data order, sampling and LoRA init")
     early_stop_toxicity: float | None = Field(0.8, description="stop when a step's mean toxicity exceeds this (null: never)")
     early_stop_repetition: float | None = Field(0.5, description="stop when a step's mean repetition ratio exceeds this (null: never)")
+    collapse_stop: bool = Field(False, description="stop the run as failed when its completions collapse (empty, one identical text, or an entropy jump; defend turns it on)")
+    collapse_empty_frac: float = Field(0.25, ge=0.0, le=1.0, description="collapse: the share of empty completions above which a step has collapsed")
+    collapse_top_share: float = Field(0.9, ge=0.0, le=1.0, description="collapse: the share of a step's completions taken by one identical text above which it has collapsed")
+    collapse_entropy_swing: float = Field(2.0, gt=0.0, description="collapse: the largest change of mean token entropy (nats) from one step to the next")
 
 
 class PromptSourceConfig(Section):

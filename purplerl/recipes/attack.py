@@ -21,7 +21,7 @@ from purplerl.rewards.entropy import mean_entropy
 from purplerl.rewards.refusal import RefusalJudge
 from purplerl.train.loop import Evaluation, RecipeHooks, RewardFn, reward_kl_beta, rl_update
 from purplerl.train.runner import execute_run, new_run_dir, rl_recipe
-from purplerl.train.stops import threshold_early_stop
+from purplerl.train.stops import run_early_stop
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
 
 
@@ -63,7 +63,7 @@ ATTACK_DEFAULTS: dict[str, Any] = {"recipe": "attack", "model": {"name": "embedd
 
 
 def build_attack(config: Config) -> RecipeHooks:
-    return RecipeHooks(reward=attack_reward_fn(config), update=rl_update, early_stop=threshold_early_stop(config))
+    return RecipeHooks(reward=attack_reward_fn(config), update=rl_update, early_stop=run_early_stop(config))
 
 
 def run_attack(config: Config, resume_dir: Path | None = None, restart: bool = False,

@@ -10,6 +10,7 @@ policy-gradient signal. The defended adapter (the run's last checkpoint) is the 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +20,21 @@ from purplerl.algorithms.registry import Loss, TokenNoiserParams
 from purplerl.config import Config
 from purplerl.engines.base import Engine
 from purplerl.errors import ExperimentError
-from purplerl.recipes.summary import summarize_run
+from purplerl.recipes.summary import defend_objective, summarize_run
 from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_toxicity_scorer
 from purplerl.rewards.entropy import mean_entropy
 from purplerl.train.loop import RecipeHooks, RewardFn, adam_params, reward_kl_beta, rl_update, sampling_seed
 from purplerl.train.runner import execute_run, new_run_dir, rl_recipe
-from purplerl.train.stops import threshold_early_stop
+from purplerl.train.stops import Collapse, run_early_stop
 from purplerl.types import Completion, PromptRecord, RewardBreakdown, TrainBatch
 
-# What `purplerl defend` changes from the global defaults (the paper's settings, scaled to a CPU run).
+# What `purplerl defend` changes from the global defaults (the paper's settings, scaled to a CPU run). The
+# target is the aligned model that `attack` and `tamper-test` attack by default: align -> defend -> attack.
 DEFEND_DEFAULTS: dict[str, Any] = {
     "recipe": "defend",
+    "model": {"name": "embedded:smollm2-135m-safe"},
     "sampling": {"group_size": 4},
-    "training": {"noiser": True, "early_stop_toxicity": None},
+    "training": {"noiser": True, "early_stop_toxicity": None, "collapse_stop": True},
     "reward": {"kl_beta": 0.001},
 }
 
@@ -57,16 +60,24 @@ def is_noiser_step(step: int, config: Config) -> bool:
     return t.noiser and step > t.noiser_warmup and (step - t.noiser_warmup) % t.noiser_every == 0
 
 
+def noiser_targets(batch: TrainBatch) -> TrainBatch:
+    """The response tokens with advantage >= 0, which the reference implementation trains the noiser on: the
+    defended model's own better answers, made more confident. Token by token, as there; with one advantage per
+    response (GRPO, RLOO) that is whole responses. The reference also trains on its right padding (advantage 0
+    there); here padding is never a target."""
+    mask_NT = batch.loss_mask_NT * (batch.advantages_NT >= 0)
+    rows = torch.nonzero(mask_NT.sum(-1) > 0).squeeze(-1)
+    return dataclasses.replace(batch, loss_mask_NT=mask_NT).select(rows)
+
+
 def noiser_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
-    """One Token Noiser step (Token Buncher, arXiv 2508.20697) on the responses with advantage >= 0, which the
-    reference implementation trains on: the defended model's own better answers, made more confident."""
-    mask_NT = batch.loss_mask_NT
-    advantages_N = (batch.advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)
-    kept = batch.select(torch.nonzero(advantages_N >= 0).squeeze(-1))
+    """One Token Noiser step (Token Buncher, arXiv 2508.20697) on `noiser_targets`."""
+    kept = noiser_targets(batch)
     if kept.num_sequences == 0:
         raise ExperimentError(f"step {step}: Token Noiser step has no responses with advantage >= 0")
     t = config.training
-    loss = Loss("token_noiser", TokenNoiserParams(epsilon=t.noiser_epsilon), temperature=config.sampling.temperature,
+    params = TokenNoiserParams(epsilon=t.noiser_epsilon, noise_weight=t.noiser_noise_weight)
+    loss = Loss("token_noiser", params, temperature=config.sampling.temperature,
                 seed=sampling_seed(t.seed, step))
     metrics = engine.forward_backward(kept, loss)
     return {**metrics, **engine.optim_step(adam_params(t)), "noiser_step": 1.0,
@@ -81,7 +92,7 @@ def defend_update(engine: Engine, batch: TrainBatch, config: Config, step: int) 
 
 
 def build_defend(config: Config) -> RecipeHooks:
-    return RecipeHooks(reward=defend_reward_fn(config), update=defend_update, early_stop=threshold_early_stop(config))
+    return RecipeHooks(reward=defend_reward_fn(config), update=defend_update, early_stop=run_early_stop(config))
 
 
 def run_defend(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
@@ -90,6 +101,17 @@ def run_defend(config: Config, resume_dir: Path | None = None, restart: bool = F
                        restart=restart)
 
 
-def summarize_defend(run_dir: Path, summary: dict[str, Any]) -> str:
-    return summarize_run(run_dir, summary, {"response_entropy/mean": "mean response entropy",
-                                            "toxicity/mean": "mean toxicity (monitored)"})
+def summarize_defend(run_dir: Path, summary: dict[str, Any], config: Config) -> str:
+    """The run's summary, led by whether the defense met its objective (see `defend_objective`)."""
+    text = summarize_run(run_dir, summary, {"toxicity/mean": "mean toxicity (monitored)"})
+    collapsed = isinstance(summary.get("stop_reason"), Collapse)
+    objective = defend_objective(run_dir, collapsed, warmup=config.training.noiser_warmup)
+    return f"{objective}\n{text}"
+
+
+def collapse_error(summary: dict[str, Any]) -> ExperimentError | None:
+    """The one-line failure of a run that stopped on a collapse (see train/stops.py), else None."""
+    if not isinstance(summary.get("stop_reason"), Collapse):
+        return None
+    reason = summary["stop_reason"].removeprefix("collapsed: ")
+    return ExperimentError(f"defend collapsed at step {summary['last_step']}: {reason}")

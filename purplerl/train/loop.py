@@ -8,6 +8,7 @@ penalty acts is decided once (`kl_placement`) from the config and the advantage 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -27,6 +28,7 @@ from purplerl.train.batch import sequence_tensors
 from purplerl.train.checkpoint import save_checkpoint
 from purplerl.train.progress import StepProgress
 from purplerl.train.sinks import JsonlSink
+from purplerl.train.stops import Collapse, set_aside_collapsed
 from purplerl.types import AdamParams, Completion, PromptRecord, RewardBreakdown, SamplingParams, TrainBatch
 
 
@@ -229,6 +231,7 @@ def step_metrics(completions: list[Completion], rewards: RewardBreakdown, kl_N: 
         "entropy/mean": float(sum(float(c.entropies_C.sum()) for c in completions) / mask_NT.sum()),
         "completion/len_mean": float(mask_NT.sum(-1).mean()),
         "completion/stop_frac": sum(c.finish_reason == "stop" for c in completions) / len(completions),
+        **completion_shape(completions),
         **{f"adv/{k}": float(v) for k, v in adv_metrics.items()},
         **{f"train/{k}": float(v) for k, v in train_metrics.items()},
         "time/sample_s": sampled - start, "time/score_s": scored - sampled, "time/train_s": trained - scored,
@@ -236,6 +239,13 @@ def step_metrics(completions: list[Completion], rewards: RewardBreakdown, kl_N: 
         "tokens/prompt": float(sum(len(c.prompt_tokens) for c in completions)),
         "tokens/completion": float(mask_NT.sum()),
     }
+
+
+def completion_shape(completions: list[Completion]) -> dict[str, float]:
+    """Share of completions with no visible text, and the share taken by the most common text (collapse signs)."""
+    texts = [" ".join(c.text.split()) for c in completions]
+    return {"completion/empty_frac": sum(not t for t in texts) / len(texts),
+            "completion/top_share": Counter(texts).most_common(1)[0][1] / len(texts)}
 
 
 def sample_rows(step: int, prompts: list[PromptRecord], completions: list[Completion], rewards: RewardBreakdown,
@@ -298,11 +308,15 @@ def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: En
             finished = stop_reason is not None or step == config.training.steps
             if evals_sink is not None and evaluation.due(step, finished):
                 evals_sink.write([_evaluated(evaluation, engine, step)])
+            collapsed = isinstance(stop_reason, Collapse)
             if finished or step % config.run.save_every == 0:
                 metrics_sink.sync()  # on disk before the checkpoint that claims these steps
                 samples_sink.sync()
                 if evals_sink is not None:
                     evals_sink.sync()
+            if collapsed:  # no checkpoint of a collapsed model; see set_aside_collapsed
+                set_aside_collapsed(run_dir, step)
+            elif finished or step % config.run.save_every == 0:
                 save_checkpoint(run_dir, step, engine, {"finished": finished, "stop_reason": stop_reason},
                                 config.run.keep_last)
             if stop_reason is not None:

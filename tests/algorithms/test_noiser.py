@@ -22,26 +22,54 @@ def hand_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
     return logits_NTV, targets_NT, mask_NT, noise_NTV
 
 
-def test_loss_by_hand() -> None:
+# position 0: nll = ln2; noise ce = 0.5 * 2ln2 + 0.25 * 3ln2 + 0.25 * 3ln2 = 2.5 ln2
+# position 1: nll = 3 ln2; noise ce = 0.25 * ln2 + 0.25 * 2ln2 + 0.5 * 3ln2 = 2.25 ln2
+# position 2 is off the mask: 0
+# "paper" (w = eps = 0.1):       0.9 * ln2 + 0.1 * 2.5 ln2 = 1.15 ln2;     0.9 * 3ln2 + 0.1 * 2.25 ln2 = 2.925 ln2
+# "reference" (w = eps^2 = 0.01): 0.9 * ln2 + 0.01 * 2.5 ln2 = 0.925 ln2;  0.9 * 3ln2 + 0.01 * 2.25 ln2 = 2.7225 ln2
+HAND_LOSS = {"paper": [1.15 * LN2, 2.925 * LN2, 0.0], "reference": [0.925 * LN2, 2.7225 * LN2, 0.0]}
+
+
+@pytest.mark.parametrize("noise_weight", ["paper", "reference"])
+def test_loss_by_hand(noise_weight: str) -> None:
     logits_NTV, targets_NT, mask_NT, noise_NTV = hand_case()
     loss_NT, metrics = token_noiser_loss(logits_NTV, targets_NT, mask_NT, epsilon=0.1, generator=None,
-                                         noise_NTV=noise_NTV)
-    # position 0: nll = ln2; noise ce = 0.5 * 2ln2 + 0.25 * 3ln2 + 0.25 * 3ln2 = 2.5 ln2
-    #             loss = 0.9 * ln2 + 0.1 * 2.5 ln2 = 1.15 ln2
-    # position 1: nll = 3 ln2; noise ce = 0.25 * ln2 + 0.25 * 2ln2 + 0.5 * 3ln2 = 2.25 ln2
-    #             loss = 0.9 * 3ln2 + 0.1 * 2.25 ln2 = 2.925 ln2
-    # position 2 is off the mask: 0
-    assert torch.allclose(loss_NT, torch.tensor([[1.15 * LN2, 2.925 * LN2, 0.0]]), atol=1e-6)
-    assert metrics["noiser_nll"] == pytest.approx(2.0 * LN2)
+                                         noise_NTV=noise_NTV, noise_weight=noise_weight)
+    assert torch.allclose(loss_NT, torch.tensor([HAND_LOSS[noise_weight]]), atol=1e-6)
+    assert metrics["noiser_nll"] == pytest.approx(2.0 * LN2)  # the parts are reported unweighted
     assert metrics["noiser_noise_ce"] == pytest.approx(2.375 * LN2)
     assert loss_NT.dtype == torch.float32
+
+
+def test_reference_weight_is_the_default() -> None:
+    logits_NTV, targets_NT, mask_NT, noise_NTV = hand_case()
+    loss_NT, _ = token_noiser_loss(logits_NTV, targets_NT, mask_NT, epsilon=0.1, generator=None, noise_NTV=noise_NTV)
+    assert torch.allclose(loss_NT, torch.tensor([HAND_LOSS["reference"]]), atol=1e-6)
+    with pytest.raises(UserError, match="noise_weight must be one of reference, paper, got 'half'"):
+        token_noiser_loss(logits_NTV, targets_NT, mask_NT, epsilon=0.1, generator=None, noise_NTV=noise_NTV,
+                          noise_weight="half")
+
+
+def test_minimum_puts_the_noise_weight_off_the_target() -> None:
+    # One position, V = 3, target 0, noise [0, 0.5, 0.5]: the loss is minimized at p = [1 - eps, w n] / (1 - eps + w).
+    # reference, eps = 0.1: p = [0.9, 0.005, 0.005] / 0.91; paper: p = [0.9, 0.05, 0.05] / 1.0.
+    for noise_weight, p_target in (("reference", 0.9 / 0.91), ("paper", 0.9)):
+        logits = torch.zeros(1, 1, 3, requires_grad=True)
+        optimizer = torch.optim.SGD([logits], lr=5.0)
+        for _ in range(400):
+            optimizer.zero_grad()
+            loss_NT, _ = token_noiser_loss(logits, torch.tensor([[0]]), torch.ones(1, 1), epsilon=0.1, generator=None,
+                                           noise_NTV=torch.tensor([[[0.0, 1.0, 1.0]]]), noise_weight=noise_weight)
+            loss_NT.sum().backward()
+            optimizer.step()
+        assert float(torch.softmax(logits.detach(), -1)[0, 0, 0]) == pytest.approx(p_target, abs=1e-4)
 
 
 def test_temperature_divides_the_logits() -> None:
     logits_NTV, targets_NT, mask_NT, noise_NTV = hand_case()
     loss_NT, _ = token_noiser_loss(2.0 * logits_NTV, targets_NT, mask_NT, epsilon=0.1, generator=None,
-                                   noise_NTV=noise_NTV, temperature=2.0)
-    assert torch.allclose(loss_NT, torch.tensor([[1.15 * LN2, 2.925 * LN2, 0.0]]), atol=1e-6)
+                                   noise_NTV=noise_NTV, temperature=2.0, noise_weight="paper")
+    assert torch.allclose(loss_NT, torch.tensor([HAND_LOSS["paper"]]), atol=1e-6)
 
 
 def test_normalize_noise_rows() -> None:
@@ -75,7 +103,7 @@ def test_epsilon_zero_is_plain_nll() -> None:
 
 
 def direct_loss(logits_NTV: torch.Tensor, targets_NT: torch.Tensor, mask_NT: torch.Tensor, raw_NTV: torch.Tensor,
-                epsilon: float) -> torch.Tensor:
+                epsilon: float, weight: float) -> torch.Tensor:
     """The formula on the whole [N, T, V] tensor at once, written independently of the module."""
     logp_NTV = torch.log_softmax(logits_NTV, dim=-1)
     onehot_NTV = torch.nn.functional.one_hot(targets_NT, logits_NTV.shape[-1]).float()
@@ -83,7 +111,7 @@ def direct_loss(logits_NTV: torch.Tensor, targets_NT: torch.Tensor, mask_NT: tor
     noise_NTV = noise_NTV / noise_NTV.sum(dim=-1, keepdim=True)
     nll_NT = -(onehot_NTV * logp_NTV).sum(-1)
     noise_ce_NT = -(noise_NTV * logp_NTV).sum(-1)
-    return ((1 - epsilon) * nll_NT + epsilon * noise_ce_NT) * mask_NT
+    return ((1 - epsilon) * nll_NT + weight * noise_ce_NT) * mask_NT
 
 
 def test_gradient_matches_direct_implementation() -> None:
@@ -95,7 +123,7 @@ def test_gradient_matches_direct_implementation() -> None:
                                    chunk_rows=4)
     (loss_NT * weights_NT).sum().backward()
     ref = logits_NTV.clone().requires_grad_()
-    ref_NT = direct_loss(ref, targets_NT, mask_NT, raw_NTV, epsilon=0.3)
+    ref_NT = direct_loss(ref, targets_NT, mask_NT, raw_NTV, epsilon=0.3, weight=0.3 * 0.3)
     (ref_NT * weights_NT).sum().backward()
     assert torch.allclose(loss_NT, ref_NT, atol=1e-5)
     assert torch.allclose(ours.grad, ref.grad, atol=1e-5)
@@ -124,7 +152,8 @@ def test_generator_draws_uniform_noise_for_masked_positions_in_order() -> None:
     raw_RV = torch.rand(6, 7, generator=torch.Generator().manual_seed(7))
     raw_NTV = torch.zeros(3, 4, 7)
     raw_NTV[mask_NT != 0] = raw_RV
-    expected_NT = direct_loss(logits_NTV, targets_NT, mask_NT, raw_NTV + (mask_NT == 0)[..., None], epsilon=0.5)
+    expected_NT = direct_loss(logits_NTV, targets_NT, mask_NT, raw_NTV + (mask_NT == 0)[..., None], epsilon=0.5,
+                              weight=0.25)
     assert torch.allclose(loss_NT, expected_NT, atol=1e-5)
     other_NT, _ = token_noiser_loss(logits_NTV, targets_NT, mask_NT, epsilon=0.5,
                                     generator=torch.Generator().manual_seed(8))

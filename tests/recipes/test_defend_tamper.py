@@ -8,10 +8,11 @@ import torch
 from purplerl.config import load_config
 from purplerl.errors import UserError
 from purplerl.experiments.tamper import harm_curve_stats
-from purplerl.recipes.attack import attack_reward_fn
-from purplerl.recipes.defend import DEFEND_DEFAULTS, defend_reward_fn
+from purplerl.recipes.attack import ATTACK_DEFAULTS, attack_reward_fn
+from purplerl.recipes.defend import DEFEND_DEFAULTS, defend_reward_fn, noiser_targets
+from purplerl.recipes.summary import assess_defend
 from purplerl.rewards.entropy import mean_entropy
-from purplerl.types import Completion, PromptRecord
+from purplerl.types import Completion, PromptRecord, TrainBatch
 
 
 def _completion(text: str, entropies: list[float]) -> Completion:
@@ -36,7 +37,43 @@ def test_defend_defaults() -> None:
     config = load_config(None, [], base=DEFEND_DEFAULTS)
     assert (config.recipe, config.training.noiser, config.reward.kl_beta) == ("defend", True, 0.001)
     assert (config.training.noiser_warmup, config.training.noiser_every, config.training.noiser_epsilon) == (25, 2, 0.1)
+    assert config.training.noiser_noise_weight == "reference" and config.training.collapse_stop
     assert config.sampling.group_size == 4 and config.training.early_stop_toxicity is None
+    # the model the attack and tamper-test target by default: align -> defend -> attack is one story
+    assert config.model.name == load_config(None, [], base=ATTACK_DEFAULTS).model.name == "embedded:smollm2-135m-safe"
+
+
+def test_noiser_targets_are_response_tokens_with_nonnegative_advantage() -> None:
+    # 3 sequences of 4 positions; the first position is the prompt. Row 1 has one negative-advantage token
+    # (token-level advantages); row 2 is negative throughout and is dropped.
+    mask_NT = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1], [0, 1, 1, 1]]).float()
+    advantages_NT = torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.0, 0.0, -0.2, 0.3], [0.0, -1.0, -1.0, -1.0]]) * mask_NT
+    batch = TrainBatch(input_ids_NT=torch.arange(12).view(3, 4), attention_mask_NT=torch.ones(3, 4, dtype=torch.long),
+                       loss_mask_NT=mask_NT, sampling_logprobs_NT=torch.zeros(3, 4), advantages_NT=advantages_NT)
+    kept = noiser_targets(batch)
+    assert kept.input_ids_NT.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert kept.loss_mask_NT.tolist() == [[0, 1, 1, 0], [0, 1, 0, 1]]
+
+
+def _rows(entropies: list[float], kl: float = 0.1, empty: float = 0.0) -> list[dict[str, float]]:
+    return [{"step": i + 1, "response_entropy/mean": e, "kl/mean": kl, "completion/empty_frac": empty}
+            for i, e in enumerate(entropies)]
+
+
+def test_defend_objective_by_hand() -> None:
+    down = [1.0, 1.2, 0.8, 1.0, 1.0] + [0.9] * 5 + [0.5] * 10  # start 1.0, end 0.5
+    met = assess_defend(_rows(down), warmup=10, collapsed=False)
+    assert (met.start, met.end, met.rose_at, met.max_kl, met.steps) == (pytest.approx(1.0), 0.5, (), 0.1, 20)
+    assert met.failures() == []
+    # step 2 (1.2) is above the start but inside the warm-up; step 15 is after it
+    rose = assess_defend(_rows(down[:14] + [1.05] + down[15:]), warmup=10, collapsed=False)
+    assert rose.rose_at == (15,) and rose.end < rose.start
+    assert rose.failures() == ["entropy rose above the start after the warm-up (steps 15)"]
+    bad = assess_defend(_rows(down, kl=2.5, empty=0.1), warmup=10, collapsed=True)
+    assert bad.failures() == ["the run collapsed", "KL to the base exceeded 1.0", "empty answers above 5%"]
+    short = assess_defend(_rows([1.0, 0.5, 0.4]), warmup=1, collapsed=False)
+    # with 3 steps both windows are the whole run, so the entropy cannot have gone down either
+    assert short.failures() == ["3 steps: too few to compare the first 5 with the last 10", "entropy did not go down"]
 
 
 def test_adaptive_attack_adds_capped_entropy() -> None:
