@@ -58,8 +58,8 @@ def prompts_seen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     make_engine, tokenizer = engines.make_engine, make_tiny_tokenizer()
 
-    def spying_make_engine(config):
-        engine = make_engine(config)
+    def spying_make_engine(config, *args, **kwargs):
+        engine = make_engine(config, *args, **kwargs)
         sample = engine.sample
 
         def recording_sample(prompt_tokens, n, params):
@@ -129,18 +129,20 @@ def test_tamper_test_attacks_and_checks_utility_as_the_defense_was_trained(
     config = load_command_config("tamper-test", None, [
         "--adapter", str(run_checkpoint), "--out", str(out), "--device", "cpu", "--dtype", "float32",
         "--lora_rank", "4", "--steps", "1", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "2",
-        "--logging.progress", "false", "--utility_limit", "1", "--utility_tokens", "8"])
+        "--logging.progress", "false", "--utility_limit", "1", "--utility_tokens", "8", "--seeds", "1",
+        "--eval_prompts", "2"])
     notes: list[str] = []
     run_tamper_test(config, announce=notes.append)
-    assert notes == []
+    assert notes == ["tamper-test: rl_base_s0", "tamper-test: rl_merged_s0"]  # no note about the checkpoint
     run = yaml.safe_load((run_checkpoint.parent.parent / "config.yaml").read_text())
-    for name in ("base", "defended"):
-        attack = yaml.safe_load((out / f"attack_{name}" / "config.yaml").read_text())
+    for name in ("rl_base_s0", "rl_merged_s0"):
+        attack = yaml.safe_load((out / "runs" / name / "config.yaml").read_text())
         assert (attack["data"]["template"], attack["data"]["system_prompt"]) == ("base", SYSTEM)
-        assert attack["model"]["name"] == run["model"]["name"]
+    assert yaml.safe_load((out / "runs" / "rl_base_s0" / "config.yaml").read_text())["model"]["name"] == \
+        run["model"]["name"]
     (item,) = load_utility_set(limit=1)
     utility = _base_text(f"Question: {item['question']}\nAnswer:")
-    assert prompts_seen.count(utility) == 4  # before and after each attack
+    assert prompts_seen.count(utility) == 2  # the base and the defended model, before any attack
     assert all(text.startswith(f"{SYSTEM}\n\n") and "<|im_start|>" not in text for text in prompts_seen)
 
 
