@@ -130,6 +130,19 @@ def _defend_defaults() -> dict[str, Any]:
     return DEFEND_DEFAULTS
 
 
+def _run_recipe(recipe: str, cfg: Any, run: Callable[..., dict[str, Any]], summarize: Callable[[dict[str, Any]], str],
+                resume: Path | None, restart: bool) -> None:
+    """Run a training recipe, print its summary, and exit non-zero with one line when the run collapsed."""
+    from purplerl.train.stops import collapse_error
+
+    _quiet_libraries()
+    summary = run(cfg, resume_dir=resume, restart=_restart(restart, resume))
+    typer.echo(summarize(summary))
+    error = collapse_error(recipe, summary)
+    if error is not None:
+        raise error
+
+
 @app.command(context_settings=OVERRIDES, cls=config_command("attack"))
 @reports_errors
 def attack(
@@ -142,9 +155,8 @@ def attack(
     from purplerl.recipes.attack import ATTACK_DEFAULTS, run_attack, summarize_attack
 
     cfg = _recipe_config("attack", ctx.args, config, resume, defaults=ATTACK_DEFAULTS)
-    _quiet_libraries()
-    summary = run_attack(cfg, resume_dir=resume, restart=_restart(restart, resume))
-    typer.echo(summarize_attack(Path(summary["run_dir"]), summary))
+    _run_recipe("attack", cfg, run_attack, lambda summary: summarize_attack(Path(summary["run_dir"]), summary),
+                resume, restart)
 
 
 @app.command(context_settings=OVERRIDES, cls=config_command("defend", _defend_defaults))
@@ -160,15 +172,11 @@ def defend(
     Defaults differ from attack's: training.noiser true, reward.kl_beta 0.001, no toxicity early stop,
     training.collapse_stop true (a collapse exits non-zero). The last checkpoint is the defended adapter
     (use it with attack --init_adapter or tamper-test)."""
-    from purplerl.recipes.defend import DEFEND_DEFAULTS, collapse_error, run_defend, summarize_defend
+    from purplerl.recipes.defend import DEFEND_DEFAULTS, run_defend, summarize_defend
 
     cfg = _recipe_config("defend", ctx.args, config, resume, defaults=DEFEND_DEFAULTS)
-    _quiet_libraries()
-    summary = run_defend(cfg, resume_dir=resume, restart=_restart(restart, resume))
-    typer.echo(summarize_defend(Path(summary["run_dir"]), summary, cfg))
-    error = collapse_error(summary)
-    if error is not None:
-        raise error
+    _run_recipe("defend", cfg, run_defend, lambda summary: summarize_defend(Path(summary["run_dir"]), summary, cfg),
+                resume, restart)
 
 
 def _sft_defaults() -> dict[str, Any]:
@@ -190,9 +198,7 @@ def sft(
     from purplerl.recipes.sft import SFT_DEFAULTS, run_sft, summarize_sft
 
     cfg = _recipe_config("sft", ctx.args, config, resume, defaults=SFT_DEFAULTS)
-    _quiet_libraries()
-    summary = run_sft(cfg, resume_dir=resume, restart=_restart(restart, resume))
-    typer.echo(summarize_sft(Path(summary["run_dir"]), summary))
+    _run_recipe("sft", cfg, run_sft, lambda summary: summarize_sft(Path(summary["run_dir"]), summary), resume, restart)
 
 
 @app.command(context_settings=OVERRIDES, cls=config_command("align"))

@@ -25,3 +25,13 @@ def test_defend_collapse_exits_nonzero_with_one_line(tiny_model_dir: Path, tmp_p
     # step 2 sampled from the weights saved after step 1: set aside, so no checkpoint claims a defended model
     assert not (tmp_path / "def" / "checkpoints" / "step_000001").exists()
     assert (tmp_path / "def" / "collapsed_checkpoints" / "step_000001" / "adapter_config.json").is_file()
+
+
+def test_attack_with_collapse_detection_on_exits_nonzero_too(tiny_model_dir: Path, tmp_path: Path) -> None:
+    result = purplerl("attack", "--model", tiny_model_dir, *SMALL, "--training.collapse_stop", "true",
+                      "--training.collapse_entropy_swing", "1e-9", "--output_dir", tmp_path, "--name", "att",
+                      env=cli_env(tmp_path / "cache"))
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: attack collapsed at step 2: mean token entropy jumped ")
+    assert "Traceback" not in result.stderr

@@ -107,11 +107,3 @@ def summarize_defend(run_dir: Path, summary: dict[str, Any], config: Config) -> 
     collapsed = isinstance(summary.get("stop_reason"), Collapse)
     objective = defend_objective(run_dir, collapsed, warmup=config.training.noiser_warmup)
     return f"{objective}\n{text}"
-
-
-def collapse_error(summary: dict[str, Any]) -> ExperimentError | None:
-    """The one-line failure of a run that stopped on a collapse (see train/stops.py), else None."""
-    if not isinstance(summary.get("stop_reason"), Collapse):
-        return None
-    reason = summary["stop_reason"].removeprefix("collapsed: ")
-    return ExperimentError(f"defend collapsed at step {summary['last_step']}: {reason}")

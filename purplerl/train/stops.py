@@ -7,8 +7,10 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from purplerl.config import Config
+from purplerl.errors import ExperimentError
 from purplerl.train.checkpoint import checkpoint_dirs
 
 EarlyStop = Callable[[dict[str, float]], str | None]
@@ -17,6 +19,14 @@ COLLAPSED_DIR = "collapsed_checkpoints"  # where a checkpoint that already holds
 
 class Collapse(str):
     """A stop reason that says the model collapsed: the run failed, its last step is not a result."""
+
+
+def collapse_error(recipe: str, summary: dict[str, Any]) -> ExperimentError | None:
+    """The one-line failure of a run that stopped on a collapse, else None: the command exits non-zero with it."""
+    if not isinstance(summary.get("stop_reason"), Collapse):
+        return None
+    reason = summary["stop_reason"].removeprefix("collapsed: ")
+    return ExperimentError(f"{recipe} collapsed at step {summary['last_step']}: {reason}")
 
 
 def threshold_early_stop(config: Config) -> EarlyStop:
