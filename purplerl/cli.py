@@ -253,6 +253,31 @@ def tamper_test(
 
 @app.command()
 @reports_errors
+def export(
+    merge: Annotated[Path, typer.Option("--merge", help="a LoRA checkpoint of a run (or a bare PEFT adapter dir)")],
+    out: Annotated[Path, typer.Option(help="the model dir to write (must not exist, or be empty)")],
+    model: Annotated[str | None, typer.Option(help="base model, when the adapter's run does not say it")] = None,
+) -> None:
+    """Merge an adapter into its base model's weights: OUT is a standard model dir (AutoModelForCausalLM loads it
+    with its tokenizer) computing what the adapter-on model computes; OUT/purplerl_export.json says how to prompt it."""
+    from purplerl.config import ModelLoadConfig, PromptFormatConfig
+    from purplerl.engines.loading import resolve_policy
+    from purplerl.engines.merge import merge_adapter
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} already exists and is not an empty dir: choose a new one")
+    policy = resolve_policy(merge, ModelLoadConfig(name=model) if model else ModelLoadConfig(), PromptFormatConfig())
+    if policy.model.init_adapter is None:
+        raise UserError(f"{merge} is already a full model dir (a full-parameter checkpoint): load it as it is")
+    if policy.note:
+        typer.echo(policy.note, err=True)
+    info = {"adapter": str(merge.resolve()), "base_model": policy.model.name, "revision": policy.model.revision,
+            "prompt": policy.prompt.model_dump(mode="json")}
+    typer.echo(f"wrote {merge_adapter(merge, out, policy.model.name, metadata={'purplerl_export.json': info})}")
+
+
+@app.command()
+@reports_errors
 def report(run_dir: Annotated[Path, typer.Argument(help="a run dir with metrics.jsonl (and samples.jsonl)")]) -> None:
     """Write RUN_DIR/report.html (curves, first-vs-last summary, samples) and RUN_DIR/plots/*.png."""
     from purplerl.eval.report import training_report
