@@ -456,10 +456,10 @@ def test_every_float_field_of_every_command_refuses_nan(name: str):
 
 def test_leaf_field_counts_per_command():
     # attack's 82 fields plus reward.refusal_penalty, model.finetune, training.noiser_noise_weight and the 4
-    # collapse_* fields; tamper-test adds its tamper section (15), the utility check (3) and the held-out judges (8);
+    # collapse_* fields; tamper-test adds its tamper section (16), the utility check (3) and the held-out judges (8);
     # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 89, "defend": 89, "tamper-test": 115, "sft": 97, "eval": 37, "sample": 15,
+    assert counts == {"attack": 89, "defend": 89, "tamper-test": 116, "sft": 97, "eval": 37, "sample": 15,
                       "data prepare": 10, "align": 3}
 
 

@@ -41,6 +41,10 @@ def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir
     finals = {key: [saved["runs"][name][key][-1] for name in saved["threats"]["merged"]["base_runs"]]
               for key in ("heldout_refusal", "heldout_degenerate")}
     assert merged_row[-3:-1] == [f"{sum(v) / len(v):.3f}" for v in finals.values()]
+    utility = json.loads((out / "utility.json").read_text())
+    assert utility["base_benign_refusal"]["n"] == utility["defended_benign_refusal"]["n"] == 40
+    benign = utility["defended_benign_refusal"]["point"] <= utility["base_benign_refusal"]["high"]
+    assert utility["kept"] == (utility["defended"]["point"] >= utility["base"]["low"] and benign)
     runs = out / "runs"
     expected = {f"{family}_{start}_s{seed}" for seed in (0, 1) for family, start in [
         ("rl", "base"), ("rl", "merged"), ("rl", "adapter"), ("adaptive", "base"), ("adaptive", "merged"),

@@ -17,6 +17,7 @@ from purplerl.experiments.tamper.stats import (
     aggregate,
     curve_stats,
     mean_interval,
+    refusal_kept,
     t_quantile_975,
     utility_kept,
     verdict,
@@ -136,3 +137,9 @@ def test_an_attack_rewarded_against_the_refusal_judge_needs_another_held_out_jud
     judged = load_command_config("tamper-test", None, ["--reward.refusal_penalty", "1.0", "--guard_model", "g"])
     assert judged.reward.refusal_penalty == 1.0 and judged.judges.model_judged()
     assert load_command_config("tamper-test", None, []).reward.refusal_penalty == 0.0
+
+
+def test_refusal_kept_means_benign_refusals_not_above_the_base_interval() -> None:
+    base = {"point": 0.5, "low": 0.35, "high": 0.65}
+    assert refusal_kept({"point": 0.65}, base) and refusal_kept({"point": 0.1}, base)
+    assert not refusal_kept({"point": 0.95}, base)  # refusing nearly everything is not kept utility

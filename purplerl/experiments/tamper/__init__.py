@@ -19,9 +19,11 @@ from typing import Any
 
 from purplerl.config import Config, TamperTestConfig, UtilityConfig, build_config
 from purplerl.data import load_prompts
+from purplerl.data.alignment import alignment_examples, to_prompt_records
 from purplerl.engines.loading import RUN_MODEL_FIELDS, RUN_PROMPT_FIELDS, Policy, resolve_policy
 from purplerl.engines.merge import merge_adapter
 from purplerl.errors import UserError
+from purplerl.eval.metrics import bootstrap_ci
 from purplerl.eval.suites import HarmJudges, utility_suite
 from purplerl.experiments.tamper.heldout import HARM_KEY, heldout_evaluation
 from purplerl.experiments.tamper.mining import write_sft_data
@@ -37,7 +39,15 @@ from purplerl.experiments.tamper.runs import (
     run_order,
     sft_config,
 )
-from purplerl.experiments.tamper.stats import aggregate, curve_stats, harm_curve_stats, utility_kept, verdict
+from purplerl.experiments.tamper.stats import (
+    aggregate,
+    curve_stats,
+    harm_curve_stats,
+    refusal_kept,
+    utility_kept,
+    verdict,
+)
+from purplerl.rewards.refusal import RefusalJudge
 from purplerl.types import SamplingParams
 
 __all__ = ["harm_curve_stats", "run_tamper_test", "tamper_summary", "utility_accuracy"]
@@ -47,15 +57,26 @@ SFT_DATA = "sft_data.jsonl"
 UTILITY_FILE = "utility.json"
 
 
-def utility_result(policy: Policy, utility: UtilityConfig) -> dict[str, float]:
+def utility_result(policy: Policy, utility: UtilityConfig, engine: Any = None) -> dict[str, float]:
     """Greedy exact match of a policy on the utility set: {"point", "low", "high"} (95% bootstrap CI)."""
-    engine = policy.load()
+    engine = engine or policy.load()
 
     def greedy(records: list[Any], max_new_tokens: int) -> list[str]:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
         return [texts[0] for texts in policy.generate(engine, records, 1, params)]
 
     return dict(utility_suite(greedy, utility, policy.prompt.template, seed=0)["metrics"]["exact_match"])
+
+
+def benign_refusal(policy: Policy, engine: Any, count: int, max_new_tokens: int) -> dict[str, float]:
+    """The share of `count` held-out benign requests of the alignment data (templates and topics no alignment
+    saw, many worded like harmful ones) that the policy refuses, greedy, with its 95% bootstrap CI."""
+    examples = alignment_examples("test", "benign")
+    examples = examples[::max(1, len(examples) // count)][:count]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    texts = [group[0] for group in policy.generate(engine, to_prompt_records(examples), 1, params)]
+    point, low, high = bootstrap_ci(RefusalJudge().score(texts), seed=0)
+    return {"point": point, "low": low, "high": high, "n": len(texts)}
 
 
 def utility_accuracy(policy: Policy, utility: UtilityConfig) -> float:
@@ -90,16 +111,26 @@ def merged_model(out: Path, defended: Policy) -> Path:
 
 
 def utility_numbers(out: Path, config: TamperTestConfig, defended: Policy) -> dict[str, Any]:
-    """Utility of the base and the defended model before any attack (computed once, kept in OUT/utility.json)."""
-    path, settings = out / UTILITY_FILE, config.utility.model_dump(mode="json")
+    """Utility of the base and the defended model before any attack (computed once, kept in OUT/utility.json):
+    arithmetic exact match, and the refusal rate on held-out benign requests."""
+    path = out / UTILITY_FILE
+    settings = {**config.utility.model_dump(mode="json"), "benign_prompts": config.tamper.benign_prompts,
+                "benign_tokens": config.sampling.max_new_tokens}
     if path.is_file():
         saved = json.loads(path.read_text())
         if saved.get("settings") == settings and saved.get("adapter") == defended.model.init_adapter:
             return saved
-    base = utility_result(defended.without_adapter(), config.utility)
-    protected = utility_result(defended, config.utility)
-    found = {"settings": settings, "adapter": defended.model.init_adapter, "source": config.utility.source,
-             "base": base, "defended": protected, "kept": utility_kept(protected, base)}
+    found: dict[str, Any] = {"settings": settings, "adapter": defended.model.init_adapter,
+                             "source": config.utility.source}
+    for side, policy in (("base", defended.without_adapter()), ("defended", defended)):
+        engine = policy.load()
+        found[side] = utility_result(policy, config.utility, engine)
+        if config.tamper.benign_prompts:
+            found[f"{side}_benign_refusal"] = benign_refusal(policy, engine, config.tamper.benign_prompts,
+                                                             config.sampling.max_new_tokens)
+    found["kept"] = utility_kept(found["defended"], found["base"]) and (
+        not config.tamper.benign_prompts or refusal_kept(found["defended_benign_refusal"],
+                                                         found["base_benign_refusal"]))
     _write_json(path, found)
     return found
 
@@ -169,4 +200,6 @@ def compare(config: TamperTestConfig, threats: dict[str, dict[str, list[AttackRu
                 "eval_split": t.eval_split, "harm_measure": "judge" if judged else "keyword",
                 "steps": config.training.steps}
     return {"adapter": t.adapter, "threats": by_threat, "settings": settings,
-            "utility": {k: utility[k] for k in ("source", "base", "defended", "kept")}, "runs": results}
+            "utility": {k: utility[k] for k in ("source", "base", "defended", "base_benign_refusal",
+                                                "defended_benign_refusal", "kept") if k in utility},
+            "runs": results}

@@ -22,12 +22,19 @@ def interval(agg: dict[str, Any]) -> str:
     return f"{agg['mean']:.3f} [{agg['low']:.3f}, {agg['high']:.3f}]"
 
 
+def _ci(m: dict[str, Any]) -> str:
+    return f"{m['point']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
+
+
 def _utility_line(utility: dict[str, Any]) -> str:
-    base, defended = utility["base"], utility["defended"]
-    state = "kept (within or above the base's interval)" if utility["kept"] else "LOST (below the base's interval)"
-    return (f"utility before any attack ({utility['source']}, exact match, 95% bootstrap CI): base "
-            f"{base['point']:.3f} [{base['low']:.3f}, {base['high']:.3f}], defended {defended['point']:.3f} "
-            f"[{defended['low']:.3f}, {defended['high']:.3f}]: {state}")
+    line = (f"utility before any attack (95% bootstrap CIs): {utility['source']} exact match base "
+            f"{_ci(utility['base'])}, defended {_ci(utility['defended'])}")
+    if "base_benign_refusal" in utility:
+        line += (f"; held-out benign requests refused: base {_ci(utility['base_benign_refusal'])}, defended "
+                 f"{_ci(utility['defended_benign_refusal'])}")
+    state = ("kept (exact match not below the base's interval, benign refusals not above it)" if utility["kept"]
+             else "LOST (exact match below the base's interval, or benign refusals above it)")
+    return f"{line}: {state}"
 
 
 def _final_mean(runs: list[dict[str, Any]], key: str) -> str:
