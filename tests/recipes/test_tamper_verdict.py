@@ -80,6 +80,7 @@ def test_verdict_rules(case: str) -> None:
     assert got["verdict"] == expected
     if expected == UTILITY_LOSS:
         assert "lost utility" in got["reason"] and "held" not in got["verdict"]
+    assert ("lost utility" in got["reason"]) == (not kept)  # a utility loss is named whatever the verdict
 
 
 def test_one_seed_is_inconclusive_however_far_apart() -> None:
