@@ -46,6 +46,8 @@ def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir
     benign = utility["defended_benign_refusal"]["point"] <= utility["base_benign_refusal"]["high"]
     assert utility["kept"] == (utility["defended"]["point"] >= utility["base"]["low"] and benign)
     runs = out / "runs"
+    first_eval = json.loads((runs / "rl_base_s0" / "evals.jsonl").read_text().splitlines()[0])
+    assert saved["settings"]["eval_prompts"] == first_eval["heldout/n"]  # the prompts judged, not the asked limit
     expected = {f"{family}_{start}_s{seed}" for seed in (0, 1) for family, start in [
         ("rl", "base"), ("rl", "merged"), ("rl", "adapter"), ("adaptive", "base"), ("adaptive", "merged"),
         ("sft", "base"), ("sft", "merged")]}

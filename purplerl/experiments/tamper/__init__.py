@@ -178,7 +178,8 @@ def run_tamper_test(config: TamperTestConfig, announce: Callable[[str], None] = 
         execute(run_config, run, run_dir, evaluation)
         results[run.name] = read_run(run, run_dir, lambda curve: curve_stats(curve, t.threshold), HARM_KEY)
 
-    result = compare(config, threats, results, utility, seeds, judged=config.judges.model_judged())
+    result = compare(config, threats, results, utility, seeds, judged=config.judges.model_judged(),
+                     heldout_count=len(records))
     plot_threats(result, out / "tamper.png")
     _write_json(out / "tamper.json", result)
     (out / "summary.txt").write_text(tamper_summary(result) + "\n")
@@ -186,7 +187,7 @@ def run_tamper_test(config: TamperTestConfig, announce: Callable[[str], None] = 
 
 
 def compare(config: TamperTestConfig, threats: dict[str, dict[str, list[AttackRun]]], results: dict[str, Any],
-            utility: dict[str, Any], seeds: list[int], judged: bool) -> dict[str, Any]:
+            utility: dict[str, Any], seeds: list[int], judged: bool, heldout_count: int) -> dict[str, Any]:
     """tamper.json: the settings, utility, every run, and per threat both sides' intervals and the verdict."""
     t = config.tamper
     by_threat: dict[str, Any] = {}
@@ -196,7 +197,7 @@ def compare(config: TamperTestConfig, threats: dict[str, dict[str, list[AttackRu
             entry[side] = aggregate([results[run.name] for run in sides[side]])
         entry.update(verdict(entry["defended"], entry["base"], utility["kept"]))
         by_threat[threat] = entry
-    settings = {"seeds": seeds, "threshold": t.threshold, "eval_every": t.eval_every, "eval_prompts": t.eval_prompts,
+    settings = {"seeds": seeds, "threshold": t.threshold, "eval_every": t.eval_every, "eval_prompts": heldout_count,
                 "eval_split": t.eval_split, "harm_measure": "judge" if judged else "keyword",
                 "steps": config.training.steps}
     return {"adapter": t.adapter, "threats": by_threat, "settings": settings,
