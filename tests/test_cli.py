@@ -323,12 +323,12 @@ def test_attack_help_lists_config_fields_by_section(env: dict[str, str]):
                  "--reward.toxicity.label", "--sampling.group_size (--group_size)", "--run.save_every"):
         assert text in proc.stdout, text
     table = settings_of(proc.stdout)
-    assert list(table) == ["(top level)", "model", "sampling", "training", "data", "reward", "reward.toxicity",
-                           "logging", "run"]
+    assert list(table) == ["(top level)", "engine", "model", "sampling", "training", "data", "reward",
+                           "reward.toxicity", "logging", "run"]
     assert "--reward.kl_beta" in table["reward"] and "--reward.toxicity.url" in table["reward.toxicity"]
     from purplerl.config import field_help
 
-    assert sum(map(len, table.values())) == len(field_help()) == 89
+    assert sum(map(len, table.values())) == len(field_help()) == 90
 
 
 @pytest.mark.parametrize(("command", "sections"), [

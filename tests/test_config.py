@@ -455,11 +455,12 @@ def test_every_float_field_of_every_command_refuses_nan(name: str):
 
 
 def test_leaf_field_counts_per_command():
-    # attack's 82 fields plus reward.refusal_penalty, model.finetune, training.noiser_noise_weight and the 4
-    # collapse_* fields; tamper-test adds its tamper section (16), the utility check (3) and the held-out judges (8);
+    # attack's 82 fields plus reward.refusal_penalty, model.finetune, training.noiser_noise_weight, the 4
+    # collapse_* fields and engine.procs (engine became a section: kind + procs); tamper-test adds its tamper
+    # section (16), the utility check (3) and the held-out judges (8);
     # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 89, "defend": 89, "tamper-test": 116, "sft": 97, "eval": 37, "sample": 15,
+    assert counts == {"attack": 90, "defend": 90, "tamper-test": 117, "sft": 98, "eval": 37, "sample": 15,
                       "data prepare": 10, "align": 3}
 
 
@@ -517,3 +518,18 @@ def test_tamper_test_config_is_the_attack_plus_its_sections():
     cfg = load_command_config("tamper-test", None, ["--adapter", "d", "--lr", "0.001", "--utility_limit", "5"])
     assert (cfg.tamper.adapter, cfg.utility.limit, cfg.training.lr) == ("d", 5, 0.001)
     assert cfg.attack_config() == load_config(None, ["--lr", "0.001"])
+
+
+def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
+    # `--engine local`, `engine: local` in a file (every config.yaml written before engine was a section) and
+    # `--engine.kind local` mean the same; other engine fields keep their values
+    assert load_config(None, ["--engine", "local"]).engine.kind == "local"
+    assert load_config(None, ["--engine.procs", "2"]).engine.procs == 2
+    old = tmp_path / "old.yaml"
+    old.write_text("engine: local\n")
+    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1}
+    assert load_config(old, ["--engine.procs", "3"]).engine.procs == 3
+    with pytest.raises(UserError, match="config field 'engine.kind': unknown engine 'spark'"):
+        load_config(None, ["--engine", "spark"])
+    with pytest.raises(UserError, match="config field 'engine.procs'"):
+        load_config(None, ["--engine.procs", "0"])

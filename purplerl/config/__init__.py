@@ -39,6 +39,7 @@ from purplerl.config.sections import (
     ClassifierConfig,
     Config,
     DataConfig,
+    EngineConfig,
     EvalDataConfig,
     GenerationConfig,
     LoggingConfig,
@@ -58,8 +59,8 @@ from purplerl.config.sections import (
 
 __all__ = [
     "API_KEY_ENV", "COMMANDS", "EMBEDDED_MODEL", "FLAT_NAMES", "ClassifierConfig", "Command", "Config", "DataConfig",
-    "EvalCommandConfig", "EvalConfig", "EvalDataConfig", "EvalUtilityConfig", "GenerationConfig", "JudgesConfig",
-    "LoggingConfig", "ModelConfig", "ModelLoadConfig", "PrepareCommandConfig", "PrepareConfig",
+    "EngineConfig", "EvalCommandConfig", "EvalConfig", "EvalDataConfig", "EvalUtilityConfig", "GenerationConfig",
+    "JudgesConfig", "LoggingConfig", "ModelConfig", "ModelLoadConfig", "PrepareCommandConfig", "PrepareConfig",
     "PromptFormatConfig", "PromptSourceConfig", "Registry", "RewardConfig", "RewardServerConfig", "RunConfig",
     "SampleCommandConfig", "SampleConfig", "SamplingConfig", "SFTConfig", "SFTRunConfig", "Section", "TamperConfig",
     "TamperTestConfig",

@@ -225,6 +225,7 @@ MODEL_FLAT = {"model": "model.name", "dtype": "model.dtype", "device": "model.de
 GENERATION_FLAT = {name: f"sampling.{name}" for name in GenerationConfig.model_fields}
 ATTACK_FLAT: dict[str, str] = {
     **MODEL_FLAT, **GENERATION_FLAT,
+    "engine": "engine.kind",
     "lora_rank": "model.lora_rank",
     "lora_alpha": "model.lora_alpha",
     "init_adapter": "model.init_adapter",

@@ -185,6 +185,8 @@ def load_command_config(name: str, path: str | Path | None = None, overrides: li
     data = _deep_merge(json.loads(json.dumps(command.defaults)), base or {})
     if path is not None:
         data = _deep_merge(data, read_config_file(path))
+    if isinstance(data.get("engine"), str):  # `engine: vllm` in a file: a section, so --engine.procs can add to it
+        data["engine"] = {"kind": data["engine"]}
     data = apply_overrides(data, parse_overrides(overrides or [], command))
     return build(command.schema, data)
 

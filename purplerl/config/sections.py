@@ -236,6 +236,19 @@ class SFTConfig(Section):
     eval_limit: int = Field(256, ge=1, description="at most this many held-out examples")
 
 
+class EngineConfig(Section):
+    """Where sampling and training run (purplerl.engines). `--engine vllm` is short for `--engine.kind vllm`,
+    and a config file may say `engine: vllm`."""
+
+    kind: ENGINE = Field("local", description="engine: 'local' (torch in this process, or `procs` processes), 'vllm' (vLLM samples, torch trains), 'tinker' (a Tinker-API service)")
+    procs: int = Field(1, ge=1, le=1024, description="local engine: data-parallel processes on this machine, launched with torchrun (1: this process)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_alone(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
+
+
 class LoggingConfig(Section):
     progress: bool = Field(True, description="show a rich progress bar")
     print_samples: int = Field(0, ge=0, description="completions printed to the console per step")
@@ -259,7 +272,7 @@ class RunConfig(Section):
 
 class Config(Section):
     recipe: str = Field("attack", description="recipe this config is for")
-    engine: ENGINE = Field("local", description="where sampling and training run (see purplerl.engines)")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="where sampling and training run")
     model: ModelConfig = Field(default_factory=ModelConfig, description="policy model and adapter")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling")
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="optimization")

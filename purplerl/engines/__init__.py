@@ -3,16 +3,19 @@ CLI) that knows concrete engine names."""
 
 from __future__ import annotations
 
-from purplerl.config import ModelConfig
+from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines.base import Engine, EngineSettings
 from purplerl.errors import UserError
 
 ENGINES = ("local",)
 
 
-def make_engine(model: ModelConfig, *, kind: str = "local", seed: int = 0,
+def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", seed: int = 0,
                 settings: EngineSettings | None = None) -> Engine:
-    """An engine of `kind` holding `model` (its base and first adapter, "default")."""
+    """An engine of `engine.kind` (the section, or just its kind) holding `model` (its base and first adapter,
+    "default")."""
+    engine = EngineConfig(kind=engine) if isinstance(engine, str) else engine
+    kind = engine.kind
     if kind == "local":
         from purplerl.engines.local import LocalEngine
 

@@ -41,7 +41,7 @@ HISTORY_FILE = "config_history.jsonl"  # the resolved config of every segment of
 # Settings a resume may not change: the checkpoints, data order and logs of the run were made with them, so a
 # run continued with other values would be neither the old experiment nor a new one.
 FIXED_ON_RESUME = frozenset({
-    "recipe", "engine", "model.name", "model.revision", "model.finetune", "model.lora_rank", "model.lora_alpha",
+    "recipe", "engine.kind", "model.name", "model.revision", "model.finetune", "model.lora_rank", "model.lora_alpha",
     "model.lora_targets", "model.init_adapter", "sampling.group_size", "training.batch_size", "training.seed",
     "data.source", "data.split", "data.prompt_field", "data.hf_config", "data.filters", "data.limit", "data.shuffle",
     "run.output_dir", "run.name",
@@ -218,7 +218,8 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
             start_step = state["step"] + 1
 
     bind = prepare(config)
-    engine = make_engine(config.model, kind=config.engine, seed=config.training.seed, settings=engine_settings(config))
+    engine = make_engine(config.model, engine=config.engine, seed=config.training.seed,
+                         settings=engine_settings(config))
     if checkpoint is not None:
         engine.load(checkpoint)
     step_fn, early_stop = bind(engine)
