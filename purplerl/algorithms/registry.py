@@ -46,6 +46,9 @@ class LossDef:
     params: type  # frozen dataclass of the loss's own parameters, every one with a default
     inputs: tuple[str, ...] = ()  # batch inputs it always reads (BATCH_INPUTS)
     doc: str = ""
+    # The Tinker API's built-in loss_fn that equals this loss for the given parameters, with its loss_fn_config;
+    # None (or a None result): a Tinker engine computes it through forward_backward_custom instead.
+    tinker: Callable[[Any], tuple[str, dict[str, float]] | None] | None = None
 
     def required_inputs(self, params: Any) -> tuple[str, ...]:
         """Inputs this configuration reads: the declared ones, plus any its parameters ask for."""
@@ -160,14 +163,27 @@ def _policy_gradient(surrogate: Callable[..., tuple[torch.Tensor, Metrics]]):
     return fn
 
 
+def _tinker_policy_gradient(name: str, clipped: bool):
+    """Tinker's built-in has neither a KL term nor a detached current policy as the ratio's denominator."""
+    def builtin(params: PolicyGradientParams) -> tuple[str, dict[str, float]] | None:
+        if params.kl_beta > 0 or params.old_logprobs != "sampler":
+            return None
+        bounds = {"clip_low_threshold": 1.0 - params.clip_low, "clip_high_threshold": 1.0 + params.clip_high}
+        return name, bounds if clipped else {}
+
+    return builtin
+
+
 register_loss(LossDef(
     "importance_sampling", _policy_gradient(importance_sampling_loss), "logprobs", PolicyGradientParams,
     inputs=("sampling_logprobs_NT", "advantages_NT"),
-    doc="-exp(logp - logp_sampling) * A per token (Tinker's importance_sampling; REINFORCE on-policy)"))
+    doc="-exp(logp - logp_sampling) * A per token (Tinker's importance_sampling; REINFORCE on-policy)",
+    tinker=_tinker_policy_gradient("importance_sampling", clipped=False)))
 register_loss(LossDef(
     "ppo_clip", _policy_gradient(ppo_clip_loss), "logprobs", PolicyGradientParams,
     inputs=("sampling_logprobs_NT", "advantages_NT"),
-    doc="PPO's clipped surrogate with separate low/high bounds (arXiv 1707.06347, 2503.14476)"))
+    doc="PPO's clipped surrogate with separate low/high bounds (arXiv 1707.06347, 2503.14476)",
+    tinker=_tinker_policy_gradient("ppo", clipped=True)))
 
 
 class _PolicyGradientLosses:
@@ -197,7 +213,8 @@ def cross_entropy(logprobs_NT: torch.Tensor, inputs: Mapping[str, torch.Tensor],
 
 
 register_loss(LossDef("cross_entropy", cross_entropy, "logprobs", CrossEntropyParams,
-                      doc="negative log-likelihood of the target tokens (SFT)"))
+                      doc="negative log-likelihood of the target tokens (SFT)",
+                      tinker=lambda _params: ("cross_entropy", {})))
 
 
 @dataclass(frozen=True)

@@ -242,6 +242,10 @@ class EngineConfig(Section):
 
     kind: ENGINE = Field("local", description="engine: 'local' (torch in this process, or `procs` processes), 'vllm' (vLLM samples, torch trains), 'tinker' (a Tinker-API service)")
     procs: int = Field(1, ge=1, le=1024, description="local engine: data-parallel processes on this machine, launched with torchrun (1: this process)")
+    tinker_url: str | None = Field(None, description="tinker engine: base URL of the Tinker-API service (null: the SDK's default, or TINKER_BASE_URL); the API key is read from TINKER_API_KEY only")
+    tinker_retries: int = Field(3, ge=0, le=20, description="tinker engine: retries of one HTTP request before it fails")
+    tinker_timeout_s: float = Field(600.0, gt=0, le=86400, description="tinker engine: seconds one call to the service (retries included) may take before the run stops with one line")
+    tinker_loss_reduction: Literal["sum", "sequence_mean"] = Field("sum", description="tinker engine: how the service reduces a datum's token losses: 'sum' (the Tinker API) or 'sequence_mean' (each datum divided by its weights' sum, gradients averaged over a step's datums: SkyRL's server)")
 
     @model_validator(mode="before")
     @classmethod

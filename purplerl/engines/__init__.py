@@ -7,7 +7,7 @@ from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines.base import Engine, EngineSettings
 from purplerl.errors import UserError
 
-ENGINES = ("local",)
+ENGINES = ("local", "tinker")
 
 
 def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", seed: int = 0,
@@ -20,6 +20,10 @@ def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", see
         from purplerl.engines.local import LocalEngine
 
         return LocalEngine(model, seed=seed, settings=settings)
+    if kind == "tinker":
+        from purplerl.engines.tinker import TinkerEngine
+
+        return TinkerEngine(model, engine, seed=seed)
     raise UserError(f"unknown engine '{kind}' (known: {', '.join(ENGINES)})")
 
 
