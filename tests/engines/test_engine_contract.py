@@ -9,12 +9,17 @@
   eps far above |g| (and beta1 = 0) moves each weight by lr * g / eps, so the two updates must match;
 - named adapters: a second adapter trains alone, the reference is the base with every adapter off, both
   survive save/load (full-parameter engines refuse named adapters with one line instead).
+
+A remote engine (the Tinker API) shows no weights: there, what an adapter holds is read through the
+logprobs it gives a fixed batch (two states are equal iff they score it equally; an update that reads out
+the gradient moves them by J g, so equal gradients give equal logprobs).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -29,8 +34,9 @@ from purplerl.algorithms.registry import (
     PolicyGradientParams,
     TokenNoiserParams,
 )
-from purplerl.config import ModelConfig
+from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines import EngineSettings, make_engine
+from purplerl.errors import ExperimentError
 from purplerl.train.batch import sequence_tensors
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
 
@@ -45,8 +51,20 @@ class Factory:
     logprob_tol: float  # sampling logprobs vs the engine's own scoring
     grad_rtol: float  # registered loss vs hand-worked gradient
     finetune: str = "lora"
+    url: str | None = None  # a remote engine's service (set by the `factory` fixture)
+    state_atol: float = 1e-6  # the next update after save/load, compared in the engine's observable state
+    same_tol: float = 0.0  # the same weights scored twice (a service may batch the two calls differently)
+
+    @property
+    def remote(self) -> bool:
+        return self.name.startswith("tinker")
 
     def make(self, model_dir: Path, micro_batch_size: int = 64):
+        if self.remote:  # the service's LoRA covers every linear layer; its sequence-mean reduction is SkyRL's
+            cfg = ModelConfig(name=str(model_dir), lora_rank=4)
+            engine = EngineConfig(kind="tinker", tinker_url=self.url, tinker_timeout_s=300,
+                                  tinker_loss_reduction="sequence_mean")
+            return make_engine(cfg, engine=engine, seed=3)
         cfg = ModelConfig(name=str(model_dir), dtype=self.dtype, device="cpu", lora_rank=4, lora_alpha=8.0,
                           lora_targets="q_proj,v_proj,down_proj", finetune=self.finetune)
         return make_engine(cfg, seed=3, settings=EngineSettings(micro_batch_size=micro_batch_size))
@@ -58,11 +76,17 @@ class Factory:
 
 FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16", "bfloat16", 8e-2, 2e-2),
              Factory("local-full", "float32", 1e-4, 1e-4, finetune="full"),
-             Factory("local-full-bf16", "bfloat16", 8e-2, 2e-2, finetune="full")]
+             Factory("local-full-bf16", "bfloat16", 8e-2, 2e-2, finetune="full"),
+             # SkyRL's server on CPU (fp32 JAX): sampler and trainer agree to float rounding
+             Factory("tinker", "float32", 1e-4, 2e-3, state_atol=1e-4, same_tol=1e-5)]
 
 
-@pytest.fixture(params=FACTORIES, ids=[f.name for f in FACTORIES])
+@pytest.fixture(params=[pytest.param(f, marks=[pytest.mark.tinker] if f.remote else []) for f in FACTORIES],
+                ids=[f.name for f in FACTORIES])
 def factory(request, one_torch_thread) -> Factory:
+    if request.param.remote:
+        url, _ = request.getfixturevalue("tinker_server")
+        return replace(request.param, url=url)
     return request.param
 
 
@@ -79,7 +103,10 @@ def _trains(engine, name: str) -> bool:
     return engine.cfg.finetune == "full" or "lora_" in name
 
 
-def _adapter_state(engine) -> dict[str, torch.Tensor]:
+def _adapter_state(engine, probe: TrainBatch) -> dict[str, torch.Tensor]:
+    """What the active adapter holds: its weights, or on a remote engine the logprobs it gives `probe`."""
+    if getattr(engine, "model", None) is None:
+        return {"logprobs": engine.logprobs(probe.input_ids_NT, probe.attention_mask_NT, targets_NT=probe.loss_mask_NT)}
     return {n: p.detach().float().clone() for n, p in engine.model.named_parameters() if _trains(engine, n)}
 
 
@@ -115,11 +142,19 @@ def test_scoring_reproduces_sampling_logprobs(factory: Factory, tiny_model_dir: 
 
 def test_training_changes_only_the_active_adapter(factory: Factory, tiny_model_dir: Path) -> None:
     engine = factory.make(tiny_model_dir)
-    frozen = {n: p.detach().clone() for n, p in engine.model.named_parameters() if not _trains(engine, n)}
-    before = _adapter_state(engine)
     batch, _ = _batch(engine)
+    if factory.remote:  # the base is the service's: training moves the policy, and the reference stays put
+        ref_before = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True)
+        before = _adapter_state(engine, batch)
+        _trained(engine, batch)
+        assert float(_delta(before, _adapter_state(engine, batch)).abs().max()) > 1e-3
+        ref_after = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True)
+        torch.testing.assert_close(ref_after, ref_before, atol=factory.same_tol, rtol=0)
+        return
+    frozen = {n: p.detach().clone() for n, p in engine.model.named_parameters() if not _trains(engine, n)}
+    before = _adapter_state(engine, batch)
     _trained(engine, batch)
-    after = _adapter_state(engine)
+    after = _adapter_state(engine, batch)
     assert all(not p.requires_grad for n, p in engine.model.named_parameters() if not _trains(engine, n))
     for name, value in frozen.items():
         assert torch.equal(dict(engine.model.named_parameters())[name], value), name
@@ -140,12 +175,12 @@ def test_save_load_round_trip(factory: Factory, tiny_model_dir: Path, tmp_path: 
     for a, b in ((engine, again),):
         la = a.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
         lb = b.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
-        torch.testing.assert_close(la, lb, atol=0, rtol=0)
+        torch.testing.assert_close(la, lb, atol=factory.same_tol, rtol=0)
     _trained(engine, batch, steps=1)
     _trained(again, batch, steps=1)
-    sa, sb = _adapter_state(engine), _adapter_state(again)
+    sa, sb = _adapter_state(engine, batch), _adapter_state(again, batch)
     for name in sa:  # same optimizer moments: the next update is the same
-        torch.testing.assert_close(sa[name], sb[name], atol=1e-6, rtol=1e-5, msg=name)
+        torch.testing.assert_close(sa[name], sb[name], atol=factory.state_atol, rtol=1e-5, msg=name)
 
 
 def _hand_gradients(batch: TrainBatch, lp_NT: torch.Tensor, ref_NT: torch.Tensor):
@@ -180,6 +215,10 @@ def _hand_gradients(batch: TrainBatch, lp_NT: torch.Tensor, ref_NT: torch.Tensor
         dpo[c] -= weight[p] * mask[c]
         dpo[r] += weight[p] * mask[r]
     cases["dpo"] = (Loss("dpo", DPOParams(beta=0.5)), dpo, {"ref_logprobs_NT": ref_NT, "pairs_P2": pairs})
+    # without KL, with the sampler's logprobs as the ratio's denominator: a Tinker engine's built-in losses
+    policy = {"advantages_NT": adv, "sampling_logprobs_NT": old}
+    cases["importance_sampling without KL"] = (Loss("importance_sampling"), -adv * ratio / M, policy)
+    cases["ppo_clip without KL"] = (Loss("ppo_clip"), torch.where(clipped, 0.0, -adv * ratio) / M, policy)
     return cases
 
 
@@ -193,19 +232,24 @@ def test_every_registered_loss_has_its_hand_worked_gradient(factory: Factory, ti
     ref_NT = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True,
                              targets_NT=batch.loss_mask_NT)
     cases = _hand_gradients(batch, lp_NT, ref_NT)
-    assert set(cases) == set(LOSS_REGISTRY), "a registered loss has no hand-worked gradient in the contract"
+    assert {c[0].name for c in cases.values()} == set(LOSS_REGISTRY), \
+        "a registered loss has no hand-worked gradient in the contract"
     for name, (loss, grad_NT, extra) in cases.items():
         data = TrainBatch(**{**batch.__dict__, **extra})
+        if factory.remote and loss.definition.consumes == "logits":
+            with pytest.raises(ExperimentError, match="needs the full next-token logits"):
+                engine.forward_backward(data, loss)  # the Tinker API returns no logits
+            continue
         updates = []
         for run in ("registered", "hand"):
             engine.load(tmp_path)
-            before = _adapter_state(engine)
+            before = _adapter_state(engine, batch)
             if run == "registered":
                 engine.forward_backward(data, loss)
             else:
                 engine.forward_backward_custom(data, CustomLoss(lambda lp, _inputs, g=grad_NT: (lp * g).sum()))
             engine.optim_step(READOUT)
-            updates.append(_delta(before, _adapter_state(engine)))
+            updates.append(_delta(before, _adapter_state(engine, batch)))
         registered, hand = updates
         assert float(hand.abs().max()) > 1e-6, name
         scale = float(hand.abs().max())
@@ -226,27 +270,35 @@ def test_named_adapters_train_alone_on_one_base(factory: Factory, tiny_model_dir
     engine.use_adapter("forget")
     fresh = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
     torch.testing.assert_close(fresh, base, atol=factory.logprob_tol, rtol=0)  # a fresh adapter starts as the base
-    default_before = {k: v for k, v in _adapter_state(engine).items() if ".default." in k}
-    _trained(engine, batch)
-    state = _adapter_state(engine)
-    assert all(torch.equal(state[k], v) for k, v in default_before.items())  # only "forget" moved
-    assert any(float((state[k] - 0).abs().max()) > 0 for k in state if ".forget." in k and "lora_B" in k)
+    if factory.remote:  # "default" staying put is checked below through its logprobs
+        _trained(engine, batch)
+    else:
+        default_before = {k: v for k, v in _adapter_state(engine, batch).items() if ".default." in k}
+        _trained(engine, batch)
+        state = _adapter_state(engine, batch)
+        assert all(torch.equal(state[k], v) for k, v in default_before.items())  # only "forget" moved
+        assert any(float((state[k] - 0).abs().max()) > 0 for k in state if ".forget." in k and "lora_B" in k)
     forget = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+    assert float((forget - base).abs().max()) > 1e-3  # "forget" trained away from the base
     reference = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True,
                                 targets_NT=batch.loss_mask_NT)
-    torch.testing.assert_close(reference, base, atol=0, rtol=0)  # the reference is the base, whichever is active
+    # the reference is the base, whichever adapter is active
+    torch.testing.assert_close(reference, base, atol=factory.same_tol, rtol=0)
     engine.use_adapter("default")
     torch.testing.assert_close(engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT,
-                                               targets_NT=batch.loss_mask_NT), policy, atol=0, rtol=0)
+                                               targets_NT=batch.loss_mask_NT), policy, atol=factory.same_tol, rtol=0)
     engine.use_adapter("forget")
     engine.save(tmp_path)
-    assert (tmp_path / "adapter_model.safetensors").is_file()
-    assert (tmp_path / "forget" / "adapter_config.json").is_file()
+    if factory.remote:  # the weights stay on the service; the checkpoint names both saved states
+        assert set(json.loads((tmp_path / "tinker_state.json").read_text())["adapters"]) == {"default", "forget"}
+    else:
+        assert (tmp_path / "adapter_model.safetensors").is_file()
+        assert (tmp_path / "forget" / "adapter_config.json").is_file()
     again = factory.make(tiny_model_dir)
     again.load(tmp_path)
     assert again.adapters == ["default", "forget"] and again.active_adapter == "forget"
     torch.testing.assert_close(again.logprobs(batch.input_ids_NT, batch.attention_mask_NT,
-                                              targets_NT=batch.loss_mask_NT), forget, atol=0, rtol=0)
+                                              targets_NT=batch.loss_mask_NT), forget, atol=factory.same_tol, rtol=0)
     # sampling follows the active adapter too (the merged sampler is rebuilt for it)
     prompts = [batch.input_ids_NT[0, :4].tolist()]
     for name in ("default", "forget"):
@@ -260,8 +312,6 @@ def test_named_adapters_train_alone_on_one_base(factory: Factory, tiny_model_dir
 
 
 def test_a_loss_without_its_inputs_is_one_line(factory: Factory, tiny_model_dir: Path) -> None:
-    from purplerl.errors import ExperimentError
-
     engine = factory.make(tiny_model_dir)
     batch, _ = _batch(engine)
     with pytest.raises(ExperimentError, match="loss 'ppo_clip' needs advantages_NT"):
