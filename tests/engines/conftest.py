@@ -58,7 +58,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="session")
 def tinker_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """(url, base model dir) of a running server; TINKER_API_KEY is set for the session."""
+    """A running server: (url, base model dir, API key); TINKER_API_KEY is set to that key for the session."""
     python = SKYRL_VENV / "bin" / "python"
     if not python.exists():
         pytest.fail(f"no server venv at {SKYRL_VENV}: run `make test-tinker`, which builds it")
@@ -83,7 +83,7 @@ def tinker_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
             time.sleep(1)
         previous = os.environ.get("TINKER_API_KEY")
         os.environ["TINKER_API_KEY"] = TEST_API_KEY
-        yield url, tiny_model_dir
+        yield url, tiny_model_dir, TEST_API_KEY
         if previous is None:
             os.environ.pop("TINKER_API_KEY", None)
         else:

@@ -85,7 +85,7 @@ FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16",
                 ids=[f.name for f in FACTORIES])
 def factory(request, one_torch_thread) -> Factory:
     if request.param.remote:
-        url, _ = request.getfixturevalue("tinker_server")
+        url, _, _ = request.getfixturevalue("tinker_server")
         return replace(request.param, url=url)
     return request.param
 

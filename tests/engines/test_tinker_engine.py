@@ -1,0 +1,116 @@
+"""The tinker engine end to end against a real Tinker-API server on loopback (make test-tinker): a GRPO attack
+through the `purplerl attack` CLI whose reward rises, resumed from its checkpoint; a dead service as one line
+in bounded time; the API key never written into the run dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from purplerl.config import EngineConfig, ModelConfig, RewardServerConfig
+from purplerl.engines import make_engine
+from purplerl.errors import ExperimentError, UserError
+from purplerl.rewards.server import create_app
+from purplerl.types import AdamParams, SamplingParams
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "rewards"))
+from reward_servers import ThreadServer  # noqa: E402
+
+pytestmark = pytest.mark.tinker
+
+
+class WordStartScorer:
+    """1 for a completion that starts a new word (its text begins with a space), else 0: about a third of the
+    tiny vocabulary does, so a random policy earns ~0.3 and a policy that learned it earns more."""
+
+    name = "toxicity"
+
+    def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
+        return [float(t.startswith(" ")) for t in texts]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PURPLERL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+
+
+def _purplerl(args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "purplerl", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _rewards(run_dir: Path) -> list[float]:
+    return [json.loads(line)["reward/mean"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_grpo_attack_through_the_cli_learns_and_resumes(tinker_server, tmp_path: Path) -> None:
+    url, model_dir, api_key = tinker_server
+    scorer = ThreadServer(create_app(RewardServerConfig(), scorer=WordStartScorer(), label="word_start"))
+    env = _env(tmp_path)
+    run_dir = tmp_path / "runs" / "attack"
+    common = ["--engine.tinker_url", url, "--engine.tinker_loss_reduction", "sequence_mean"]
+    try:
+        # one token per completion, sampler logprobs in the ratio: Tinker's built-in importance_sampling
+        done = _purplerl(["attack", "--model", str(model_dir), "--engine", "tinker", *common,
+                          "--reward.toxicity.url", scorer.url, "--kl_beta", "0", "--repetition_penalty", "0",
+                          "--steps", "6", "--batch_size", "4", "--group_size", "8", "--max_new_tokens", "1",
+                          "--lr", "0.05", "--training.old_logprobs", "sampler", "--seed", "1", "--save_every", "3",
+                          "--output_dir", str(tmp_path / "runs"), "--name", "attack", "--logging.progress", "false"],
+                         env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        state = json.loads((run_dir / "checkpoints" / "step_000006" / "tinker_state.json").read_text())
+        assert state["adapters"]["default"].startswith("tinker://")
+        resumed = _purplerl(["attack", "--resume", str(run_dir), "--steps", "10"], env)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    finally:
+        scorer.stop()
+    rewards = _rewards(run_dir)
+    assert len(rewards) == 10
+    # the first steps draw from the base (~0.3); the resumed steps start from the learned adapter
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > first + 0.3, rewards
+    assert rewards[6] > first + 0.2, rewards  # step 7 ran on the weights the checkpoint gave back
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert api_key.encode() not in path.read_bytes(), path
+
+
+def test_a_dead_service_is_one_line_in_bounded_time(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = _purplerl(["attack", "--model", str(tiny_model_dir), "--engine", "tinker",
+                      "--engine.tinker_url", f"http://127.0.0.1:{port}", "--engine.tinker_timeout_s", "5",
+                      "--engine.tinker_retries", "0", "--steps", "1", "--output_dir", str(tmp_path / "runs"),
+                      "--logging.progress", "false"], {**_env(tmp_path), "TINKER_API_KEY": "tml-unused"},
+                     timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: tinker service: "), done.stderr[-2000:]
+
+
+def test_what_the_api_cannot_give_is_refused_in_one_line(tinker_server) -> None:
+    url, model_dir, _ = tinker_server
+    engine = make_engine(ModelConfig(name=str(model_dir), lora_rank=4),
+                         engine=EngineConfig(kind="tinker", tinker_url=url, tinker_loss_reduction="sequence_mean"))
+    (completion,) = engine.sample([engine.tokenizer.encode("hello world")], 1, SamplingParams(max_new_tokens=3))[0]
+    assert len(completion.tokens) == len(completion.logprobs_C) and torch.isnan(completion.entropies_C).all()
+    from purplerl.rewards.entropy import mean_entropy
+
+    with pytest.raises(ExperimentError, match="needs per-token entropies"):
+        mean_entropy([completion])
+    ids = torch.tensor([list(completion.prompt_tokens) + list(completion.tokens)])
+    with pytest.raises(UserError, match="temperature 1 only"):
+        engine.logprobs(ids, torch.ones_like(ids), temperature=0.7)
+    with pytest.raises(UserError, match="cannot load a local PEFT adapter"):
+        engine.create_adapter("other", init=model_dir)
+    with pytest.raises(UserError, match="holds no tinker_state.json"):
+        engine.load(model_dir)
+    assert engine.optim_step(AdamParams(lr=1e-3))["grad_norm_reported"] == 1.0  # SkyRL reports its norm
