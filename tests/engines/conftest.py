@@ -1,7 +1,7 @@
 """A real Tinker-API server (SkyRL's, JAX on CPU) on loopback for the `tinker`-marked tests (make test-tinker).
 
 The server runs from its own virtualenv (SKYRL_VENV, default .venv-skyrl: Python 3.12, `skyrl[jax,tinker]`),
-serves the session's tiny random model, and is killed with its whole process group at the end. It starts
+serves a tiny random model, and is killed with its whole process group at the end. It starts
 its engine as a child through `uv run`, copying the flags it was itself started with: started as
 `uv run --no-project --python <venv python> -m skyrl.tinker.api`, the child runs in that venv too.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,6 +57,21 @@ def _stop(process: subprocess.Popen) -> None:
             return
 
 
+def learnable_model_dir(tiny_model_dir: Path, path: Path) -> Path:
+    """The tiny model with its LM head scaled up 25x. Its random head (std 0.02) bounds every logit near
+    +-0.6 whatever the hidden state, and the service's LoRA never adapts the head: a policy could barely move
+    its next-token distribution. Scaled, the adapted layers can, so an RL run has something to learn."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(tiny_model_dir, path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(25.0)
+    model.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def tinker_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """A running server: (url, base model dir, API key); TINKER_API_KEY is set to that key for the session."""
@@ -63,12 +79,13 @@ def tinker_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     if not python.exists():
         pytest.fail(f"no server venv at {SKYRL_VENV}: run `make test-tinker`, which builds it")
     work = tmp_path_factory.mktemp("tinker_server")
+    model_dir = learnable_model_dir(tiny_model_dir, work / "model")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PATH": f"{SKYRL_VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
            "JAX_PLATFORMS": "cpu", "UV_OFFLINE": "1", "UV_NO_CONFIG": "1", "VIRTUAL_ENV": str(SKYRL_VENV)}
     command = ["uv", "run", "--no-project", "--python", str(python), "-m", "skyrl.tinker.api",
-               "--base-model", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port),
+               "--base-model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
                "--database-url", f"sqlite:///{work / 'tinker.db'}", "--checkpoints-base", str(work / "checkpoints"),
                "--backend-config", json.dumps({"max_lora_adapters": 64})]
     log = open(work / "server.log", "w")
@@ -83,7 +100,7 @@ def tinker_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
             time.sleep(1)
         previous = os.environ.get("TINKER_API_KEY")
         os.environ["TINKER_API_KEY"] = TEST_API_KEY
-        yield url, tiny_model_dir, TEST_API_KEY
+        yield url, model_dir, TEST_API_KEY
         if previous is None:
             os.environ.pop("TINKER_API_KEY", None)
         else:

@@ -51,7 +51,8 @@ class Factory:
     logprob_tol: float  # sampling logprobs vs the engine's own scoring
     grad_rtol: float  # registered loss vs hand-worked gradient
     finetune: str = "lora"
-    url: str | None = None  # a remote engine's service (set by the `factory` fixture)
+    url: str | None = None  # a remote engine's service and the model it serves (set by the `factory` fixture)
+    served: Path | None = None
     state_atol: float = 1e-6  # the next update after save/load, compared in the engine's observable state
     same_tol: float = 0.0  # the same weights scored twice (a service may batch the two calls differently)
 
@@ -61,7 +62,7 @@ class Factory:
 
     def make(self, model_dir: Path, micro_batch_size: int = 64):
         if self.remote:  # the service's LoRA covers every linear layer; its sequence-mean reduction is SkyRL's
-            cfg = ModelConfig(name=str(model_dir), lora_rank=4)
+            cfg = ModelConfig(name=str(self.served), lora_rank=4)
             engine = EngineConfig(kind="tinker", tinker_url=self.url, tinker_timeout_s=300,
                                   tinker_loss_reduction="sequence_mean")
             return make_engine(cfg, engine=engine, seed=3)
@@ -85,8 +86,8 @@ FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16",
                 ids=[f.name for f in FACTORIES])
 def factory(request, one_torch_thread) -> Factory:
     if request.param.remote:
-        url, _, _ = request.getfixturevalue("tinker_server")
-        return replace(request.param, url=url)
+        url, served, _ = request.getfixturevalue("tinker_server")
+        return replace(request.param, url=url, served=served)
     return request.param
 
 

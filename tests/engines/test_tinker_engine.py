@@ -27,8 +27,8 @@ pytestmark = pytest.mark.tinker
 
 
 class WordStartScorer:
-    """1 for a completion that starts a new word (its text begins with a space), else 0: about a third of the
-    tiny vocabulary does, so a random policy earns ~0.3 and a policy that learned it earns more."""
+    """1 for a completion that starts a new word (its text begins with a space), else 0: a random policy on the
+    served model earns well under 0.2, and one that learned to start words earns up to 1."""
 
     name = "toxicity"
 
@@ -61,7 +61,8 @@ def test_grpo_attack_through_the_cli_learns_and_resumes(tinker_server, tmp_path:
         done = _purplerl(["attack", "--model", str(model_dir), "--engine", "tinker", *common,
                           "--reward.toxicity.url", scorer.url, "--kl_beta", "0", "--repetition_penalty", "0",
                           "--steps", "6", "--batch_size", "4", "--group_size", "8", "--max_new_tokens", "1",
-                          "--lr", "0.05", "--training.old_logprobs", "sampler", "--seed", "1", "--save_every", "3",
+                          "--lr", "0.02", "--training.old_logprobs", "sampler", "--training.early_stop_toxicity",
+                          "null", "--seed", "1", "--save_every", "3",
                           "--output_dir", str(tmp_path / "runs"), "--name", "attack", "--logging.progress", "false"],
                          env)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -73,7 +74,7 @@ def test_grpo_attack_through_the_cli_learns_and_resumes(tinker_server, tmp_path:
         scorer.stop()
     rewards = _rewards(run_dir)
     assert len(rewards) == 10
-    # the first steps draw from the base (~0.3); the resumed steps start from the learned adapter
+    # the resumed steps start from the adapter the checkpoint gave back, not from the base
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last > first + 0.3, rewards
     assert rewards[6] > first + 0.2, rewards  # step 7 ran on the weights the checkpoint gave back
