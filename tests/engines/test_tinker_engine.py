@@ -115,3 +115,38 @@ def test_what_the_api_cannot_give_is_refused_in_one_line(tinker_server) -> None:
     with pytest.raises(UserError, match="holds no tinker_state.json"):
         engine.load(model_dir)
     assert engine.optim_step(AdamParams(lr=1e-3))["grad_norm_reported"] == 1.0  # SkyRL reports its norm
+
+
+def test_the_sequence_mean_scaling_matches_the_servers_own_reduction(tinker_server, tmp_path: Path) -> None:
+    """A cross-entropy averaged per sequence, then over sequences, is exactly what SkyRL's server computes of
+    a plain cross_entropy datum (a 'sum' engine sends one: its weights' per-row scale cancels there), and what
+    a 'sequence_mean' engine computes through its rescaled surrogate: with an update that reads out the
+    gradient, the two must leave the same weights, on rows of different lengths."""
+    from purplerl.algorithms.registry import Loss
+    from purplerl.train.batch import sequence_tensors
+    from purplerl.types import TrainBatch
+
+    url, model_dir, _ = tinker_server
+    readout = AdamParams(lr=1e4, beta1=0.0, beta2=0.0, eps=1e4, weight_decay=0.0, max_grad_norm=0.0)
+    engines = {reduction: make_engine(ModelConfig(name=str(model_dir), lora_rank=4), seed=5, engine=EngineConfig(
+        kind="tinker", tinker_url=url, tinker_loss_reduction=reduction)) for reduction in ("sum", "sequence_mean")}
+    first = engines["sum"]
+    prompts = [first.tokenizer.encode("hello world"), first.tokenizer.encode("Tell me a joke about cats")]
+    groups = first.sample(prompts, 2, SamplingParams(max_new_tokens=6, seed=3))
+    tensors = sequence_tensors([c for g in groups for c in g], int(first.tokenizer.pad_token_id))
+    mask_NT = tensors["loss_mask_NT"].clone()
+    mask_NT[0, mask_NT[0].nonzero()[:2, 0]] = 0  # row 0 trains on 2 tokens fewer: the rows weigh differently
+    batch = TrainBatch(**{**tensors, "loss_mask_NT": mask_NT})
+    assert len(set(mask_NT.sum(-1).tolist())) > 1
+    first.save(tmp_path)
+    loss = Loss("cross_entropy", aggregation="seq_mean_token_mean")
+    after = {}
+    for reduction, engine in engines.items():
+        engine.load(tmp_path)
+        engine.forward_backward(batch, loss)
+        engine.optim_step(readout)
+        after[reduction] = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+    start = first.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+    moved = float((after["sum"] - start).abs().max())
+    assert moved > 1e-3
+    assert float((after["sum"] - after["sequence_mean"]).abs().max()) <= 2e-3 * moved
