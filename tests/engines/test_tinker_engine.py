@@ -60,24 +60,23 @@ def test_grpo_attack_through_the_cli_learns_and_resumes(tinker_server, tmp_path:
         # one token per completion, sampler logprobs in the ratio: Tinker's built-in importance_sampling
         done = _purplerl(["attack", "--model", str(model_dir), "--engine", "tinker", *common,
                           "--reward.toxicity.url", scorer.url, "--kl_beta", "0", "--repetition_penalty", "0",
-                          "--steps", "6", "--batch_size", "4", "--group_size", "8", "--max_new_tokens", "1",
+                          "--steps", "4", "--batch_size", "4", "--group_size", "8", "--max_new_tokens", "1",
                           "--lr", "0.02", "--training.old_logprobs", "sampler", "--training.early_stop_toxicity",
-                          "null", "--seed", "1", "--save_every", "3",
+                          "null", "--seed", "1", "--save_every", "2",
                           "--output_dir", str(tmp_path / "runs"), "--name", "attack", "--logging.progress", "false"],
                          env)
         assert done.returncode == 0, done.stderr[-3000:]
-        state = json.loads((run_dir / "checkpoints" / "step_000006" / "tinker_state.json").read_text())
+        state = json.loads((run_dir / "checkpoints" / "step_000004" / "tinker_state.json").read_text())
         assert state["adapters"]["default"].startswith("tinker://")
-        resumed = _purplerl(["attack", "--resume", str(run_dir), "--steps", "10"], env)
+        resumed = _purplerl(["attack", "--resume", str(run_dir), "--steps", "6"], env)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
     finally:
         scorer.stop()
     rewards = _rewards(run_dir)
-    assert len(rewards) == 10
-    # the resumed steps start from the adapter the checkpoint gave back, not from the base
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert last > first + 0.3, rewards
-    assert rewards[6] > first + 0.2, rewards  # step 7 ran on the weights the checkpoint gave back
+    assert len(rewards) == 6
+    # step 1 samples the base; the resumed steps 5-6 start from the adapter the checkpoint gave back
+    assert sum(rewards[-3:]) / 3 > rewards[0] + 0.5, rewards
+    assert rewards[4] > rewards[0] + 0.4, rewards
     for path in run_dir.rglob("*"):
         if path.is_file():
             assert api_key.encode() not in path.read_bytes(), path
@@ -127,7 +126,8 @@ def test_the_sequence_mean_scaling_matches_the_servers_own_reduction(tinker_serv
     from purplerl.types import TrainBatch
 
     url, model_dir, _ = tinker_server
-    readout = AdamParams(lr=1e4, beta1=0.0, beta2=0.0, eps=1e4, weight_decay=0.0, max_grad_norm=0.0)
+    # update = 10 x the gradient (eps far above it): the two engines' updates match only if their gradients do
+    readout = AdamParams(lr=1e5, beta1=0.0, beta2=0.0, eps=1e4, weight_decay=0.0, max_grad_norm=0.0)
     engines = {reduction: make_engine(ModelConfig(name=str(model_dir), lora_rank=4), seed=5, engine=EngineConfig(
         kind="tinker", tinker_url=url, tinker_loss_reduction=reduction)) for reduction in ("sum", "sequence_mean")}
     first = engines["sum"]
@@ -138,6 +138,9 @@ def test_the_sequence_mean_scaling_matches_the_servers_own_reduction(tinker_serv
     mask_NT[0, mask_NT[0].nonzero()[:2, 0]] = 0  # row 0 trains on 2 tokens fewer: the rows weigh differently
     batch = TrainBatch(**{**tensors, "loss_mask_NT": mask_NT})
     assert len(set(mask_NT.sum(-1).tolist())) > 1
+    for _ in range(2):  # off LoRA B = 0, where the gradient of A vanishes
+        first.forward_backward(batch, Loss("cross_entropy"))
+        first.optim_step(AdamParams(lr=5e-2))
     first.save(tmp_path)
     loss = Loss("cross_entropy", aggregation="seq_mean_token_mean")
     after = {}
