@@ -142,6 +142,7 @@ def test_the_sequence_mean_scaling_matches_the_servers_own_reduction(tinker_serv
         first.forward_backward(batch, Loss("cross_entropy"))
         first.optim_step(AdamParams(lr=5e-2))
     first.save(tmp_path)
+    start = first.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
     loss = Loss("cross_entropy", aggregation="seq_mean_token_mean")
     after = {}
     for reduction, engine in engines.items():
@@ -149,7 +150,6 @@ def test_the_sequence_mean_scaling_matches_the_servers_own_reduction(tinker_serv
         engine.forward_backward(batch, loss)
         engine.optim_step(readout)
         after[reduction] = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
-    start = first.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
     moved = float((after["sum"] - start).abs().max())
     assert moved > 1e-3
     assert float((after["sum"] - after["sequence_mean"]).abs().max()) <= 2e-3 * moved
