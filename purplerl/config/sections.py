@@ -242,6 +242,10 @@ class EngineConfig(Section):
 
     kind: ENGINE = Field("local", description="engine: 'local' (torch in this process, or `procs` processes), 'vllm' (vLLM samples, torch trains), 'tinker' (a Tinker-API service)")
     procs: int = Field(1, ge=1, le=1024, description="local engine: data-parallel processes on this machine, launched with torchrun (1: this process)")
+    vllm_kv_cache_gib: int = Field(1, ge=1, description="vllm engine on CPU: GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="vllm engine on CUDA: share of the GPU's memory vLLM takes (weights + KV cache); the trainer needs the rest")
+    vllm_is_correction: bool = Field(True, description="vllm engine: weight each token's policy gradient by min(pi_trainer / pi_vllm, vllm_is_cap), truncated importance sampling, with the trainer's logprobs as the old policy (off: vLLM's logprobs are the sampling logprobs)")
+    vllm_is_cap: float = Field(2.0, ge=1.0, description="vllm engine: truncation cap C of the importance-sampling weight")
 
     @model_validator(mode="before")
     @classmethod

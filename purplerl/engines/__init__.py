@@ -7,7 +7,7 @@ from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines.base import Engine, EngineSettings
 from purplerl.errors import UserError
 
-ENGINES = ("local",)
+ENGINES = ("local", "vllm")
 
 
 def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", seed: int = 0,
@@ -20,6 +20,10 @@ def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", see
         from purplerl.engines.local import LocalEngine
 
         return LocalEngine(model, seed=seed, settings=settings)
+    if kind == "vllm":
+        from purplerl.engines.vllm import VLLMEngine  # imports vLLM itself only when built
+
+        return VLLMEngine(model, engine, seed=seed, settings=settings)
     raise UserError(f"unknown engine '{kind}' (known: {', '.join(ENGINES)})")
 
 

@@ -194,6 +194,7 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
     s, estimator, kl = config.sampling, config.reward.kl_estimator, kl_placement(config)
     clock = [time.perf_counter()]
     records, prompts, completions, tensors = _sample(step, config, parts)
+    rollout_metrics = dict(getattr(parts.engine, "sample_metrics", {}))  # an engine's report on its sampler
     clock.append(time.perf_counter())
 
     # KL to the frozen base: on-policy, the sampling logprobs are the policy's, so one base pass suffices
@@ -215,7 +216,8 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
     clock.append(time.perf_counter())
 
     advantages_N = (advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)
-    metrics = step_metrics(completions, rewards, kl_N, mask_NT, adv_metrics, train_metrics, clock)
+    metrics = {**step_metrics(completions, rewards, kl_N, mask_NT, adv_metrics, train_metrics, clock),
+               **rollout_metrics}
     return metrics, sample_rows(step, prompts, completions, rewards, advantages_N)
 
 

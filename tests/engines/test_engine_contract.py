@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_tiny_model_dir
 
 from purplerl.algorithms.registry import (
     LOSS_REGISTRY,
@@ -29,7 +30,7 @@ from purplerl.algorithms.registry import (
     PolicyGradientParams,
     TokenNoiserParams,
 )
-from purplerl.config import ModelConfig
+from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines import EngineSettings, make_engine
 from purplerl.train.batch import sequence_tensors
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
@@ -45,11 +46,18 @@ class Factory:
     logprob_tol: float  # sampling logprobs vs the engine's own scoring
     grad_rtol: float  # registered loss vs hand-worked gradient
     finetune: str = "lora"
+    engine: str = "local"
 
     def make(self, model_dir: Path, micro_batch_size: int = 64):
+        if self.engine == "vllm":  # vLLM's CPU attention needs heads of 32 or more: the same model, wider
+            model_dir = model_dir.parent / "wide_heads"
+            if not (model_dir / "config.json").is_file():
+                make_tiny_model_dir(model_dir, hidden_size=128)
         cfg = ModelConfig(name=str(model_dir), dtype=self.dtype, device="cpu", lora_rank=4, lora_alpha=8.0,
                           lora_targets="q_proj,v_proj,down_proj", finetune=self.finetune)
-        return make_engine(cfg, seed=3, settings=EngineSettings(micro_batch_size=micro_batch_size))
+        # vLLM: its own logprobs are the sampling logprobs (the IS correction would record the trainer's)
+        engine = EngineConfig(kind=self.engine, vllm_is_correction=False)
+        return make_engine(cfg, engine=engine, seed=3, settings=EngineSettings(micro_batch_size=micro_batch_size))
 
     @property
     def full(self) -> bool:
@@ -58,10 +66,13 @@ class Factory:
 
 FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16", "bfloat16", 8e-2, 2e-2),
              Factory("local-full", "float32", 1e-4, 1e-4, finetune="full"),
-             Factory("local-full-bf16", "bfloat16", 8e-2, 2e-2, finetune="full")]
+             Factory("local-full-bf16", "bfloat16", 8e-2, 2e-2, finetune="full"),
+             Factory("vllm-fp32", "float32", 1e-4, 1e-4, engine="vllm")]
+# engines with their own install run under their own marker (make test-vllm); plain `make test` never builds them
+MARKS = {"vllm": pytest.mark.vllm}
 
 
-@pytest.fixture(params=FACTORIES, ids=[f.name for f in FACTORIES])
+@pytest.fixture(params=[pytest.param(f, id=f.name, marks=MARKS.get(f.engine, ())) for f in FACTORIES])
 def factory(request, one_torch_thread) -> Factory:
     return request.param
 
