@@ -112,6 +112,8 @@ class VLLMEngine(LocalEngine):
         weakref.finalize(self, shutil.rmtree, self._lora_root, True)
         self._lora_id = 0
         self._lora: Any = None
+        # vLLM sizes its LoRA buffers once: for the configured rank, or an init adapter's if that is larger
+        self._max_rank = vllm_lora_rank(max([cfg.lora_rank, *(c.r for c in self.model.peft_config.values())]))
         self._llm = self._start_vllm()
 
     def _start_vllm(self):
@@ -133,7 +135,7 @@ class VLLMEngine(LocalEngine):
         dtype = str(resolve_dtype(cfg.dtype, self.device)).removeprefix("torch.")
         try:
             return LLM(model=path, tokenizer=path, revision=cfg.revision, dtype=dtype, seed=self.seed,
-                       enable_lora=True, max_lora_rank=vllm_lora_rank(cfg.lora_rank), max_loras=1,
+                       enable_lora=True, max_lora_rank=self._max_rank, max_loras=1,
                        logprobs_mode="processed_logprobs", distributed_executor_backend="uni", **kwargs)
         except (ValueError, RuntimeError, NotImplementedError) as err:
             raise UserError(f"vLLM cannot serve model '{cfg.name}': {first_line(err)}") from None
@@ -168,6 +170,10 @@ class VLLMEngine(LocalEngine):
 
         if self._lora is not None and self._sampler_synced:
             return self._lora
+        rank = self.model.peft_config[self.active_adapter].r
+        if rank > self._max_rank:
+            raise UserError(f"adapter '{self.active_adapter}' has LoRA rank {rank}, above the {self._max_rank} vLLM "
+                            "was started for (model.lora_rank): set model.lora_rank to at least that")
         old = self._lora
         self._lora_id += 1
         request = LoRARequest(f"purplerl-{self._lora_id}", self._lora_id, str(self._export_adapter()))
