@@ -456,11 +456,11 @@ def test_every_float_field_of_every_command_refuses_nan(name: str):
 
 def test_leaf_field_counts_per_command():
     # attack's 82 fields plus reward.refusal_penalty, model.finetune, training.noiser_noise_weight, the 4
-    # collapse_* fields and engine.procs (engine became a section: kind + procs); tamper-test adds its tamper
-    # section (16), the utility check (3) and the held-out judges (8);
+    # collapse_* fields and engine.procs (engine became a section: kind + procs), the 4 engine.vllm_* fields;
+    # tamper-test adds its tamper section (16), the utility check (3) and the held-out judges (8);
     # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 90, "defend": 90, "tamper-test": 117, "sft": 98, "eval": 37, "sample": 15,
+    assert counts == {"attack": 94, "defend": 94, "tamper-test": 121, "sft": 102, "eval": 37, "sample": 15,
                       "data prepare": 10, "align": 3}
 
 
@@ -527,7 +527,9 @@ def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
     assert load_config(None, ["--engine.procs", "2"]).engine.procs == 2
     old = tmp_path / "old.yaml"
     old.write_text("engine: local\n")
-    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1}
+    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1, "vllm_kv_cache_gib": 1,
+                                                    "vllm_gpu_memory_utilization": 0.3, "vllm_is_correction": True,
+                                                    "vllm_is_cap": 2.0}
     assert load_config(old, ["--engine.procs", "3"]).engine.procs == 3
     with pytest.raises(UserError, match="config field 'engine.kind': unknown engine 'spark'"):
         load_config(None, ["--engine", "spark"])
