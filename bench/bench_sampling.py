@@ -30,6 +30,7 @@ PROMPTS = ["Write a short poem about the sea.", "Tell me a joke about cats.", "H
            "Explain what a neural network is.", "Give me three tips for sleeping well.",
            "What is the capital of France?", "Describe your ideal weekend.", "Roast my friend who loves puns."]
 VARIANTS = ("local", "vllm-base", "vllm-lora", "vllm-engine")
+RESULT = "RESULT "
 
 
 def _moved_adapter(engine, prompts: list[list[int]]) -> None:
@@ -106,7 +107,9 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.model, args.dtype, args.repeats, args.group, args.tokens)))
+        # marked: vLLM's shutdown may print after it
+        print(RESULT + json.dumps(measure(args.child, args.model, args.dtype, args.repeats, args.group, args.tokens)),
+              flush=True)
         return
     rows = []
     for variant in args.variants.split(","):
@@ -116,7 +119,7 @@ def main() -> None:
                               "--child", variant], capture_output=True, text=True)
         if out.returncode != 0:
             raise SystemExit(f"{variant} failed:\n{out.stderr[-3000:]}")
-        row = json.loads(out.stdout.strip().splitlines()[-1])
+        row = json.loads(next(line for line in out.stdout.splitlines() if line.startswith(RESULT))[len(RESULT):])
         row["load_avg_1min"] = [load_before, os.getloadavg()[0]]
         rows.append(row)
         print(f"{variant:12s} median {row['median_s']:.2f} s, {row['median_tokens_per_s']:.0f} tok/s "
