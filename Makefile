@@ -12,7 +12,7 @@ TORCH_REQ = $$(if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/n
               then echo "torch>=2.4"; else echo "torch==$(TORCH_CPU)"; fi)
 DEMO_CONFIG ?= examples/configs/demo.yaml
 
-.PHONY: setup lock demo test test-slow test-gpu test-vllm lint clean-cache bench-reward bench experiment-offline
+.PHONY: setup lock demo test test-slow test-gpu test-vllm lint clean-cache bench-reward bench bench-sampling experiment-offline
 
 setup: $(STAMP)
 
@@ -73,6 +73,11 @@ $(VLLM_STAMP): pyproject.toml
 # the tests marked vllm (the engine contract on vLLM, the adapter refresh, a GRPO run through the CLI)
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -m vllm
+
+# vLLM's CPU backend against the local decode loop as the rollout sampler, SmolLM2, 32 x 48 tokens, with and without
+# LoRA (bench/results/sampling-DATE-HOST.json; bench/NOTES.md). Options through BENCH_ARGS, e.g. "--dtype float32"
+bench-sampling: $(VLLM_STAMP)
+	$(VLLM_PY) bench/bench_sampling.py $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
