@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from purplerl.config.base import Registry, Section, Template
+from purplerl.config.base import comma_list as _comma_list
 from purplerl.config.sections import (
     Config,
     EvalDataConfig,
@@ -43,15 +44,6 @@ class EvalUtilityConfig(UtilityConfig):
 
 THREATS = ("adapter", "merged", "sft", "adaptive")  # tamper-test's threat models (purplerl.experiments.tamper)
 Threat = Literal["adapter", "merged", "sft", "adaptive"]
-
-
-def _comma_list(value: Any) -> Any:
-    """'a,b' and ['a,b', 'c'] -> ['a', 'b', 'c'] (a repeated flag or a comma list on the command line)."""
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value, list):
-        value = [name.strip() for item in value for name in (item.split(",") if isinstance(item, str) else [item])]
-    return value
 
 
 class TamperConfig(Section):

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template
+from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template, comma_list
 from purplerl.files import plain_name_problem
 
 # choices read from the algorithm registries (when a value is checked), never typed again here
@@ -17,6 +17,7 @@ ADVANTAGE = Registry("purplerl.algorithms.advantages:ADVANTAGE_ESTIMATORS", "adv
 LOSS_AGGREGATION = Registry("purplerl.algorithms.losses:LOSS_AGGREGATIONS", "loss aggregation").field()
 KL_ESTIMATOR = Registry("purplerl.algorithms.kl:KL_ESTIMATORS", "KL estimator").field()
 ENGINE = Registry("purplerl.engines:ENGINES", "engine").field()
+TRACKER = Registry("purplerl.train.trackers:TRACKERS", "tracker").field()
 
 
 class ModelLoadConfig(Section):
@@ -252,6 +253,19 @@ class EngineConfig(Section):
 class LoggingConfig(Section):
     progress: bool = Field(True, description="show a rich progress bar")
     print_samples: int = Field(0, ge=0, description="completions printed to the console per step")
+    trackers: list[TRACKER] = Field(default_factory=list, description="experiment trackers that get the metrics, samples and evaluations of the JSONL logs, each step once its checkpoint is saved: wandb (offline, run_dir/wandb), tensorboard (run_dir/tensorboard), mlflow (file store run_dir/mlruns); 'wandb,mlflow' works too; needs pip install 'purplerl[trackers]'")
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _split_trackers(cls, value: Any) -> Any:
+        return comma_list(value)
+
+    @field_validator("trackers")
+    @classmethod
+    def _trackers_once(cls, trackers: list[str]) -> list[str]:
+        if len(set(trackers)) != len(trackers):
+            raise ValueError(f"repeats a tracker: {','.join(trackers)}")
+        return trackers
 
 
 class RunConfig(Section):
@@ -278,7 +292,7 @@ class Config(Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="optimization")
     data: DataConfig = Field(default_factory=DataConfig, description="prompt source")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="reward composition")
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="console output")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="console output and experiment trackers")
     run: RunConfig = Field(default_factory=RunConfig, description="run directory and checkpoints")
 
     @model_validator(mode="after")

@@ -29,6 +29,7 @@ from purplerl.train.checkpoint import save_checkpoint
 from purplerl.train.progress import StepProgress
 from purplerl.train.sinks import JsonlSink
 from purplerl.train.stops import Collapse, set_aside_collapsed
+from purplerl.train.trackers import TrackerFeed
 from purplerl.types import AdamParams, Completion, PromptRecord, RewardBreakdown, SamplingParams, TrainBatch
 
 
@@ -280,14 +281,19 @@ def _evaluated(evaluation: Evaluation, engine: Engine, step: int) -> dict[str, A
 
 
 def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
-              start_step: int = 1, evaluation: Evaluation | None = None) -> dict[str, Any]:
+              start_step: int = 1, evaluation: Evaluation | None = None,
+              trackers: TrackerFeed | None = None) -> dict[str, Any]:
     """Run any recipe's steps start_step..training.steps: log each, checkpoint every run.save_every steps and
-    at the end, stop early when `early_stop` gives a reason; run `evaluation` when it is due (evals.jsonl)."""
+    at the end, stop early when `early_stop` gives a reason; run `evaluation` when it is due (evals.jsonl).
+    `trackers` get the logged rows once the checkpoint after them is saved (purplerl.train.trackers)."""
     run_dir = Path(run_dir)
+    trackers = trackers or TrackerFeed()
     metrics_sink, samples_sink = JsonlSink(run_dir / "metrics.jsonl"), JsonlSink(run_dir / "samples.jsonl")
     evals_sink = JsonlSink(run_dir / EVALS_FILE) if evaluation is not None else None
     if evals_sink is not None and start_step == 1:
-        evals_sink.write([_evaluated(evaluation, engine, 0)])  # the start point every curve is measured from
+        first = _evaluated(evaluation, engine, 0)  # the start point every curve is measured from
+        evals_sink.write([first])
+        trackers.evals(first)
     stop_reason: str | None = None
     last_step = start_step - 1
     with StepProgress(config.training.steps, start_step - 1, enabled=config.logging.progress) as progress:
@@ -301,13 +307,18 @@ def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: En
                                       ) from err
             metrics["time/step_s"] = time.perf_counter() - started
             stop_reason = early_stop(metrics)
-            metrics_sink.write([{"step": step, **metrics, **({"early_stop": stop_reason} if stop_reason else {})}])
+            row = {"step": step, **metrics, **({"early_stop": stop_reason} if stop_reason else {})}
+            metrics_sink.write([row])
             samples_sink.write(samples)
+            trackers.metrics(row)
+            trackers.samples(samples)
             progress.update(step, metrics, samples[: config.logging.print_samples])
             last_step = step
             finished = stop_reason is not None or step == config.training.steps
             if evals_sink is not None and evaluation.due(step, finished):
-                evals_sink.write([_evaluated(evaluation, engine, step)])
+                evaluated = _evaluated(evaluation, engine, step)
+                evals_sink.write([evaluated])
+                trackers.evals(evaluated)
             collapsed = isinstance(stop_reason, Collapse)
             if finished or step % config.run.save_every == 0:
                 metrics_sink.sync()  # on disk before the checkpoint that claims these steps
@@ -319,6 +330,8 @@ def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: En
             elif finished or step % config.run.save_every == 0:
                 save_checkpoint(run_dir, step, engine, {"finished": finished, "stop_reason": stop_reason},
                                 config.run.keep_last)
+            if finished or step % config.run.save_every == 0:
+                trackers.commit()  # after the checkpoint: a resume never recomputes a step a tracker holds
             if stop_reason is not None:
                 break
     return {"last_step": last_step, "stop_reason": stop_reason or "completed all steps"}

@@ -32,6 +32,7 @@ from purplerl.train.checkpoint import (
 )
 from purplerl.train.loop import EVALS_FILE, EarlyStop, Evaluation, LoopParts, RecipeHooks, StepFn, rl_step, run_steps
 from purplerl.train.sinks import last_logged_step, truncate_after_step
+from purplerl.train.trackers import check_trackers, open_trackers
 
 CONFIG_FILE = RUN_CONFIG_FILE
 SUMMARY_FILE = "summary.json"
@@ -206,6 +207,7 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
     the run dir exactly as it was. `evaluation`, when given, is run by the loop with the live engine and logged to
     evals.jsonl, which a resume cuts back with the other logs."""
     start_step, checkpoint, changed = 1, None, None
+    check_trackers(config.logging.trackers)  # a missing package fails now, not after the model loaded
     if resume:
         changed = resume_changes(build_config(read_config_file(run_dir / CONFIG_FILE)), config)
         checkpoint = resume_point(run_dir, restart, config.run.save_every, notify)
@@ -238,7 +240,9 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
         # written only now: a run that failed to start (bad model, missing data) must not claim its name
         run_dir.mkdir(parents=True, exist_ok=True)
         record_config(run_dir, config, 1, None)
-    summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation)
+    with open_trackers(config.logging.trackers, run_dir, config.model_dump(mode="json"), start_step,
+                       notify) as trackers:
+        summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation, trackers)
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
     _write_atomically(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary
