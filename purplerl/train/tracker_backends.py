@@ -85,7 +85,10 @@ class TensorBoardTracker:
     def __init__(self, run: TrackerRun) -> None:
         from tensorboardX import SummaryWriter
 
-        self.writer = SummaryWriter(logdir=str(run.run_dir / "tensorboard"), purge_step=run.first_step)
+        # tensorboardX names a file by the second it opened: two segments opened within one second would share
+        # it (the second overwriting the first); the nanoseconds keep them apart, in the order they were written
+        self.writer = SummaryWriter(logdir=str(run.run_dir / "tensorboard"), purge_step=run.first_step,
+                                    filename_suffix=f".{time.time_ns()}")
         text = yaml.safe_dump(run.config, sort_keys=False)
         self.writer.add_text("config", "\n".join("    " + line for line in text.splitlines()),  # a code block
                              global_step=run.first_step)
@@ -155,6 +158,7 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        # MLflow stores tables through pandas, floats to 10 decimals; samples.jsonl keeps them whole
         data = {k: [row.get(k) for row in rows] for k in columns(rows)}
         self.client.log_table(self.run_id, data=data, artifact_file=f"samples/step_{step:06d}.json")
 
