@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,8 @@ class TrackerFeed:
                 errors.append(f"tracker {name} failed to close: {type(err).__name__}: {first_line(err)}")
         if errors and not failed:
             raise ExperimentError("; ".join(errors))
+        for error in errors:  # the run's own failure is the one reported; these only follow it
+            print(f"warning: {error}", file=sys.stderr)
 
     def __enter__(self) -> TrackerFeed:
         return self
@@ -170,9 +173,9 @@ class TrackerFeed:
         self.close(failed=kind is not None)
 
 
-def read_state(run_dir: Path | None) -> dict[str, Any]:
-    path = Path(run_dir or ".") / STATE_FILE
-    if run_dir is None or not path.is_file():
+def read_state(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / STATE_FILE
+    if not path.is_file():
         return {}
     try:
         return json.loads(path.read_text())
