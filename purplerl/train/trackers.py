@@ -4,9 +4,11 @@ The JSONL files stay the record; `logging.trackers` adds dashboards that receive
 a step's rows once the checkpoint that covers the step is on disk (`TrackerFeed.commit`): a resume recomputes
 every step after its checkpoint, and a tracker that had already seen one of them would show it twice, since
 W&B and MLflow histories cannot be cut back. So the dashboards trail the JSONL files by at most
-`run.save_every` steps. run_dir/trackers.json holds, per tracker, its run id and the last step it holds; a
-resume continues those runs and first sends each tracker the rows it lacks up to the checkpoint, from the
-JSONL logs (a kill between a checkpoint and the hand-over, or a tracker added when resuming).
+`run.save_every` steps. run_dir/trackers.json holds, per tracker, its run id, the last step it was sent and
+whether it was closed; a resume continues those runs and first sends each tracker the rows it lacks up to the
+checkpoint, from the JSONL logs (a kill between a checkpoint and the hand-over, or a tracker added when
+resuming). W&B and tensorboardX keep rows in memory until they close, so after a kill the W&B run is replaced
+by a new one given the whole log, and TensorBoard purges its event files and is given the whole log again.
 """
 
 from __future__ import annotations
@@ -59,15 +61,20 @@ class Tracker(Protocol):
 class TrackerKind:
     package: str  # what must be importable
     open: Callable[[TrackerRun], Tracker]
-    # True: the tracker itself drops steps logged after the resume point (TensorBoard's purge_step), so its
-    # run continues even when it holds steps the resume recomputes; W&B and MLflow then start a new run
+    # True: a row is on disk when its log call returns. Otherwise a kill can lose rows the tracker was handed
+    # (W&B's service and tensorboardX's writer thread hold them in memory until they close), so after a kill
+    # nothing it was sent is taken as held
+    durable: bool
+    # True: the tracker drops what it holds from a given step on (TensorBoard's purge_step), so its run goes on
+    # whatever it holds; otherwise a run holding steps a resume recomputes, or unknown ones, is replaced by a
+    # new run given the whole log
     purges: bool
 
 
 TRACKERS: dict[str, TrackerKind] = {
-    "wandb": TrackerKind("wandb", tracker_backends.WandbTracker, purges=False),
-    "tensorboard": TrackerKind("tensorboardX", tracker_backends.TensorBoardTracker, purges=True),
-    "mlflow": TrackerKind("mlflow", tracker_backends.MlflowTracker, purges=False),
+    "wandb": TrackerKind("wandb", tracker_backends.WandbTracker, durable=False, purges=False),
+    "tensorboard": TrackerKind("tensorboardX", tracker_backends.TensorBoardTracker, durable=False, purges=True),
+    "mlflow": TrackerKind("mlflow", tracker_backends.MlflowTracker, durable=True, purges=False),
 }
 
 
@@ -145,22 +152,26 @@ class TrackerFeed:
             self._send(name, [entry for entry in entries if entry[0] > self.held[name]])
         self._write_state()
 
-    def _write_state(self) -> None:
+    def _write_state(self, closed: frozenset[str] = frozenset()) -> None:
         state = read_state(self.run_dir)
-        state.update({name: {"id": t.run_id, "step": self.held[name]} for name, t in self.trackers.items()})
+        state.update({name: {"id": t.run_id, "step": self.held[name], "closed": name in closed}
+                      for name, t in self.trackers.items()})
         path = self.run_dir / STATE_FILE
         tmp = path.with_name(path.name + ".tmp")
         write_bytes_durably(tmp, json.dumps(state, indent=1).encode())
         os.replace(tmp, path)
 
     def close(self, failed: bool = False) -> None:
-        trackers, self.trackers = self.trackers, {}
-        errors = []
-        for name, tracker in trackers.items():  # every one is closed, even after another one failed to
+        errors, closed = [], set()
+        for name, tracker in self.trackers.items():  # every one is closed, even after another one failed to
             try:
                 tracker.close(failed)
+                closed.add(name)
             except Exception as err:  # reported below, after the others had their chance to close
                 errors.append(f"tracker {name} failed to close: {type(err).__name__}: {first_line(err)}")
+        if self.trackers:
+            self._write_state(frozenset(closed))  # what a closed tracker was sent is on disk
+        self.trackers = {}
         if errors and not failed:
             raise ExperimentError("; ".join(errors))
         for error in errors:  # the run's own failure is the one reported; these only follow it
@@ -197,6 +208,25 @@ def logged_entries(run_dir: Path, after: int, upto: int) -> list[Entry]:
     return sorted(entries, key=lambda e: (e[0], order[e[1]]))
 
 
+def continuation(name: str, held: dict[str, Any] | None, upto: int,
+                 notify: Callable[[str], None]) -> tuple[str | None, int]:
+    """(the tracker run to continue, or None for a new one; the last step it keeps) for a resume from step
+    upto + 1, given what trackers.json says the tracker was sent."""
+    if not held:
+        return None, -1
+    kind = TRACKERS[name]
+    known = kind.durable or held.get("closed", False)
+    last = held["step"] if known else -1  # after a kill, what it held in memory may be lost
+    if known and last <= upto:
+        return held["id"], last
+    if kind.purges:
+        return held["id"], min(last, upto)
+    why = f"holds steps after step {upto}, where this resume goes on" if known else \
+        "was not closed (the process was killed) and may have lost its last rows"
+    notify(f"warning: {name} run {held['id']} {why}; the whole log goes to a new {name} run")
+    return None, -1
+
+
 def open_trackers(names: list[str], run_dir: Path, config: dict[str, Any], start_step: int,
                   notify: Callable[[str], None]) -> TrackerFeed:
     """Open (or continue) each named tracker for a run going on from `start_step`, and send it what the JSONL
@@ -206,14 +236,9 @@ def open_trackers(names: list[str], run_dir: Path, config: dict[str, Any], start
     feed = TrackerFeed(run_dir, {}, {})
     try:
         for name in names:
-            kind, held = TRACKERS[name], state.get(name)
-            if held and held["step"] > upto and not kind.purges:
-                notify(f"warning: {name} run {held['id']} holds steps after step {upto}, where this resume goes on; "
-                       f"logging to a new {name} run instead")
-                held = None
-            last = min(held["step"], upto) if held else -1
+            run_id, last = continuation(name, state.get(name), upto, notify)
             try:
-                tracker = kind.open(TrackerRun(run_dir, config, held["id"] if held else None, last + 1))
+                tracker = TRACKERS[name].open(TrackerRun(run_dir, config, run_id, last + 1))
             except Exception as err:  # the library's own failure, named in one line
                 raise ExperimentError(f"tracker {name} failed to open: {type(err).__name__}: {first_line(err)}"
                                       ) from err

@@ -266,15 +266,17 @@ def _logged_run(run_dir: Path, held: int) -> None:
 
 @pytest.mark.parametrize("purges", [False, True])
 def test_resume_sends_what_a_tracker_lacks_and_never_a_step_twice(tmp_path: Path, monkeypatch, purges) -> None:
-    monkeypatch.setitem(trackers.TRACKERS, "rec", TrackerKind("json", Recording, purges=purges))
+    monkeypatch.setitem(trackers.TRACKERS, "rec", TrackerKind("json", Recording, durable=True, purges=purges))
     monkeypatch.setattr(Recording, "opened", [])
     notes: list[str] = []
     _logged_run(tmp_path, held=2)  # a kill after checkpoint 4, before the trackers got steps 3 and 4
     with open_trackers(["rec"], tmp_path, {}, 5, notes.append):
         assert Recording.last.sent == [(3, "loss"), (3, "2 samples"), (3, "eval/harm"), (4, "loss"),
                                        (4, "2 samples")]
+        assert json.loads((tmp_path / "trackers.json").read_text()) == {
+            "rec": {"id": "run-1", "step": 4, "closed": False}}
     assert Recording.opened == [("run-1", 3)] and notes == []
-    assert json.loads((tmp_path / "trackers.json").read_text()) == {"rec": {"id": "run-1", "step": 4}}
+    assert json.loads((tmp_path / "trackers.json").read_text()) == {"rec": {"id": "run-1", "step": 4, "closed": True}}
 
     # a tracker holding steps the resume recomputes (a collapse set its checkpoint aside): only one that
     # drops them itself (TensorBoard's purge) goes on; the others start a new run given the whole log
@@ -285,8 +287,32 @@ def test_resume_sends_what_a_tracker_lacks_and_never_a_step_twice(tmp_path: Path
         assert Recording.opened[-1] == ("run-1", 5) and sent == [] and notes == []
     else:
         assert Recording.opened[-1] == (None, 0) and [s for s, _ in sent] == [0, 1, 1, 2, 2, 3, 3, 3, 4, 4]
-        assert notes == ["warning: rec run run-1 holds steps after step 4, where this resume goes on; logging "
-                         "to a new rec run instead"]
+        assert notes == ["warning: rec run run-1 holds steps after step 4, where this resume goes on; the whole "
+                         "log goes to a new rec run"]
+
+
+@pytest.mark.parametrize("purges", [False, True])
+def test_after_a_kill_a_tracker_that_buffers_gets_the_whole_log_again(tmp_path: Path, monkeypatch, purges) -> None:
+    # W&B and tensorboardX hold rows in memory until they close: a killed run's tracker may lack what it was sent
+    monkeypatch.setitem(trackers.TRACKERS, "rec", TrackerKind("json", Recording, durable=False, purges=purges))
+    monkeypatch.setattr(Recording, "opened", [])
+    notes: list[str] = []
+    _logged_run(tmp_path, held=2)  # "closed" is absent: the process was killed
+    with open_trackers(["rec"], tmp_path, {}, 5, notes.append):
+        sent = Recording.last.sent
+    assert [s for s, _ in sent] == [0, 1, 1, 2, 2, 3, 3, 3, 4, 4]
+    if purges:  # TensorBoard: the same log dir, every earlier event hidden from step 0 on
+        assert Recording.opened == [("run-1", 0)] and notes == []
+    else:
+        assert Recording.opened == [(None, 0)]
+        assert notes == ["warning: rec run run-1 was not closed (the process was killed) and may have lost its last "
+                         "rows; the whole log goes to a new rec run"]
+    # closed cleanly (a failure or Ctrl-C closes it too): what it was sent is on disk, the run goes on
+    state = json.loads((tmp_path / "trackers.json").read_text())["rec"]
+    assert state["closed"] and state["step"] == 4
+    with open_trackers(["rec"], tmp_path, {}, 5, notes.append):
+        assert Recording.last.sent == []
+    assert Recording.opened[-1] == (state["id"], 5)
 
 
 def test_tensorboard_purge_hides_the_steps_a_resume_redoes(tmp_path: Path) -> None:
