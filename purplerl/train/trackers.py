@@ -7,8 +7,8 @@ W&B and MLflow histories cannot be cut back. So the dashboards trail the JSONL f
 `run.save_every` steps. run_dir/trackers.json holds, per tracker, its run id, the last step it was sent and
 whether it was closed; a resume continues those runs and first sends each tracker the rows it lacks up to the
 checkpoint, from the JSONL logs (a kill between a checkpoint and the hand-over, or a tracker added when
-resuming). W&B and tensorboardX keep rows in memory until they close, so after a kill the W&B run is replaced
-by a new one given the whole log, and TensorBoard purges its event files and is given the whole log again.
+resuming). What a tracker holds is known only once it closed (a failure or Ctrl-C closes it too): after a kill,
+W&B and MLflow get a new run given the whole log, and TensorBoard purges its events and gets it again.
 """
 
 from __future__ import annotations
@@ -61,10 +61,6 @@ class Tracker(Protocol):
 class TrackerKind:
     package: str  # what must be importable
     open: Callable[[TrackerRun], Tracker]
-    # True: a row is on disk when its log call returns. Otherwise a kill can lose rows the tracker was handed
-    # (W&B's service and tensorboardX's writer thread hold them in memory until they close), so after a kill
-    # nothing it was sent is taken as held
-    durable: bool
     # True: the tracker drops what it holds from a given step on (TensorBoard's purge_step), so its run goes on
     # whatever it holds; otherwise a run holding steps a resume recomputes, or unknown ones, is replaced by a
     # new run given the whole log
@@ -72,9 +68,9 @@ class TrackerKind:
 
 
 TRACKERS: dict[str, TrackerKind] = {
-    "wandb": TrackerKind("wandb", tracker_backends.WandbTracker, durable=False, purges=False),
-    "tensorboard": TrackerKind("tensorboardX", tracker_backends.TensorBoardTracker, durable=False, purges=True),
-    "mlflow": TrackerKind("mlflow", tracker_backends.MlflowTracker, durable=True, purges=False),
+    "wandb": TrackerKind("wandb", tracker_backends.WandbTracker, purges=False),
+    "tensorboard": TrackerKind("tensorboardX", tracker_backends.TensorBoardTracker, purges=True),
+    "mlflow": TrackerKind("mlflow", tracker_backends.MlflowTracker, purges=False),
 }
 
 
@@ -214,12 +210,13 @@ def continuation(name: str, held: dict[str, Any] | None, upto: int,
     upto + 1, given what trackers.json says the tracker was sent."""
     if not held:
         return None, -1
-    kind = TRACKERS[name]
-    known = kind.durable or held.get("closed", False)
-    last = held["step"] if known else -1  # after a kill, what it held in memory may be lost
+    # what a tracker holds is known once it closed: until then W&B's service and tensorboardX's writer thread
+    # keep rows in memory, and a kill during a hand-over leaves MLflow with rows trackers.json does not list
+    known = held.get("closed", False)
+    last = held["step"] if known else -1
     if known and last <= upto:
         return held["id"], last
-    if kind.purges:
+    if TRACKERS[name].purges:
         return held["id"], min(last, upto)
     why = f"holds steps after step {upto}, where this resume goes on" if known else \
         "was not closed (the process was killed) and may have lost its last rows"

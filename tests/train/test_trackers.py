@@ -4,11 +4,11 @@ from what each one wrote, and a killed run resumed with them shows every step on
 from __future__ import annotations
 
 import json
-import struct
 import sys
 from pathlib import Path
 
 import pytest
+from tracker_files import mlflow_client, tensorboard_events, wandb_history
 from typer.testing import CliRunner
 
 from purplerl.cli import app
@@ -35,66 +35,6 @@ def _config(model: Path, out: Path, *extra: str):
 
 def held_out(engine, step: int) -> dict[str, float]:
     return {"seen": step / 10}
-
-
-# --- readers: each tracker's own files, parsed independently of purplerl's tracker code ---
-
-def wandb_records(path: Path) -> list:
-    """The protobuf records of a W&B `.wandb` file (a LevelDB-style log: 32 KiB blocks of chunked records)."""
-    from wandb.proto import wandb_internal_pb2
-
-    data, block, pos, chunk, records = path.read_bytes(), 32768, 7, b"", []
-    assert data[:4] == b":W&B"
-    while pos + 7 <= len(data):
-        room = block - pos % block
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if room >= 7 else (0, 0, 0)
-        if kind == 0:  # a block's zero padding
-            pos += room
-            continue
-        chunk += data[pos + 7:pos + 7 + length]
-        pos += 7 + length
-        if kind in (1, 4):  # a whole record, or the last chunk of one
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(chunk)
-            records.append(record)
-            chunk = b""
-    return records
-
-
-def wandb_history(run_dir: Path) -> tuple[list[dict], set[str], list[dict]]:
-    """History rows of every offline segment in order ({'_step', key: value, 'samples': table rows}), the
-    run ids, and the config updates in order."""
-    rows, ids, configs = [], set(), []
-    for segment in sorted((run_dir / "wandb").glob("offline-run-*")):
-        for record in wandb_records(next(segment.glob("*.wandb"))):
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                ids.add(record.run.run_id)
-            updates = record.run.config.update if kind == "run" else record.config.update if kind == "config" else []
-            if updates:
-                configs.append({u.key: json.loads(u.value_json) for u in updates})
-            if kind != "history":
-                continue
-            row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
-            if "samples/path" in row:
-                row["samples"] = json.loads((segment / "files" / row["samples/path"]).read_text())
-            rows.append(row)
-    return rows, ids, configs
-
-
-def tensorboard_events(run_dir: Path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
-    events.Reload()
-    return events
-
-
-def mlflow_client(run_dir: Path, monkeypatch: pytest.MonkeyPatch):
-    from mlflow.tracking import MlflowClient
-
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    return MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
 
 
 # --- a real run on the tiny model: killed after its step-4 checkpoint, before the trackers got steps 3-4,
@@ -255,21 +195,22 @@ class Recording:
         pass
 
 
-def _logged_run(run_dir: Path, held: int) -> None:
+def _logged_run(run_dir: Path, held: int, closed: bool | None = None) -> None:
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": s / 2, "early_stop": None})
                                                    + "\n" for s in range(1, 5)))
     (run_dir / "samples.jsonl").write_text("".join(json.dumps({"step": s, "text": t}) + "\n"
                                                    for s in range(1, 5) for t in "ab"))
     (run_dir / "evals.jsonl").write_text("".join(json.dumps({"step": s, "harm": 0.5}) + "\n" for s in (0, 3)))
-    (run_dir / "trackers.json").write_text(json.dumps({"rec": {"id": "run-1", "step": held}}))
+    state = {"id": "run-1", "step": held, **({} if closed is None else {"closed": closed})}
+    (run_dir / "trackers.json").write_text(json.dumps({"rec": state}))
 
 
 @pytest.mark.parametrize("purges", [False, True])
 def test_resume_sends_what_a_tracker_lacks_and_never_a_step_twice(tmp_path: Path, monkeypatch, purges) -> None:
-    monkeypatch.setitem(trackers.TRACKERS, "rec", TrackerKind("json", Recording, durable=True, purges=purges))
+    monkeypatch.setitem(trackers.TRACKERS, "rec", TrackerKind("json", Recording, purges=purges))
     monkeypatch.setattr(Recording, "opened", [])
     notes: list[str] = []
-    _logged_run(tmp_path, held=2)  # a kill after checkpoint 4, before the trackers got steps 3 and 4
+    _logged_run(tmp_path, held=2, closed=True)  # stopped after checkpoint 4, before the trackers got steps 3, 4
     with open_trackers(["rec"], tmp_path, {}, 5, notes.append):
         assert Recording.last.sent == [(3, "loss"), (3, "2 samples"), (3, "eval/harm"), (4, "loss"),
                                        (4, "2 samples")]
@@ -280,7 +221,7 @@ def test_resume_sends_what_a_tracker_lacks_and_never_a_step_twice(tmp_path: Path
 
     # a tracker holding steps the resume recomputes (a collapse set its checkpoint aside): only one that
     # drops them itself (TensorBoard's purge) goes on; the others start a new run given the whole log
-    _logged_run(tmp_path, held=6)
+    _logged_run(tmp_path, held=6, closed=True)
     with open_trackers(["rec"], tmp_path, {}, 5, notes.append):
         sent = Recording.last.sent
     if purges:
@@ -292,9 +233,10 @@ def test_resume_sends_what_a_tracker_lacks_and_never_a_step_twice(tmp_path: Path
 
 
 @pytest.mark.parametrize("purges", [False, True])
-def test_after_a_kill_a_tracker_that_buffers_gets_the_whole_log_again(tmp_path: Path, monkeypatch, purges) -> None:
-    # W&B and tensorboardX hold rows in memory until they close: a killed run's tracker may lack what it was sent
-    monkeypatch.setitem(trackers.TRACKERS, "rec", TrackerKind("json", Recording, durable=False, purges=purges))
+def test_after_a_kill_a_tracker_gets_the_whole_log_again(tmp_path: Path, monkeypatch, purges) -> None:
+    # W&B and tensorboardX hold rows in memory until they close, and a kill mid-hand-over leaves MLflow with
+    # rows trackers.json does not list: what a killed run's tracker holds is not known
+    monkeypatch.setitem(trackers.TRACKERS, "rec", TrackerKind("json", Recording, purges=purges))
     monkeypatch.setattr(Recording, "opened", [])
     notes: list[str] = []
     _logged_run(tmp_path, held=2)  # "closed" is absent: the process was killed
