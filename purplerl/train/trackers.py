@@ -80,9 +80,9 @@ def check_trackers(names: list[str]) -> None:
         package = TRACKERS[name].package
         try:
             importlib.import_module(package)
-        except ImportError:
-            raise UserError(f"--logging.trackers {name}: the '{package}' package is not installed "
-                            f"({INSTALL_HINT})") from None
+        except ImportError as err:
+            what = "is not installed" if err.name == package else f"cannot be imported ({first_line(err)})"
+            raise UserError(f"--logging.trackers {name}: the '{package}' package {what} ({INSTALL_HINT})") from None
 
 
 def numbers(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
