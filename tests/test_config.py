@@ -456,11 +456,11 @@ def test_every_float_field_of_every_command_refuses_nan(name: str):
 
 def test_leaf_field_counts_per_command():
     # attack's 82 fields plus reward.refusal_penalty, model.finetune, training.noiser_noise_weight, the 4
-    # collapse_* fields and engine.procs (engine became a section: kind + procs); tamper-test adds its tamper
-    # section (16), the utility check (3) and the held-out judges (8);
+    # collapse_* fields, model.cuda_graphs and engine.procs (engine became a section: kind + procs); tamper-test
+    # adds its tamper section (16), the utility check (3) and the held-out judges (8);
     # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 90, "defend": 90, "tamper-test": 117, "sft": 98, "eval": 37, "sample": 15,
+    assert counts == {"attack": 91, "defend": 91, "tamper-test": 118, "sft": 99, "eval": 37, "sample": 15,
                       "data prepare": 10, "align": 3}
 
 
