@@ -78,9 +78,9 @@ def test_run_script_substitutes_the_dir_and_appends_arguments(tmp_path):
     # a stand-in python3 that prints the arguments veRL's trainer would get
     (fake_bin / "python3").write_text("#!/usr/bin/env bash\nprintf '%s\\n' \"$@\"\n")
     (fake_bin / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
     done = subprocess.run([str(tmp_path / "exp" / "run_verl.sh"), "trainer.total_training_steps=3"],
-                          capture_output=True, text=True, env={**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"},
-                          timeout=30)
+                          capture_output=True, text=True, env=env, timeout=30)
     assert done.returncode == 0, done.stderr
     args = done.stdout.splitlines()
     assert args[:2] == ["-m", "verl.trainer.main_ppo"]
@@ -98,9 +98,10 @@ def test_reward_module_in_a_fresh_process_matches_the_attack_reward(tmp_path):
     cfg = _config("--out", str(tmp_path / "exp"), "--reward.refusal_penalty", "0.25")
     export_verl(cfg)
     # loaded the way veRL loads custom_reward_function.path: a module from a file, in another process
+    module_path = str(tmp_path / "exp" / "purplerl_reward.py")
     script = (
         "import importlib.util, json, sys\n"
-        f"spec = importlib.util.spec_from_file_location('custom_module', {str(tmp_path / 'exp' / 'purplerl_reward.py')!r})\n"
+        f"spec = importlib.util.spec_from_file_location('custom_module', {module_path!r})\n"
         "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
         f"print(json.dumps([module.compute_score(data_source='builtin:redteam', solution_str=t, ground_truth='', "
         f"extra_info={{'question': {PROMPT!r}, 'num_turns': 2}}) for t in {TEXTS!r}]))\n")
