@@ -2,11 +2,14 @@
 
 The wheel is fetched once with `pip download --no-deps` (seconds) and its config and the few sources named
 here are unpacked into a cache dir reused by later runs (PURPLERL_VERL_CACHE, default
-~/.cache/purplerl/verl-0.9.1). Where the wheel cannot be obtained the tests skip and say why.
+~/.cache/purplerl/verl-0.9.1). Hydra itself (veRL's config library) is installed there too, with `pip install
+--target` (~20 s, once), to compose the overrides exactly as `verl.trainer.main_ppo` does. Where a package
+cannot be obtained the tests that need it skip and say why.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -25,6 +28,7 @@ from purplerl.verl.mapping import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS
 from purplerl.verl.validate import GENERATED_CONFIG, override_problems, read_defaults
 
 VERSION = "0.9.1"
+HYDRA = "hydra-core==1.3.8"  # veRL 0.9.1 requires hydra-core without a pin; the release its users get
 SOURCES = ("verl/trainer/ppo/core_algos.py", "verl/workers/config/actor.py", "verl/trainer/ppo/reward.py")
 
 
@@ -50,6 +54,38 @@ def verl_root() -> Path:
     return cache
 
 
+@pytest.fixture(scope="module")
+def hydra_path(verl_root) -> Path:
+    target = verl_root / "hydra"
+    if not (target / "hydra" / "__init__.py").is_file():
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target), HYDRA],
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            pytest.skip(f"cannot install {HYDRA}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return target
+
+
+# Composes ppo_trainer.yaml from the wheel's config dir with the override lines, as main_ppo's @hydra.main does,
+# and prints each overridden key's composed value.
+COMPOSE = """
+import json, sys
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+config_dir, lines = sys.argv[1], open(sys.argv[2]).read().splitlines()
+with initialize_config_dir(config_dir=config_dir, version_base=None):
+    cfg = compose(config_name="ppo_trainer", overrides=lines)
+values = {line.partition("=")[0]: OmegaConf.select(cfg, line.partition("=")[0]) for line in lines}
+print(json.dumps(OmegaConf.to_container(OmegaConf.create({"v": values}))["v"]))
+"""
+
+
+def _compose(verl_root: Path, hydra_path: Path, lines: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
+    return subprocess.run([sys.executable, "-c", COMPOSE, str(verl_root / "verl/trainer/config"),
+                           str(tmp_path / "lines.txt")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(hydra_path)})
+
+
 def _exported_overrides(tmp_path: Path, *args: str) -> dict:
     cfg = load_command_config("verl export", None, ["--model", "HuggingFaceTB/SmolLM2-135M-Instruct",
                                                     "--out", str(tmp_path / "exp"), *args], base=ATTACK_DEFAULTS)
@@ -69,7 +105,8 @@ def test_the_generated_config_is_the_composed_trainer_config(verl_root):
 
 @pytest.mark.parametrize("args", [
     [],
-    ["--reward.kl_in", "loss", "--reward.kl_estimator", "k3", "--training.loss", "ppo_clip", "--training.ppo_epochs", "2"],
+    ["--reward.kl_in", "loss", "--reward.kl_estimator", "k3", "--training.loss", "ppo_clip",
+     "--training.ppo_epochs", "2"],
     ["--training.advantage", "reinforce_pp", "--training.old_logprobs", "sampler", "--top_k", "20"],
     ["--training.advantage", "rloo", "--model.lora_targets", "q_proj,v_proj", "--model.init_adapter", "/a",
      "--verl.rollout", "sglang", "--verl.extra", "trainer.val_before_train=false"],
@@ -105,3 +142,24 @@ def test_exported_choices_are_names_verl_knows(verl_root):
     # the reward hook: custom_reward_function.path/name, loaded from a file by name
     reward = (verl_root / "verl/trainer/ppo/reward.py").read_text()
     assert 'config.reward.get("custom_reward_function")' in reward
+
+
+def test_hydra_composes_the_exported_overrides_to_the_values_written(verl_root, hydra_path, tmp_path):
+    overrides = _exported_overrides(tmp_path, "--reward.kl_in", "loss", "--model.lora_targets", "q_proj,v_proj",
+                                    "--system_prompt", "Be brief.")
+    # run_verl.sh puts the export dir in place of the placeholder: a dir with a space must survive Hydra's parser
+    lines = [line.replace("@EXPORT_DIR@", "/shared/my runs/exp")
+             for line in (tmp_path / "exp" / "overrides.txt").read_text().splitlines()]
+    done = _compose(verl_root, hydra_path, lines, tmp_path)
+    assert done.returncode == 0, done.stderr
+    composed = json.loads(done.stdout.splitlines()[-1])
+    expected = {key: value.replace("@EXPORT_DIR@", "/shared/my runs/exp") if isinstance(value, str) else value
+                for key, value in overrides.items()}
+    assert composed == expected
+    assert composed["data.train_files"] == "/shared/my runs/exp/train.parquet"
+
+
+def test_hydra_refuses_a_key_verl_does_not_have(verl_root, hydra_path, tmp_path):
+    done = _compose(verl_root, hydra_path, ["actor_rollout_ref.rollout.nn=4"], tmp_path)
+    assert done.returncode != 0
+    assert "Could not override 'actor_rollout_ref.rollout.nn'" in done.stderr
