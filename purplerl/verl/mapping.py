@@ -255,14 +255,15 @@ def _run(cfg: VerlExportConfig, out: Translation) -> None:
 
 def _engine_only(cfg: VerlExportConfig, out: Translation) -> None:
     """Settings of purplerl's own loop and engines, which veRL replaces with its own: named where they would
-    change what the run does (an active early stop) or where the user set them."""
+    change what the run does (an active early stop) or differ from their defaults."""
     t = cfg.training
     why_engine = "purplerl engine knob; veRL's FSDP workers and rollout engine decide this"
     for setting in ("model.dtype", "model.device", "model.autocast_bf16", "model.threads", "model.merged_sampler",
                     "model.fused_lora", "engine.kind", "engine.procs"):
         section, _, name = setting.partition(".")
-        if name in getattr(cfg, section).model_fields_set:
-            out.name(setting, getattr(getattr(cfg, section), name), why_engine)
+        part = getattr(cfg, section)
+        if getattr(part, name) != type(part).model_fields[name].default:
+            out.name(setting, getattr(part, name), why_engine)
         out.used.add(setting)
     why_stop = "veRL has no early stop on reward components: watch the logged reward terms"
     for name in ("early_stop_toxicity", "early_stop_repetition"):
