@@ -153,9 +153,12 @@ purplerl's defense (Token Buncher) rewards the negative mean per-token entropy o
 veRL 0.9.1 computes a response's reward while sampling, in its reward loop, from the decoded text and the
 token ids (`prompts`, `responses`, `attention_mask`); the rollout's log-probs (`rollout_log_probs`) join the
 batch only afterwards, and the actor's entropies (`entropys`) are computed later still and dropped after
-logging. No reward function or reward manager receives per-token entropies, so `purplerl verl export`
-refuses `recipe: defend` (and the adaptive attack's `reward.entropy_bonus_cap`) rather than export a
-different objective. Run the defense on purplerl's own engines.
+logging. No reward function or reward manager receives per-token entropies. (Only with a colocated reward
+model, `reward.reward_model.enable`, is the reward computed on the whole batch after sampling, where a custom
+reward manager could read `rollout_log_probs`; -log p of each sampled token is then a one-sample estimate
+of the entropy, not the entropy Token Buncher rewards, and this export does not offer it.) So
+`purplerl verl export` refuses `recipe: defend` (and the adaptive attack's `reward.entropy_bonus_cap`)
+rather than export a different objective. Run the defense on purplerl's own engines.
 """
 
 
