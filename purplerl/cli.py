@@ -335,6 +335,23 @@ def data_prepare(ctx: typer.Context,
     typer.echo(prepare_dataset(cfg.prepare).describe())
 
 
+verl_app = typer.Typer(no_args_is_help=True, help="veRL: run purplerl's recipes on a GPU cluster with veRL.")
+app.add_typer(verl_app, name="verl")
+
+
+@verl_app.command("export", context_settings=OVERRIDES, cls=config_command("verl export"))
+@reports_errors
+def verl_export(ctx: typer.Context, config: ConfigFile = None) -> None:
+    """Write --out DIR for a veRL 0.9 run of the attack recipe: prompts as veRL parquet, purplerl's reward
+    behind veRL's custom-reward hook, the settings as Hydra overrides (run_verl.sh), and every setting veRL
+    cannot honour named. The defend recipe is refused: veRL's reward hook sees no token entropies."""
+    from purplerl.recipes.attack import ATTACK_DEFAULTS
+    from purplerl.verl.export import export_verl
+
+    cfg = load_command_config("verl export", config, ctx.args, base=ATTACK_DEFAULTS)
+    typer.echo(export_verl(cfg, announce=_say).describe())
+
+
 def _server_option(field: str, **kwargs: Any) -> Any:
     """A serve-reward option whose help text is the RewardServerConfig field's description."""
     return typer.Option(help=RewardServerConfig.model_fields[field].description, **kwargs)

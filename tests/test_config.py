@@ -458,10 +458,11 @@ def test_leaf_field_counts_per_command():
     # attack's 82 fields plus reward.refusal_penalty, model.finetune, training.noiser_noise_weight, the 4
     # collapse_* fields, model.cuda_graphs and engine.procs (engine became a section: kind + procs); tamper-test
     # adds its tamper section (16), the utility check (3) and the held-out judges (8);
-    # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs
+    # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs;
+    # verl export adds its verl section (9) to the attack's
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
     assert counts == {"attack": 91, "defend": 91, "tamper-test": 118, "sft": 99, "eval": 37, "sample": 15,
-                      "data prepare": 10, "align": 3}
+                      "data prepare": 10, "align": 3, "verl export": 100}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():
