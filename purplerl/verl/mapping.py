@@ -259,7 +259,7 @@ def _engine_only(cfg: VerlExportConfig, out: Translation) -> None:
     t = cfg.training
     why_engine = "purplerl engine knob; veRL's FSDP workers and rollout engine decide this"
     for setting in ("model.dtype", "model.device", "model.autocast_bf16", "model.threads", "model.merged_sampler",
-                    "model.fused_lora", "engine.kind", "engine.procs"):
+                    "model.fused_lora", "model.cuda_graphs", "engine.kind", "engine.procs"):
         section, _, name = setting.partition(".")
         part = getattr(cfg, section)
         if getattr(part, name) != type(part).model_fields[name].default:
