@@ -10,6 +10,7 @@ prints a traceback; the group's timeout bounds a wait on a peer that hangs witho
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -82,7 +83,12 @@ def _collective(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
         fn(*args, **kwargs)
     except RuntimeError as err:  # gloo / NCCL report a closed or timed-out peer as RuntimeError subclasses
         raise ExperimentError(f"rank {torch.distributed.get_rank()}: lost another process of the run while "
-                              f"{what} ({first_line(err)[:160]}); {LOST_PEER}") from None
+                              f"{what} ({_cause(err)}); {LOST_PEER}") from None
+
+
+def _cause(err: BaseException) -> str:
+    """The backend's message without its source location: '[.../pair.cc:537] Read error ...' -> 'Read error ...'."""
+    return re.sub(r"^\[[^\]]*\]\s*", "", first_line(err))[:100]
 
 
 def world_of(engine: Any) -> World:
