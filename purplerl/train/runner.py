@@ -241,6 +241,8 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
 
     bind = prepare(config)
     world = join_world(config.engine.procs, resolve_device(config.model.device))
+    if world.size != config.engine.procs:  # started by torchrun itself: config.yaml says how many processes ran
+        config = config.model_copy(update={"engine": config.engine.model_copy(update={"procs": world.size})})
     if config.training.batch_size % world.size:
         raise UserError(f"training.batch_size={config.training.batch_size} does not divide by the {world.size} "
                         f"data-parallel processes")
