@@ -66,6 +66,8 @@ class DataParallelEngine:
             torch.manual_seed(rank_seed(inner.seed, world.rank))
 
     def __getattr__(self, name: str) -> Any:  # adapters, active_adapter, device, cfg, ...: the local engine's
+        if name == "inner":  # not set yet: no recursion through __getattr__
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def _broadcast_weights(self) -> None:

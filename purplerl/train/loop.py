@@ -219,9 +219,11 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
 
     advantages_N = (advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)
     # train_metrics are the global batch's already (the engine reduces them with the gradients)
-    b = merge_shards(parts.world, StepShard(prompts, completions, rewards, kl_N, mask_NT, adv_metrics, advantages_N))
-    metrics = step_metrics(b.completions, b.rewards, b.kl_N, b.mask_NT, b.adv_metrics, train_metrics, clock)
-    return metrics, sample_rows(step, b.prompts, b.completions, b.rewards, b.advantages_N)
+    whole = merge_shards(parts.world, StepShard(prompts, completions, rewards, kl_N, mask_NT, adv_metrics,
+                                                advantages_N))
+    metrics = step_metrics(whole.completions, whole.rewards, whole.kl_N, whole.mask_NT, whole.adv_metrics,
+                           train_metrics, clock)
+    return metrics, sample_rows(step, whole.prompts, whole.completions, whole.rewards, whole.advantages_N)
 
 
 def step_metrics(completions: list[Completion], rewards: RewardBreakdown, kl_N: torch.Tensor, mask_NT: torch.Tensor,
