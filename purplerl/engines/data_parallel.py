@@ -131,15 +131,15 @@ class DataParallelEngine:
 
     def save(self, path: Path) -> None:
         """A collective: every rank calls it with the same path; rank 0 writes the checkpoint and every rank's
-        RNG state."""
+        RNG state, and no rank returns before the checkpoint is complete (a rank may read it next)."""
         states = self.world.gather(_rng_state())
-        if not self.world.is_writer:
-            return
-        self.inner.save(path)
-        buffer = io.BytesIO()
-        torch.save({"ranks": states}, buffer)
-        with open(Path(path) / RANK_RNG_FILE, "wb") as f:
-            f.write(buffer.getbuffer())
+        if self.world.is_writer:
+            self.inner.save(path)
+            buffer = io.BytesIO()
+            torch.save({"ranks": states}, buffer)
+            with open(Path(path) / RANK_RNG_FILE, "wb") as f:
+                f.write(buffer.getbuffer())
+        self.world.agree(True)  # the others wait here for rank 0's write (a failed write stops the run instead)
 
     def load(self, path: Path) -> None:
         """Every rank loads the same checkpoint, then takes its own RNG state (a checkpoint of another number of
