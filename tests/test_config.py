@@ -456,12 +456,13 @@ def test_every_float_field_of_every_command_refuses_nan(name: str):
 
 def test_leaf_field_counts_per_command():
     # attack's 82 fields plus reward.refusal_penalty, model.finetune, training.noiser_noise_weight, the 4
-    # collapse_* fields, engine.procs (engine became a section: kind + procs) and logging.trackers; tamper-test
-    # adds its tamper section (16), the utility check (3) and the held-out judges (8);
-    # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs
+    # collapse_* fields, model.cuda_graphs, engine.procs (engine became a section: kind + procs) and
+    # logging.trackers; tamper-test adds its tamper section (16), the utility check (3) and the held-out judges (8);
+    # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs;
+    # verl export adds its verl section (9) to the attack's
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 91, "defend": 91, "tamper-test": 118, "sft": 99, "eval": 37, "sample": 15,
-                      "data prepare": 10, "align": 3}
+    assert counts == {"attack": 92, "defend": 92, "tamper-test": 119, "sft": 100, "eval": 37, "sample": 15,
+                      "data prepare": 10, "align": 3, "verl export": 101}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

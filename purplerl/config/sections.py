@@ -41,6 +41,7 @@ class ModelConfig(ModelLoadConfig):
     autocast_bf16: bool = Field(False, description="run matmuls in bfloat16 under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs and GPUs)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 keeps torch's default")
     merged_sampler: bool = Field(True, description="sample from a plain copy of the model with the LoRA update merged in (faster decoding; costs one extra copy of the weights)")
+    cuda_graphs: bool = Field(True, description="CUDA: decode over a static KV cache, each token's forward replayed as one captured CUDA graph instead of ~1,000 kernel launches (same maths; off: a growing cache)")
     fused_lora: bool = Field(True, description="run plain LoRA layers (no dropout) as one accumulating matmul, scaling folded into B (same maths, fewer elementwise passes)")
 
 

@@ -5,21 +5,27 @@ from __future__ import annotations
 
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines.base import Engine, EngineSettings
+from purplerl.engines.distributed import SINGLE, World
 from purplerl.errors import UserError
 
 ENGINES = ("local",)
 
 
 def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", seed: int = 0,
-                settings: EngineSettings | None = None) -> Engine:
+                settings: EngineSettings | None = None, world: World = SINGLE) -> Engine:
     """An engine of `engine.kind` (the section, or just its kind) holding `model` (its base and first adapter,
-    "default")."""
+    "default"); over several processes (`world`, see engines.distributed), the local engine data-parallel."""
     engine = EngineConfig(kind=engine) if isinstance(engine, str) else engine
     kind = engine.kind
     if kind == "local":
         from purplerl.engines.local import LocalEngine
 
-        return LocalEngine(model, seed=seed, settings=settings)
+        local = LocalEngine(model, seed=seed, settings=settings)
+        if world.size == 1:
+            return local
+        from purplerl.engines.data_parallel import DataParallelEngine
+
+        return DataParallelEngine(local, world)
     raise UserError(f"unknown engine '{kind}' (known: {', '.join(ENGINES)})")
 
 
