@@ -456,12 +456,13 @@ def test_every_float_field_of_every_command_refuses_nan(name: str):
 
 def test_leaf_field_counts_per_command():
     # attack's 82 fields plus reward.refusal_penalty, model.finetune, training.noiser_noise_weight, the 4
-    # collapse_* fields and engine.procs (engine became a section: kind + procs), the 4 engine.vllm_* fields;
-    # tamper-test adds its tamper section (16), the utility check (3) and the held-out judges (8);
-    # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs
+    # collapse_* fields, model.cuda_graphs, engine.procs (engine became a section: kind + procs), the 4
+    # engine.vllm_* fields and logging.trackers; tamper-test adds its tamper section (16), the utility check (3) and
+    # the held-out judges (8); sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and
+    # align see only theirs; verl export adds its verl section (9) to the attack's
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 94, "defend": 94, "tamper-test": 121, "sft": 102, "eval": 37, "sample": 15,
-                      "data prepare": 10, "align": 3}
+    assert counts == {"attack": 96, "defend": 96, "tamper-test": 123, "sft": 104, "eval": 37, "sample": 15,
+                      "data prepare": 10, "align": 3, "verl export": 105}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

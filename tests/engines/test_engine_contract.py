@@ -9,11 +9,16 @@
   eps far above |g| (and beta1 = 0) moves each weight by lr * g / eps, so the two updates must match;
 - named adapters: a second adapter trains alone, the reference is the base with every adapter off, both
   survive save/load (full-parameter engines refuse named adapters with one line instead).
+
+The data-parallel local engine runs this file in each of 2 torchrun processes (tests/engines/test_contract_ddp.py
+sets PURPLERL_CONTRACT_DDP): every rank then trains on rank 0's batch, so its global gradient is the one the
+hand-worked formulas give, and saves and loads rank 0's checkpoint dir.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +52,7 @@ class Factory:
     grad_rtol: float  # registered loss vs hand-worked gradient
     finetune: str = "lora"
     engine: str = "local"
+    procs: int = 1  # data parallel under torchrun
 
     def make(self, model_dir: Path, micro_batch_size: int = 64):
         if self.engine == "vllm":  # vLLM's CPU attention needs heads of 32 or more: the same model, wider
@@ -56,8 +62,10 @@ class Factory:
         cfg = ModelConfig(name=str(model_dir), dtype=self.dtype, device="cpu", lora_rank=4, lora_alpha=8.0,
                           lora_targets="q_proj,v_proj,down_proj", finetune=self.finetune)
         # vLLM: its own logprobs are the sampling logprobs (the IS correction would record the trainer's)
-        engine = EngineConfig(kind=self.engine, vllm_is_correction=False)
-        return make_engine(cfg, engine=engine, seed=3, settings=EngineSettings(micro_batch_size=micro_batch_size))
+        engine = EngineConfig(kind=self.engine, **({"vllm_is_correction": False} if self.engine == "vllm" else {}))
+        world = _world() if self.procs > 1 else None
+        return make_engine(cfg, engine=engine, seed=3, settings=EngineSettings(micro_batch_size=micro_batch_size),
+                           **({"world": world} if world else {}))
 
     @property
     def full(self) -> bool:
@@ -70,6 +78,21 @@ FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16",
              Factory("vllm-fp32", "float32", 1e-4, 1e-4, engine="vllm")]
 # engines with their own install run under their own marker (make test-vllm); plain `make test` never builds them
 MARKS = {"vllm": pytest.mark.vllm}
+DDP = bool(os.environ.get("PURPLERL_CONTRACT_DDP"))
+if DDP:  # under torchrun: the data-parallel engine only
+    FACTORIES = [Factory("local-ddp", "float32", 1e-4, 1e-4, procs=2)]
+
+
+def _world():
+    from purplerl.engines.distributed import join_world
+
+    return join_world(int(os.environ["WORLD_SIZE"]), torch.device("cpu"))
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """Under torchrun, rank 0's dir on every rank: the data-parallel engine's checkpoints are written by rank 0."""
+    return Path(_world().agree(str(tmp_path))) if DDP else tmp_path
 
 
 @pytest.fixture(params=[pytest.param(f, id=f.name, marks=MARKS.get(f.engine, ())) for f in FACTORIES])
@@ -82,6 +105,8 @@ def _batch(engine, n: int = 2, seed: int = 0) -> tuple[TrainBatch, list]:
     groups = engine.sample(prompts, n, SamplingParams(max_new_tokens=6, seed=seed))
     completions = [c for g in groups for c in g]
     tensors = sequence_tensors(completions, int(engine.tokenizer.pad_token_id))
+    if DDP:  # rank 0's batch on every rank (see the module docstring)
+        return _world().agree((TrainBatch(**tensors), completions))
     return TrainBatch(**tensors), completions
 
 
