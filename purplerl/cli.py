@@ -133,14 +133,40 @@ def _defend_defaults() -> dict[str, Any]:
 def _run_recipe(recipe: str, cfg: Any, run: Callable[..., dict[str, Any]], summarize: Callable[[dict[str, Any]], str],
                 resume: Path | None, restart: bool) -> None:
     """Run a training recipe, print its summary, and exit non-zero with one line when the run collapsed."""
+    from purplerl.engines.distributed import under_torchrun
     from purplerl.train.stops import collapse_error
 
+    _restart(restart, resume)
+    if cfg.engine.procs > 1 and not under_torchrun():
+        _run_workers(cfg, resume)
+        return
     _quiet_libraries()
-    summary = run(cfg, resume_dir=resume, restart=_restart(restart, resume))
+    if under_torchrun():
+        from purplerl.engines.launch import stop_quietly_on_sigterm
+
+        stop_quietly_on_sigterm()
+    summary = run(cfg, resume_dir=resume, restart=restart)
+    if os.environ.get("RANK", "0") != "0":  # rank 0 reports for the run
+        return
     typer.echo(summarize(summary))
     error = collapse_error(recipe, summary)
     if error is not None:
         raise error
+
+
+def _run_workers(cfg: Config, resume: Path | None) -> None:
+    """--engine.procs N: this command again in N processes under torchrun (see purplerl.engines.launch)."""
+    from purplerl.engines.launch import run_workers
+    from purplerl.train.runner import run_dir_name
+
+    procs, batch = cfg.engine.procs, cfg.training.batch_size
+    if cfg.engine.kind != "local":
+        raise UserError(f"engine.procs={procs} runs the local engine data-parallel; engine '{cfg.engine.kind}' "
+                        f"scales by itself: leave engine.procs at 1")
+    if batch % procs:
+        raise UserError(f"training.batch_size={batch} does not divide by engine.procs={procs}")
+    run_dir = resume or Path(cfg.run.output_dir) / (cfg.run.name or run_dir_name(cfg))
+    run_workers(procs, sys.argv[1:], str(run_dir))
 
 
 @app.command(context_settings=OVERRIDES, cls=config_command("attack"))
@@ -333,6 +359,23 @@ def data_prepare(ctx: typer.Context,
 
     cfg = load_command_config("data prepare", config, ctx.args)
     typer.echo(prepare_dataset(cfg.prepare).describe())
+
+
+verl_app = typer.Typer(no_args_is_help=True, help="veRL: run purplerl's recipes on a GPU cluster with veRL.")
+app.add_typer(verl_app, name="verl")
+
+
+@verl_app.command("export", context_settings=OVERRIDES, cls=config_command("verl export"))
+@reports_errors
+def verl_export(ctx: typer.Context, config: ConfigFile = None) -> None:
+    """Write --out DIR for a veRL 0.9 run of the attack recipe: prompts as veRL parquet, purplerl's reward
+    behind veRL's custom-reward hook, the settings as Hydra overrides (run_verl.sh), and every setting veRL
+    cannot honour named. The defend recipe is refused: veRL's reward hook sees no token entropies."""
+    from purplerl.recipes.attack import ATTACK_DEFAULTS
+    from purplerl.verl.export import export_verl
+
+    cfg = load_command_config("verl export", config, ctx.args, base=ATTACK_DEFAULTS)
+    typer.echo(export_verl(cfg, announce=_say).describe())
 
 
 def _server_option(field: str, **kwargs: Any) -> Any:

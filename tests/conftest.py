@@ -54,17 +54,19 @@ def make_tiny_tokenizer(save_dir: str | Path | None = None):
     return tokenizer
 
 
-def make_tiny_model_dir(path: str | Path) -> Path:
-    """Save a tiny random LlamaForCausalLM plus the tiny tokenizer into `path`; return the path."""
+def make_tiny_model_dir(path: str | Path, hidden_size: int = 32) -> Path:
+    """Save a tiny random LlamaForCausalLM plus the tiny tokenizer into `path`; return the path. Its 4 attention
+    heads are hidden_size / 4 wide (vLLM's CPU attention needs 32 or more)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path = Path(path)
     tokenizer = make_tiny_tokenizer()
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=2 * hidden_size, max_position_embeddings=512,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)

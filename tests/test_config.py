@@ -456,13 +456,14 @@ def test_every_float_field_of_every_command_refuses_nan(name: str):
 
 def test_leaf_field_counts_per_command():
     # attack's 82 fields plus reward.refusal_penalty, model.finetune, training.noiser_noise_weight, the 4
-    # collapse_* fields and engine.procs (engine became a section: kind + procs), and the tinker engine's 4
-    # (url, retries, timeout, loss reduction); tamper-test adds its tamper
-    # section (16), the utility check (3) and the held-out judges (8);
-    # sft adds its own section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs
+    # collapse_* fields, model.cuda_graphs, engine.procs (engine became a section: kind + procs), the 4
+    # engine.vllm_* fields, the tinker engine's 4 (url, retries, timeout, loss reduction) and logging.trackers;
+    # tamper-test adds its tamper section (16), the utility check (3) and the held-out judges (8); sft adds its own
+    # section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs; verl export adds
+    # its verl section (9) to the attack's
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 94, "defend": 94, "tamper-test": 121, "sft": 102, "eval": 37, "sample": 15,
-                      "data prepare": 10, "align": 3}
+    assert counts == {"attack": 100, "defend": 100, "tamper-test": 127, "sft": 108, "eval": 37, "sample": 15,
+                      "data prepare": 10, "align": 3, "verl export": 109}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():
@@ -528,9 +529,10 @@ def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
     assert load_config(None, ["--engine.procs", "2"]).engine.procs == 2
     old = tmp_path / "old.yaml"
     old.write_text("engine: local\n")
-    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1, "tinker_url": None,
-                                                     "tinker_retries": 3, "tinker_timeout_s": 600.0,
-                                                     "tinker_loss_reduction": "sum"}
+    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1, "vllm_kv_cache_gib": 1,
+                                                     "vllm_gpu_memory_utilization": 0.3, "vllm_is_correction": True,
+                                                     "vllm_is_cap": 2.0, "tinker_url": None, "tinker_retries": 3,
+                                                     "tinker_timeout_s": 600.0, "tinker_loss_reduction": "sum"}
     assert load_config(old, ["--engine.procs", "3"]).engine.procs == 3
     with pytest.raises(UserError, match="config field 'engine.kind': unknown engine 'spark'"):
         load_config(None, ["--engine", "spark"])

@@ -25,6 +25,15 @@ def item_type(annotation: Any) -> Any | None:
     return get_args(item)[0] if get_origin(item) is Annotated else item
 
 
+def comma_list(value: Any) -> Any:
+    """'a,b' and ['a,b', 'c'] -> ['a', 'b', 'c'] (a repeated flag or a comma list on the command line)."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list):
+        value = [name.strip() for item in value for name in (item.split(",") if isinstance(item, str) else [item])]
+    return value
+
+
 class Section(BaseModel):
     # NaN and inf mean nothing in any setting here (null already says "never"), and a NaN threshold would
     # silently switch its check off: no float field takes them, new fields included.

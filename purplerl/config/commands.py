@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from purplerl.config.base import Registry, Section, Template
+from purplerl.config.base import comma_list as _comma_list
 from purplerl.config.sections import (
     Config,
     EvalDataConfig,
@@ -43,15 +44,6 @@ class EvalUtilityConfig(UtilityConfig):
 
 THREATS = ("adapter", "merged", "sft", "adaptive")  # tamper-test's threat models (purplerl.experiments.tamper)
 Threat = Literal["adapter", "merged", "sft", "adaptive"]
-
-
-def _comma_list(value: Any) -> Any:
-    """'a,b' and ['a,b', 'c'] -> ['a', 'b', 'c'] (a repeated flag or a comma list on the command line)."""
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value, list):
-        value = [name.strip() for item in value for name in (item.split(",") if isinstance(item, str) else [item])]
-    return value
 
 
 class TamperConfig(Section):
@@ -220,6 +212,26 @@ class PrepareCommandConfig(Section):
     prepare: PrepareConfig = Field(default_factory=PrepareConfig, description="the dataset and its options")
 
 
+class VerlConfig(Section):
+    """`purplerl verl export`: what a veRL run needs beyond the recipe's config (purplerl.verl)."""
+
+    out: str | None = Field(None, description="required: the export dir to write (must not exist, or be empty)")
+    nnodes: int = Field(1, ge=1, description="nodes of the Ray cluster (trainer.nnodes)")
+    gpus_per_node: int = Field(8, ge=1, description="GPUs per node (trainer.n_gpus_per_node)")
+    rollout: Literal["vllm", "sglang"] = Field("vllm", description="veRL's rollout engine (actor_rollout_ref.rollout.name)")
+    tensor_parallel: int = Field(1, ge=1, description="rollout tensor-parallel size (actor_rollout_ref.rollout.tensor_model_parallel_size)")
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="share of GPU memory the rollout engine may take")
+    val_split: str = Field("test", description="split of data.source written as test.parquet (veRL's data.val_files)")
+    project: str = Field("purplerl", description="trainer.project_name (the experiment name is the run's name)")
+    extra: list[str] = Field(default_factory=list, description="further veRL overrides KEY=VALUE, appended last (repeat --extra)")
+
+
+class VerlExportConfig(Config):
+    """`purplerl verl export`: an attack (or defend) config plus the veRL run's own settings."""
+
+    verl: VerlConfig = Field(default_factory=VerlConfig, description="the veRL run: cluster shape, rollout engine, output dir")
+
+
 # Flat names (the red-team trainer's habit) -> dotted config paths; dashes work too (--max-new-tokens).
 MODEL_FLAT = {"model": "model.name", "dtype": "model.dtype", "device": "model.device"}
 GENERATION_FLAT = {name: f"sampling.{name}" for name in GenerationConfig.model_fields}
@@ -300,6 +312,7 @@ COMMANDS: dict[str, Command] = {
     "sample": Command(SampleCommandConfig, {
         **MODEL_FLAT, **GENERATION_FLAT, **PROMPT_FORMAT_FLAT,
         "prompt": "sample.prompts", "checkpoint": "sample.checkpoint", "n": "sample.n", "seed": "sample.seed"}),
+    "verl export": Command(VerlExportConfig, {**ATTACK_FLAT, **{name: f"verl.{name}" for name in VerlConfig.model_fields}}),
     "data prepare": Command(PrepareCommandConfig, {name: f"prepare.{name}" for name in PrepareConfig.model_fields},
                             positional="prepare.dataset"),
 }

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template
+from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template, comma_list
 from purplerl.files import plain_name_problem
 
 # choices read from the algorithm registries (when a value is checked), never typed again here
@@ -17,6 +17,7 @@ ADVANTAGE = Registry("purplerl.algorithms.advantages:ADVANTAGE_ESTIMATORS", "adv
 LOSS_AGGREGATION = Registry("purplerl.algorithms.losses:LOSS_AGGREGATIONS", "loss aggregation").field()
 KL_ESTIMATOR = Registry("purplerl.algorithms.kl:KL_ESTIMATORS", "KL estimator").field()
 ENGINE = Registry("purplerl.engines:ENGINES", "engine").field()
+TRACKER = Registry("purplerl.train.trackers:TRACKERS", "tracker").field()
 
 
 class ModelLoadConfig(Section):
@@ -40,6 +41,7 @@ class ModelConfig(ModelLoadConfig):
     autocast_bf16: bool = Field(False, description="run matmuls in bfloat16 under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs and GPUs)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 keeps torch's default")
     merged_sampler: bool = Field(True, description="sample from a plain copy of the model with the LoRA update merged in (faster decoding; costs one extra copy of the weights)")
+    cuda_graphs: bool = Field(True, description="CUDA: decode over a static KV cache, each token's forward replayed as one captured CUDA graph instead of ~1,000 kernel launches (same maths; off: a growing cache)")
     fused_lora: bool = Field(True, description="run plain LoRA layers (no dropout) as one accumulating matmul, scaling folded into B (same maths, fewer elementwise passes)")
 
 
@@ -246,16 +248,40 @@ class EngineConfig(Section):
     tinker_retries: int = Field(3, ge=0, le=20, description="tinker engine: retries of one HTTP request before it fails")
     tinker_timeout_s: float = Field(600.0, gt=0, le=86400, description="tinker engine: seconds one call to the service (retries included) may take before the run stops with one line")
     tinker_loss_reduction: Literal["sum", "sequence_mean"] = Field("sum", description="tinker engine: how the service reduces a datum's token losses: 'sum' (the Tinker API) or 'sequence_mean' (each datum divided by its weights' sum, gradients averaged over a step's datums: SkyRL's server)")
+    vllm_kv_cache_gib: int = Field(1, ge=1, description="vllm engine on CPU: GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="vllm engine on CUDA: share of the GPU's memory vLLM takes (weights + KV cache); the trainer needs the rest")
+    vllm_is_correction: bool = Field(True, description="vllm engine: weight each token's policy gradient by min(pi_trainer / pi_vllm, vllm_is_cap), truncated importance sampling, with the trainer's logprobs as the old policy (off: vLLM's logprobs are the sampling logprobs)")
+    vllm_is_cap: float = Field(2.0, ge=1.0, description="vllm engine: truncation cap C of the importance-sampling weight")
 
     @model_validator(mode="before")
     @classmethod
     def _kind_alone(cls, value: Any) -> Any:
         return {"kind": value} if isinstance(value, str) else value
 
+    @model_validator(mode="after")
+    def _procs_are_local(self) -> EngineConfig:
+        if self.procs > 1 and self.kind != "local":
+            raise ValueError(f"engine.procs={self.procs} runs the local engine data-parallel; engine '{self.kind}' "
+                             f"runs in one process (set engine.procs 1)")
+        return self
+
 
 class LoggingConfig(Section):
     progress: bool = Field(True, description="show a rich progress bar")
     print_samples: int = Field(0, ge=0, description="completions printed to the console per step")
+    trackers: list[TRACKER] = Field(default_factory=list, description="experiment trackers that get the metrics, samples and evaluations of the JSONL logs, each step once its checkpoint is saved: wandb (offline, run_dir/wandb), tensorboard (run_dir/tensorboard), mlflow (file store run_dir/mlruns); 'wandb,mlflow' works too; needs pip install 'purplerl[trackers]'")
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _split_trackers(cls, value: Any) -> Any:
+        return comma_list(value)
+
+    @field_validator("trackers")
+    @classmethod
+    def _trackers_once(cls, trackers: list[str]) -> list[str]:
+        if len(set(trackers)) != len(trackers):
+            raise ValueError(f"repeats a tracker: {','.join(trackers)}")
+        return trackers
 
 
 class RunConfig(Section):
@@ -282,7 +308,7 @@ class Config(Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="optimization")
     data: DataConfig = Field(default_factory=DataConfig, description="prompt source")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="reward composition")
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="console output")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="console output and experiment trackers")
     run: RunConfig = Field(default_factory=RunConfig, description="run directory and checkpoints")
 
     @model_validator(mode="after")

@@ -5,23 +5,36 @@ from __future__ import annotations
 
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines.base import Engine, EngineSettings
+from purplerl.engines.distributed import SINGLE, World
 from purplerl.errors import UserError
 
-ENGINES = ("local", "tinker")
+ENGINES = ("local", "vllm", "tinker")
 
 
 def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", seed: int = 0,
-                settings: EngineSettings | None = None) -> Engine:
+                settings: EngineSettings | None = None, world: World = SINGLE) -> Engine:
     """An engine of `engine.kind` (the section, or just its kind) holding `model` (its base and first adapter,
-    "default")."""
+    "default"); over several processes (`world`, see engines.distributed), the local engine data-parallel."""
     engine = EngineConfig(kind=engine) if isinstance(engine, str) else engine
     kind = engine.kind
     if kind == "local":
         from purplerl.engines.local import LocalEngine
 
-        return LocalEngine(model, seed=seed, settings=settings)
+        local = LocalEngine(model, seed=seed, settings=settings)
+        if world.size == 1:
+            return local
+        from purplerl.engines.data_parallel import DataParallelEngine
+
+        return DataParallelEngine(local, world)
+    if world.size > 1:  # torchrun started several processes: only the local engine shards across them
+        raise UserError(f"engine '{kind}' runs in one process, but torchrun started {world.size}: run it without "
+                        f"torchrun (data parallel is the local engine's)")
+    if kind == "vllm":
+        from purplerl.engines.vllm import VLLMEngine  # imports vLLM itself only when built
+
+        return VLLMEngine(model, engine, seed=seed, settings=settings)
     if kind == "tinker":
-        from purplerl.engines.tinker import TinkerEngine
+        from purplerl.engines.tinker import TinkerEngine  # imports the Tinker SDK itself only when built
 
         return TinkerEngine(model, engine, seed=seed)
     raise UserError(f"unknown engine '{kind}' (known: {', '.join(ENGINES)})")

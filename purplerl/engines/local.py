@@ -37,6 +37,7 @@ from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import ModelConfig
 from purplerl.engines.adapters import AdapterSet, FullWeights, adapter_weights_file, lora_config
 from purplerl.engines.base import EngineSettings
+from purplerl.engines.decoding import DynamicDecoder, StaticDecoder
 from purplerl.engines.full_weights import copy_weights, read_weights, refuse_other_kind, save_model_dir
 from purplerl.engines.fused_lora import install_fused_lora
 from purplerl.engines.loading import (
@@ -122,6 +123,8 @@ class LocalEngine:
         self.settings = settings or EngineSettings()
         self.device = resolve_device(cfg.device)
         self.decode_sync_every = 1 if self.device.type == "cpu" else DECODE_SYNC_EVERY
+        self.decode_static: str | None = None  # None: chosen by device and config; "static" / "graph": forced
+        self._graphs_work = True  # False once a capture failed: later decodes do not try again
         self.full = cfg.finetune == "full"
         if cfg.init_adapter:
             if self.full:
@@ -235,14 +238,6 @@ class LocalEngine:
         # bf16 matmuls with fp32 master weights: several times faster on CPUs with AMX / AVX512-BF16
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16)
 
-    def _new_cache(self):
-        from transformers import DynamicCache
-
-        try:
-            return DynamicCache(config=self._causal_lm.config)
-        except TypeError:  # transformers < 4.56 builds its cache without the config
-            return DynamicCache()
-
     @torch.no_grad()
     def _sync_sampler(self) -> None:
         """Write base weight + LoRA delta into the sampler copy of every adapted layer."""
@@ -268,6 +263,19 @@ class LocalEngine:
                 target.weight.copy_(merged)
         self._sampler_synced = True
 
+    def _decoder(self, model, attn_NP: torch.Tensor, max_new_tokens: int):
+        """The KV-cache strategy of one decode (purplerl.engines.decoding): on CUDA a static cache whose step is
+        replayed as a CUDA graph (`model.cuda_graphs`), elsewhere a growing cache. Autocast keeps the growing
+        cache: its casts would be recorded into the graph and its weight cache freed under it."""
+        if self.decode_static is None:
+            static = self.device.type == "cuda" and self.cfg.cuda_graphs and not self.cfg.autocast_bf16
+            graphed = static and self._graphs_work
+        else:  # set by tests: the static cache on any device, with or without the graph
+            static, graphed = True, self.decode_static == "graph"
+        if static:
+            return StaticDecoder(model, self._cache_kwarg, attn_NP, max_new_tokens, graphed)
+        return DynamicDecoder(model, self._cache_kwarg, attn_NP)
+
     def _sampling_model(self):
         if self._sampler is None:
             self.model.eval()
@@ -288,11 +296,10 @@ class LocalEngine:
             attn_NP[i, P - len(p):] = 1
         stop = torch.tensor(self.stop_ids, device=self.device)
         position_NP = (attn_NP.cumsum(-1) - 1).clamp(min=0)
-        cache = self._new_cache()
+        decoder = self._decoder(model, attn_NP, sampling.max_new_tokens)
         with self._autocast():
-            out = model(input_ids=ids_NP, attention_mask=attn_NP, position_ids=position_NP, use_cache=True,
-                             **{self._cache_kwarg: cache})
-        attn, next_pos = attn_NP, position_NP[:, -1:] + 1
+            logits_NV = decoder.prefill(ids_NP, position_NP)
+        next_pos = position_NP[:, -1:] + 1
         finished_N = torch.zeros(N, dtype=torch.bool, device=self.device)
         lengths_N = torch.zeros(N, dtype=torch.long, device=self.device)
         nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
@@ -302,7 +309,7 @@ class LocalEngine:
         toks, lps, ents = [], [], []
         for step in range(sampling.max_new_tokens):
             greedy = sampling.temperature == 0  # greedy decoding reports logprobs at temperature 1
-            scaled_NV = out.logits[:, -1, :].float()
+            scaled_NV = logits_NV.float()
             if not greedy and sampling.temperature != 1.0:
                 scaled_NV = scaled_NV / sampling.temperature
             nonfinite |= ~torch.isfinite(scaled_NV).all()
@@ -323,13 +330,12 @@ class LocalEngine:
             if (step + 1) % self.decode_sync_every == 0 or step + 1 == sampling.max_new_tokens:
                 if bool(nonfinite):  # a NaN model draws garbage tokens: stop at once, loudly
                     raise ExperimentError("sampling produced non-finite logits (model weights or logits are NaN/inf)")
-                if bool(finished_N.all()):
+                if bool(finished_N.all()) or step + 1 == sampling.max_new_tokens:
                     break
-            attn = torch.cat([attn, torch.ones((N, 1), dtype=attn.dtype, device=self.device)], dim=1)
             with self._autocast():
-                out = model(input_ids=tok_N[:, None], attention_mask=attn, position_ids=next_pos,
-                                 use_cache=True, **{self._cache_kwarg: cache})
+                logits_NV = decoder.step(tok_N, next_pos)
             next_pos = next_pos + 1
+        self._graphs_work = self._graphs_work and getattr(decoder, "graphed", True)
         tokens_NC, logprobs_NC, ent_NC = torch.stack(toks, 1), torch.stack(lps, 1), torch.stack(ents, 1)
         if not torch.isfinite(logprobs_NC).all():
             raise ExperimentError("sampling produced non-finite logprobs (model weights or logits are NaN/inf)")

@@ -176,12 +176,17 @@ def _save_failed(err: BaseException, root: Path, step: int) -> ExperimentError:
                            f"{kept}; free space, then continue with --resume {root.parent}")
 
 
-def save_checkpoint(run_dir: Path, step: int, engine: Engine, state: dict[str, Any], keep_last: int) -> Path:
-    """Write checkpoint `step` atomically and keep the newest `keep_last` intact ones."""
+def save_checkpoint(run_dir: Path, step: int, engine: Engine, state: dict[str, Any], keep_last: int,
+                    writer: bool = True) -> Path:
+    """Write checkpoint `step` atomically and keep the newest `keep_last` intact ones. Every process of a
+    data-parallel run calls it: the engine's save is then a collective, and only the `writer` writes."""
     root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
+    if not writer:
+        engine.save(tmp)  # hands this process's state to the writer; writes nothing
+        return final
+    root.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()

@@ -23,12 +23,15 @@ from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import Config, TrainingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.base import Engine
+from purplerl.engines.distributed import SINGLE, World, world_of
 from purplerl.errors import ExperimentError
 from purplerl.train.batch import sequence_tensors
 from purplerl.train.checkpoint import save_checkpoint
 from purplerl.train.progress import StepProgress
+from purplerl.train.shards import StepShard, merge_shards
 from purplerl.train.sinks import JsonlSink
 from purplerl.train.stops import Collapse, set_aside_collapsed
+from purplerl.train.trackers import TrackerFeed
 from purplerl.types import AdamParams, Completion, PromptRecord, RewardBreakdown, SamplingParams, TrainBatch
 
 
@@ -160,12 +163,13 @@ class LoopParts:
     sampler: PromptSampler
     render: Callable[[PromptRecord], list[int]]  # prompt -> token ids for the engine
     hooks: RecipeHooks
+    world: World = SINGLE  # the run's processes: each samples, scores and trains on its share of the prompts
 
 
 def _sample(step: int, config: Config, parts: LoopParts):
-    """B prompts x G completions, and their token tensors."""
+    """B prompts x G completions (this rank's share of the prompts), and their token tensors."""
     s, G = config.sampling, config.sampling.group_size
-    records = parts.sampler.batch(step - 1)
+    records = parts.world.shard(parts.sampler.batch(step - 1))
     if not records:
         raise ExperimentError(f"step {step}: the prompt sampler returned an empty batch")
     groups = parts.engine.sample([parts.render(r) for r in records], G, SamplingParams(
@@ -194,6 +198,7 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
     s, estimator, kl = config.sampling, config.reward.kl_estimator, kl_placement(config)
     clock = [time.perf_counter()]
     records, prompts, completions, tensors = _sample(step, config, parts)
+    rollout_metrics = dict(getattr(parts.engine, "sample_metrics", {}))  # an engine's report on its sampler
     clock.append(time.perf_counter())
 
     # KL to the frozen base: on-policy, the sampling logprobs are the policy's, so one base pass suffices
@@ -215,8 +220,12 @@ def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, floa
     clock.append(time.perf_counter())
 
     advantages_N = (advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)
-    metrics = step_metrics(completions, rewards, kl_N, mask_NT, adv_metrics, train_metrics, clock)
-    return metrics, sample_rows(step, prompts, completions, rewards, advantages_N)
+    # train_metrics are the global batch's already (the engine reduces them with the gradients)
+    whole = merge_shards(parts.world, StepShard(prompts, completions, rewards, kl_N, mask_NT, adv_metrics,
+                                                advantages_N))
+    metrics = {**step_metrics(whole.completions, whole.rewards, whole.kl_N, whole.mask_NT, whole.adv_metrics,
+                              train_metrics, clock), **rollout_metrics}
+    return metrics, sample_rows(step, whole.prompts, whole.completions, whole.rewards, whole.advantages_N)
 
 
 def step_metrics(completions: list[Completion], rewards: RewardBreakdown, kl_N: torch.Tensor, mask_NT: torch.Tensor,
@@ -259,6 +268,16 @@ def sample_rows(step: int, prompts: list[PromptRecord], completions: list[Comple
     } for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
 
 
+class _Discard:
+    """A sink that keeps nothing: the logs of a rank other than 0."""
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+
 EVALS_FILE = "evals.jsonl"  # a run's held-out evaluations, one row per evaluated step (0: before training)
 StepFn = Callable[[int], tuple[dict[str, float], list[dict[str, Any]]]]  # step -> (metrics, sample rows)
 EarlyStop = Callable[[dict[str, float]], str | None]
@@ -280,14 +299,24 @@ def _evaluated(evaluation: Evaluation, engine: Engine, step: int) -> dict[str, A
 
 
 def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
-              start_step: int = 1, evaluation: Evaluation | None = None) -> dict[str, Any]:
+              start_step: int = 1, evaluation: Evaluation | None = None,
+              trackers: TrackerFeed | None = None) -> dict[str, Any]:
     """Run any recipe's steps start_step..training.steps: log each, checkpoint every run.save_every steps and
-    at the end, stop early when `early_stop` gives a reason; run `evaluation` when it is due (evals.jsonl)."""
-    run_dir = Path(run_dir)
-    metrics_sink, samples_sink = JsonlSink(run_dir / "metrics.jsonl"), JsonlSink(run_dir / "samples.jsonl")
-    evals_sink = JsonlSink(run_dir / EVALS_FILE) if evaluation is not None else None
+    at the end, stop early when `early_stop` gives a reason; run `evaluation` when it is due (evals.jsonl).
+    Over several processes (a data-parallel engine), rank 0 alone logs, evaluates and writes checkpoints, and
+    every rank follows rank 0's stop decision. `trackers` get the logged rows once the checkpoint after them is
+    saved (purplerl.train.trackers)."""
+    trackers = trackers or TrackerFeed()
+    run_dir, world = Path(run_dir), world_of(engine)
+    if world.is_writer:
+        metrics_sink, samples_sink = JsonlSink(run_dir / "metrics.jsonl"), JsonlSink(run_dir / "samples.jsonl")
+    else:  # the other ranks write nothing
+        metrics_sink = samples_sink = _Discard()
+    evals_sink = JsonlSink(run_dir / EVALS_FILE) if evaluation is not None and world.is_writer else None
     if evals_sink is not None and start_step == 1:
-        evals_sink.write([_evaluated(evaluation, engine, 0)])  # the start point every curve is measured from
+        first = _evaluated(evaluation, engine, 0)  # the start point every curve is measured from
+        evals_sink.write([first])
+        trackers.evals(first)
     stop_reason: str | None = None
     last_step = start_step - 1
     with StepProgress(config.training.steps, start_step - 1, enabled=config.logging.progress) as progress:
@@ -300,14 +329,20 @@ def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: En
                 raise ExperimentError(message if message.startswith(f"step {step}") else f"step {step}: {message}"
                                       ) from err
             metrics["time/step_s"] = time.perf_counter() - started
-            stop_reason = early_stop(metrics)
-            metrics_sink.write([{"step": step, **metrics, **({"early_stop": stop_reason} if stop_reason else {})}])
+            stop_reason = world.agree(early_stop(metrics))
+            row = {"step": step, **metrics, **({"early_stop": stop_reason} if stop_reason else {})}
+            metrics_sink.write([row])
             samples_sink.write(samples)
-            progress.update(step, metrics, samples[: config.logging.print_samples])
+            trackers.metrics(row)
+            trackers.samples(samples)
+            if world.is_writer:
+                progress.update(step, metrics, samples[: config.logging.print_samples])
             last_step = step
             finished = stop_reason is not None or step == config.training.steps
             if evals_sink is not None and evaluation.due(step, finished):
-                evals_sink.write([_evaluated(evaluation, engine, step)])
+                evaluated = _evaluated(evaluation, engine, step)
+                evals_sink.write([evaluated])
+                trackers.evals(evaluated)
             collapsed = isinstance(stop_reason, Collapse)
             if finished or step % config.run.save_every == 0:
                 metrics_sink.sync()  # on disk before the checkpoint that claims these steps
@@ -315,10 +350,13 @@ def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: En
                 if evals_sink is not None:
                     evals_sink.sync()
             if collapsed:  # no checkpoint of a collapsed model; see set_aside_collapsed
-                set_aside_collapsed(run_dir, step)
+                if world.is_writer:
+                    set_aside_collapsed(run_dir, step)
             elif finished or step % config.run.save_every == 0:
                 save_checkpoint(run_dir, step, engine, {"finished": finished, "stop_reason": stop_reason},
-                                config.run.keep_last)
+                                config.run.keep_last, writer=world.is_writer)
+            if finished or step % config.run.save_every == 0:
+                trackers.commit()  # after the checkpoint: a resume never recomputes a step a tracker holds
             if stop_reason is not None:
                 break
     return {"last_step": last_step, "stop_reason": stop_reason or "completed all steps"}

@@ -14,8 +14,10 @@ from typing import Any
 
 from purplerl.config import Config, build_config, commented_yaml, read_config_file
 from purplerl.data import PromptSampler, load_prompts
+from purplerl.devices import resolve_device
 from purplerl.engines import EngineSettings, make_engine
 from purplerl.engines.base import Engine
+from purplerl.engines.distributed import join_world, world_of
 from purplerl.engines.loading import RUN_CONFIG_FILE
 from purplerl.errors import UserError
 from purplerl.files import read_jsonl
@@ -32,6 +34,7 @@ from purplerl.train.checkpoint import (
 )
 from purplerl.train.loop import EVALS_FILE, EarlyStop, Evaluation, LoopParts, RecipeHooks, StepFn, rl_step, run_steps
 from purplerl.train.sinks import last_logged_step, truncate_after_step
+from purplerl.train.trackers import check_trackers, open_trackers
 
 CONFIG_FILE = RUN_CONFIG_FILE
 SUMMARY_FILE = "summary.json"
@@ -186,7 +189,7 @@ def rl_recipe(build: Callable[[Config], RecipeHooks]) -> Callable[[Config], Bind
             d = config.data
             render = partial(render_prompt, engine.tokenizer, template=d.template, system_prompt=d.system_prompt,
                              max_prompt_tokens=d.max_prompt_tokens)
-            parts = LoopParts(engine, sampler, render, hooks)
+            parts = LoopParts(engine, sampler, render, hooks, world_of(engine))
             return partial(rl_step, config=config, parts=parts), hooks.early_stop
 
         return bind
@@ -194,36 +197,9 @@ def rl_recipe(build: Callable[[Config], RecipeHooks]) -> Callable[[Config], Bind
     return prepare
 
 
-def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[Config], Bind],
-                restart: bool = False, notify: Callable[[str], None] = _warn,
-                evaluation: Evaluation | None = None) -> dict[str, Any]:
-    """Prepare the recipe, load the engine, restore the latest intact checkpoint when resuming, run the steps.
-
-    `prepare(config)` loads and checks what the recipe needs before the engine loads (data, scorers) and
-    returns a function binding it to the engine. Everything a resume needs is checked first (settings,
-    checkpoint, data, reward scorer, that the engine loads the checkpoint); only then are stale temporaries
-    removed, the config recorded and the logs cut back to the checkpoint's step, so a resume that fails leaves
-    the run dir exactly as it was. `evaluation`, when given, is run by the loop with the live engine and logged to
-    evals.jsonl, which a resume cuts back with the other logs."""
-    start_step, checkpoint, changed = 1, None, None
-    if resume:
-        changed = resume_changes(build_config(read_config_file(run_dir / CONFIG_FILE)), config)
-        checkpoint = resume_point(run_dir, restart, config.run.save_every, notify)
-        if checkpoint is not None:
-            state = read_state(checkpoint)
-            if state.get("stop_reason") or state["step"] >= config.training.steps:
-                remove_stale(run_dir, config.run.keep_last)  # e.g. a rotation the kill interrupted
-                return {"last_step": state["step"], "stop_reason": state.get("stop_reason") or "completed all steps",
-                        "run_dir": str(run_dir), "resumed_from": str(checkpoint), "nothing_to_do": True}
-            start_step = state["step"] + 1
-
-    bind = prepare(config)
-    engine = make_engine(config.model, engine=config.engine, seed=config.training.seed,
-                         settings=engine_settings(config))
-    if checkpoint is not None:
-        engine.load(checkpoint)
-    step_fn, early_stop = bind(engine)
-
+def _open_run_dir(config: Config, run_dir: Path, resume: bool, restart: bool, start_step: int,
+                  changed: dict[str, list[Any]] | None) -> None:
+    """A new run's dir and config; or a resumed run's config recorded and its logs cut back to its checkpoint."""
     if resume:
         remove_stale(run_dir, config.run.keep_last)
         if restart:
@@ -238,7 +214,53 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
         # written only now: a run that failed to start (bad model, missing data) must not claim its name
         run_dir.mkdir(parents=True, exist_ok=True)
         record_config(run_dir, config, 1, None)
-    summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation)
+
+
+def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[Config], Bind],
+                restart: bool = False, notify: Callable[[str], None] = _warn,
+                evaluation: Evaluation | None = None) -> dict[str, Any]:
+    """Prepare the recipe, load the engine, restore the latest intact checkpoint when resuming, run the steps.
+
+    `prepare(config)` loads and checks what the recipe needs before the engine loads (data, scorers) and
+    returns a function binding it to the engine. Everything a resume needs is checked first (settings,
+    checkpoint, data, reward scorer, that the engine loads the checkpoint); only then are stale temporaries
+    removed, the config recorded and the logs cut back to the checkpoint's step, so a resume that fails leaves
+    the run dir exactly as it was. `evaluation`, when given, is run by the loop with the live engine and logged to
+    evals.jsonl, which a resume cuts back with the other logs. Under torchrun every process runs this; only rank
+    0 writes into the run dir, and every rank loads the same checkpoint."""
+    start_step, checkpoint, changed = 1, None, None
+    check_trackers(config.logging.trackers)  # a missing package fails now, not after the model loaded
+    if resume:
+        changed = resume_changes(build_config(read_config_file(run_dir / CONFIG_FILE)), config)
+        checkpoint = resume_point(run_dir, restart, config.run.save_every, notify)
+        if checkpoint is not None:
+            state = read_state(checkpoint)
+            if state.get("stop_reason") or state["step"] >= config.training.steps:
+                remove_stale(run_dir, config.run.keep_last)  # e.g. a rotation the kill interrupted
+                return {"last_step": state["step"], "stop_reason": state.get("stop_reason") or "completed all steps",
+                        "run_dir": str(run_dir), "resumed_from": str(checkpoint), "nothing_to_do": True}
+            start_step = state["step"] + 1
+
+    bind = prepare(config)
+    world = join_world(config.engine.procs, resolve_device(config.model.device))
+    if world.size != config.engine.procs:  # started by torchrun itself: config.yaml says how many processes ran
+        config = config.model_copy(update={"engine": config.engine.model_copy(update={"procs": world.size})})
+    if config.training.batch_size % world.size:
+        raise UserError(f"training.batch_size={config.training.batch_size} does not divide by the {world.size} "
+                        f"data-parallel processes")
+    engine = make_engine(config.model, engine=config.engine, seed=config.training.seed,
+                         settings=engine_settings(config), world=world)
+    if checkpoint is not None:
+        engine.load(checkpoint)
+    step_fn, early_stop = bind(engine)
+
+    if world.is_writer:
+        _open_run_dir(config, run_dir, resume, restart, start_step, changed)
+    # rank 0 alone feeds the trackers, as it alone writes the logs they mirror
+    with open_trackers(config.logging.trackers if world.is_writer else [], run_dir, config.model_dump(mode="json"),
+                       start_step, notify) as trackers:
+        summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation, trackers)
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
-    _write_atomically(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
+    if world.is_writer:
+        _write_atomically(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary

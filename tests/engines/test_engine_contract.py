@@ -13,17 +13,23 @@
 A remote engine (the Tinker API) shows no weights: there, what an adapter holds is read through the
 logprobs it gives a fixed batch (two states are equal iff they score it equally; an update that reads out
 the gradient moves them by J g, so equal gradients give equal logprobs).
+
+The data-parallel local engine runs this file in each of 2 torchrun processes (tests/engines/test_contract_ddp.py
+sets PURPLERL_CONTRACT_DDP): every rank then trains on rank 0's batch, so its global gradient is the one the
+hand-worked formulas give, and saves and loads rank 0's checkpoint dir.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_tiny_model_dir
 
 from purplerl.algorithms.registry import (
     LOSS_REGISTRY,
@@ -55,6 +61,8 @@ class Factory:
     served: Path | None = None
     state_atol: float = 1e-6  # the next update after save/load, compared in the engine's observable state
     same_tol: float = 0.0  # the same weights scored twice (a service may batch the two calls differently)
+    engine: str = "local"
+    procs: int = 1  # data parallel under torchrun
 
     @property
     def remote(self) -> bool:
@@ -66,9 +74,17 @@ class Factory:
             engine = EngineConfig(kind="tinker", tinker_url=self.url, tinker_timeout_s=300,
                                   tinker_loss_reduction="sequence_mean")
             return make_engine(cfg, engine=engine, seed=3)
+        if self.engine == "vllm":  # vLLM's CPU attention needs heads of 32 or more: the same model, wider
+            model_dir = model_dir.parent / "wide_heads"
+            if not (model_dir / "config.json").is_file():
+                make_tiny_model_dir(model_dir, hidden_size=128)
         cfg = ModelConfig(name=str(model_dir), dtype=self.dtype, device="cpu", lora_rank=4, lora_alpha=8.0,
                           lora_targets="q_proj,v_proj,down_proj", finetune=self.finetune)
-        return make_engine(cfg, seed=3, settings=EngineSettings(micro_batch_size=micro_batch_size))
+        # vLLM: its own logprobs are the sampling logprobs (the IS correction would record the trainer's)
+        engine = EngineConfig(kind=self.engine, **({"vllm_is_correction": False} if self.engine == "vllm" else {}))
+        world = _world() if self.procs > 1 else None
+        return make_engine(cfg, engine=engine, seed=3, settings=EngineSettings(micro_batch_size=micro_batch_size),
+                           **({"world": world} if world else {}))
 
     @property
     def full(self) -> bool:
@@ -79,11 +95,32 @@ FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16",
              Factory("local-full", "float32", 1e-4, 1e-4, finetune="full"),
              Factory("local-full-bf16", "bfloat16", 8e-2, 2e-2, finetune="full"),
              # SkyRL's server on CPU (fp32 JAX): sampler and trainer agree to float rounding
-             Factory("tinker", "float32", 1e-4, 2e-3, state_atol=1e-4, same_tol=1e-4)]
+             Factory("tinker", "float32", 1e-4, 2e-3, state_atol=1e-4, same_tol=1e-4),
+             Factory("vllm-fp32", "float32", 1e-4, 1e-4, engine="vllm")]
+DDP = bool(os.environ.get("PURPLERL_CONTRACT_DDP"))
+if DDP:  # under torchrun: the data-parallel engine only
+    FACTORIES = [Factory("local-ddp", "float32", 1e-4, 1e-4, procs=2)]
 
 
-@pytest.fixture(params=[pytest.param(f, marks=[pytest.mark.tinker] if f.remote else []) for f in FACTORIES],
-                ids=[f.name for f in FACTORIES])
+def _world():
+    from purplerl.engines.distributed import join_world
+
+    return join_world(int(os.environ["WORLD_SIZE"]), torch.device("cpu"))
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """Under torchrun, rank 0's dir on every rank: the data-parallel engine's checkpoints are written by rank 0."""
+    return Path(_world().agree(str(tmp_path))) if DDP else tmp_path
+
+
+def _marks(f: Factory) -> list:
+    """Engines with their own install run under their own marker (make test-tinker, make test-vllm): plain
+    `make test` never builds them."""
+    return [pytest.mark.tinker] if f.remote else [pytest.mark.vllm] if f.engine == "vllm" else []
+
+
+@pytest.fixture(params=[pytest.param(f, marks=_marks(f)) for f in FACTORIES], ids=[f.name for f in FACTORIES])
 def factory(request, one_torch_thread) -> Factory:
     if request.param.remote:
         url, served, _ = request.getfixturevalue("tinker_server")
@@ -96,6 +133,8 @@ def _batch(engine, n: int = 2, seed: int = 0) -> tuple[TrainBatch, list]:
     groups = engine.sample(prompts, n, SamplingParams(max_new_tokens=6, seed=seed))
     completions = [c for g in groups for c in g]
     tensors = sequence_tensors(completions, int(engine.tokenizer.pad_token_id))
+    if DDP:  # rank 0's batch on every rank (see the module docstring)
+        return _world().agree((TrainBatch(**tensors), completions))
     return TrainBatch(**tensors), completions
 
 

@@ -172,3 +172,33 @@ def test_cuda_full_finetune_matches_the_cpu_and_checkpoints_move_between_them(ti
         assert mixed.trainable[0].dtype == torch.bfloat16
         assert all(torch.equal(m.cpu(), r) for m, r in zip(mixed.master, restored.master, strict=True))
         assert float((mixed.logprobs(ids, attn) - after).abs().mean()) < 0.05
+
+
+def test_cuda_graph_decoding_draws_what_eager_decoding_draws(tiny_model_dir: Path) -> None:
+    from purplerl.engines.decoding import DynamicDecoder, StaticDecoder
+
+    graphed = _engine(tiny_model_dir, "cuda")
+    eager = _engine(tiny_model_dir, "cuda", cuda_graphs=False)
+    for sampling in (SamplingParams(max_new_tokens=12, seed=3), SamplingParams(max_new_tokens=12, seed=0,
+                                                                               temperature=0.0)):
+        a = [c for g in graphed.sample(PROMPTS, 3, sampling) for c in g]
+        b = [c for g in eager.sample(PROMPTS, 3, sampling) for c in g]
+        assert [c.tokens for c in a] == [c.tokens for c in b]
+        for x, y in zip(a, b, strict=True):
+            assert torch.allclose(x.logprobs_C, y.logprobs_C, atol=1e-4)
+    assert graphed._graphs_work  # no capture failed (a failure falls back to eager decoding, with a warning)
+    # the graph itself: captured at the second step, replayed after, same logits as the growing cache
+    model = graphed._sampling_model()
+    attn_NP = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]], device="cuda")
+    ids_NP = torch.tensor([[2, 2, 10, 11], [1, 12, 13, 14]], device="cuda")
+    position_N1 = torch.tensor([[1], [3]], device="cuda")
+    with torch.no_grad():
+        static = StaticDecoder(model, graphed._cache_kwarg, attn_NP, max_new_tokens=4, graphed=True)
+        dynamic = DynamicDecoder(model, graphed._cache_kwarg, attn_NP)
+        position_NP = (attn_NP.cumsum(-1) - 1).clamp(min=0)
+        assert torch.allclose(static.prefill(ids_NP, position_NP), dynamic.prefill(ids_NP, position_NP), atol=1e-5)
+        for k in range(4):
+            tok_N = torch.tensor([5 + k, 9 + k], device="cuda")
+            assert torch.allclose(static.step(tok_N, position_N1 + 1 + k), dynamic.step(tok_N, position_N1 + 1 + k),
+                                  atol=1e-4), k
+        assert static.graph is not None and static.graphed

@@ -1,0 +1,168 @@
+"""`purplerl verl export`: a directory that runs purplerl's attack recipe on a veRL 0.9 cluster.
+
+    train.parquet, test.parquet    the prompts in veRL's schema (`purplerl data prepare`'s writer)
+    purplerl_reward.py (+ .json)   the reward behind veRL's custom-reward hook (purplerl.verl.reward)
+    overrides.txt                  Hydra overrides of verl.trainer.main_ppo, one per line (purplerl.verl.mapping)
+    run_verl.sh                    runs main_ppo with them; extra arguments are appended as further overrides
+    README.md                      what was exported, and every setting veRL cannot honour
+
+The defense cannot be exported: its reward is the policy's mean token entropy, and veRL 0.9 computes a
+response's reward from its decoded text, before the actor computes any entropy (see DEFENSE_REFUSED).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from purplerl.config.commands import VerlExportConfig
+from purplerl.data.prepare import write_splits
+from purplerl.data.sources import load_prompts
+from purplerl.errors import UserError
+from purplerl.types import PromptRecord
+from purplerl.verl.hydra import format_override, parse_override
+from purplerl.verl.mapping import EXPORT_DIR, REWARD_MODULE, Translation, translate
+from purplerl.verl.reward import SETTINGS_FILE, write_reward_module
+
+RECIPES = ("attack", "defend")
+DEFENSE_REFUSED = ("the defend recipe cannot run on veRL 0.9: its reward is the policy's mean token entropy, and "
+                   "veRL's reward hook receives only the decoded response (no entropies or log-probs); run defend "
+                   "on purplerl's own engines (--engine local/vllm/tinker, --engine.procs N)")
+
+
+@dataclass(frozen=True)
+class Exported:
+    out_dir: Path
+    rows: dict[str, int]
+    translation: Translation
+
+    def describe(self) -> str:
+        lines = [f"wrote {self.out_dir}: train.parquet ({self.rows['train']} rows), test.parquet "
+                 f"({self.rows['test']} rows), {REWARD_MODULE}, {SETTINGS_FILE}, overrides.txt "
+                 f"({len(self.translation.overrides)} overrides), run_verl.sh, README.md"]
+        if self.translation.unmapped:
+            lines.append(f"{len(self.translation.unmapped)} settings have no veRL equivalent (also in README.md):")
+            lines += [f"  {u.line()}" for u in self.translation.unmapped]
+        return "\n".join(lines)
+
+
+def check_exportable(cfg: VerlExportConfig) -> None:
+    if cfg.recipe == "defend":
+        raise UserError(DEFENSE_REFUSED)
+    if cfg.recipe != "attack":
+        raise UserError(f"verl export runs the attack recipe; got recipe '{cfg.recipe}' (known: {', '.join(RECIPES)})")
+    if cfg.reward.entropy_bonus_cap is not None:
+        raise UserError("reward.entropy_bonus_cap (the adaptive attack) needs the policy's per-token entropies, "
+                        "which veRL's reward hook does not receive")
+    if cfg.verl.out is None:
+        raise UserError("name the export dir: --out DIR")
+
+
+def verl_row(record: PromptRecord, system_prompt: str | None, split: str, index: int) -> dict[str, Any]:
+    """One prompt in veRL's schema (the columns `purplerl data prepare` writes)."""
+    messages = [dict(m) for m in record.messages]
+    if system_prompt is not None and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    return {"data_source": record.source, "prompt": messages, "ability": "safety",
+            "reward_model": {"style": "model", "ground_truth": ""},
+            # question: the text the reward's judges read as the prompt, as purplerl's loop gives them
+            "extra_info": {"split": split, "index": index, "uid": record.uid, "category": record.category,
+                           "question": record.messages[-1]["content"]}}
+
+
+def reward_spec(cfg: VerlExportConfig) -> dict[str, Any]:
+    """The attack's reward without its KL term (veRL applies the KL: algorithm.use_kl_in_reward / use_kl_loss)."""
+    r = cfg.reward
+    toxicity = r.toxicity.model_dump(mode="json", exclude={"server_model", "server_label"})
+    return {"recipe": cfg.recipe, "terms": [
+        {"name": "toxicity", "weight": r.toxicity_weight, "settings": toxicity},
+        {"name": "repetition", "weight": _minus(r.repetition_penalty), "settings": {"ngram": r.repetition_ngram}},
+        # logged at weight 0 too, as in purplerl's attack: how often the policy still refuses
+        {"name": "refusal", "weight": _minus(r.refusal_penalty), "settings": {}}]}
+
+
+def _minus(weight: float) -> float:
+    return -weight if weight else 0.0  # a penalty of 0 is written 0.0, not -0.0
+
+
+def _extra_overrides(extra: list[str]) -> dict[str, Any]:
+    return dict(parse_override(line) for line in extra)
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} already exists and is not an empty dir: choose a new one")
+
+
+def export_verl(cfg: VerlExportConfig, announce: Callable[[str], None] = lambda line: None) -> Exported:
+    check_exportable(cfg)
+    out = Path(str(cfg.verl.out)).expanduser()
+    _check_out_dir(out)
+    extra = _extra_overrides(cfg.verl.extra)
+    splits = {"train": load_prompts(cfg.data), "test": load_prompts(cfg.data, split=cfg.verl.val_split)}
+    translation = translate(cfg, len(splits["train"]))  # before writing: a refused setting leaves no files
+    translation.overrides.update(extra)
+    rows = {split: [verl_row(r, cfg.data.system_prompt, split, i) for i, r in enumerate(records)]
+            for split, records in splits.items()}
+    announce(f"writing {out}")
+    write_splits(out, rows, "verl export")
+    write_reward_module(out, REWARD_MODULE, reward_spec(cfg))
+    lines = [format_override(key, value) for key, value in translation.overrides.items()]
+    (out / "overrides.txt").write_text("\n".join(lines) + "\n")
+    (out / "run_verl.sh").write_text(RUN_SCRIPT)
+    (out / "run_verl.sh").chmod(0o755)
+    (out / "README.md").write_text(readme(cfg, translation, {s: len(r) for s, r in rows.items()}))
+    return Exported(out, {split: len(r) for split, r in rows.items()}, translation)
+
+
+RUN_SCRIPT = f"""#!/usr/bin/env bash
+# Written by `purplerl verl export`: runs veRL's trainer with the overrides in overrides.txt (one per line;
+# {EXPORT_DIR} stands for this directory). Needs veRL 0.9 and purplerl installed on every node.
+# Arguments are appended as further overrides, e.g. ./run_verl.sh trainer.total_training_steps=10
+set -euo pipefail
+DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+mapfile -t OVERRIDES < <(sed "s|{EXPORT_DIR}|$DIR|g" "$DIR/overrides.txt")
+exec python3 -m verl.trainer.main_ppo "${{OVERRIDES[@]}}" "$@"
+"""
+
+
+def readme(cfg: VerlExportConfig, translation: Translation, rows: dict[str, int]) -> str:
+    unmapped = "\n".join(f"- `{u.setting}` = `{u.value!r}`: {u.why}" for u in translation.unmapped) or "- none"
+    return f"""# purplerl {cfg.recipe} on veRL
+
+Written by `purplerl verl export` for veRL 0.9.1. Run `./run_verl.sh` on the Ray head node (purplerl and
+veRL installed on every node; this directory on a filesystem every node reads).
+
+- `train.parquet` ({rows['train']} prompts), `test.parquet` ({rows['test']} prompts, split
+  `{cfg.verl.val_split}`): veRL's schema (prompt, data_source, ability, reward_model, extra_info).
+- `{REWARD_MODULE}` + `{SETTINGS_FILE}`: the reward, through `reward.custom_reward_function`. It imports
+  purplerl and scores each response: {_reward_formula(cfg)}. The KL to the base model is veRL's (below).
+  A reward server (`reward.toxicity.url`) reads its API key from PURPLERL_REWARD_API_KEY on the reward workers.
+- `overrides.txt`: {len(translation.overrides)} Hydra overrides of `verl.trainer.main_ppo`; `run_verl.sh` passes
+  them with `@EXPORT_DIR@` replaced by this directory.
+
+## Settings veRL cannot honour
+
+{unmapped}
+
+## The entropy defense
+
+purplerl's defense (Token Buncher) rewards the negative mean per-token entropy of the policy's response.
+veRL 0.9.1 computes a response's reward while sampling, in its reward loop, from the decoded text and the
+token ids (`prompts`, `responses`, `attention_mask`); the rollout's log-probs (`rollout_log_probs`) join the
+batch only afterwards, and the actor's entropies (`entropys`) are computed later still and dropped after
+logging. No reward function or reward manager receives per-token entropies. (Only with a colocated reward
+model, `reward.reward_model.enable`, is the reward computed on the whole batch after sampling, where a custom
+reward manager could read `rollout_log_probs`; -log p of each sampled token is then a one-sample estimate
+of the entropy, not the entropy Token Buncher rewards, and this export does not offer it.) So
+`purplerl verl export` refuses `recipe: defend` (and the adaptive attack's `reward.entropy_bonus_cap`)
+rather than export a different objective. Run the defense on purplerl's own engines.
+"""
+
+
+def _reward_formula(cfg: VerlExportConfig) -> str:
+    r = cfg.reward
+    return (f"{r.toxicity_weight:g} x toxicity - {r.repetition_penalty:g} x repeated-{r.repetition_ngram}-gram "
+            f"ratio - {r.refusal_penalty:g} x refusal")

@@ -1,0 +1,79 @@
+"""The static-KV-cache decoder (the CUDA-graph path's model side) against the growing cache, on CPU: same tokens,
+same logprobs and entropies, whatever the padding, truncation or stopping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from purplerl.config import ModelConfig
+from purplerl.engines.decoding import DynamicDecoder, StaticDecoder
+from purplerl.engines.local import LocalEngine
+from purplerl.types import SamplingParams
+
+PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
+
+
+def _engine(model_dir: Path, **kw) -> LocalEngine:
+    return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", dtype="float32", lora_rank=4, **kw), seed=0)
+
+
+def _draws(engine: LocalEngine, mode: str | None, sampling: SamplingParams):
+    engine.decode_static = mode
+    return [c for g in engine.sample(PROMPTS, 3, sampling) for c in g]
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingParams(max_new_tokens=12, seed=4),
+    SamplingParams(max_new_tokens=9, seed=5, temperature=0.7, top_p=0.9, top_k=20),
+    SamplingParams(max_new_tokens=10, seed=6, temperature=0.0),
+], ids=["plain", "truncated", "greedy"])
+def test_the_static_cache_draws_what_the_growing_cache_draws(tiny_model_dir: Path, one_torch_thread,
+                                                             sampling: SamplingParams) -> None:
+    engine = _engine(tiny_model_dir)
+    # a policy off the base, so the merged sampler copy is what decodes
+    with torch.no_grad():
+        for name, p in engine.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
+    engine._sampler_synced = False
+    dynamic, static = _draws(engine, None, sampling), _draws(engine, "static", sampling)
+    assert [c.tokens for c in dynamic] == [c.tokens for c in static]
+    assert [c.finish_reason for c in dynamic] == [c.finish_reason for c in static]
+    if sampling.seed == 4:  # rows of several lengths: some stopped early, and the rest decoded on past them
+        assert len({len(c.tokens) for c in dynamic}) > 1
+    for a, b in zip(dynamic, static, strict=True):
+        torch.testing.assert_close(b.logprobs_C, a.logprobs_C, atol=1e-5, rtol=0)
+        torch.testing.assert_close(b.entropies_C, a.entropies_C, atol=1e-5, rtol=0)
+
+
+def test_a_full_parameter_engine_decodes_the_same_over_a_static_cache(tiny_model_dir: Path, one_torch_thread):
+    engine = _engine(tiny_model_dir, finetune="full")
+    sampling = SamplingParams(max_new_tokens=8, seed=2)
+    dynamic, static = _draws(engine, None, sampling), _draws(engine, "static", sampling)
+    assert [c.tokens for c in dynamic] == [c.tokens for c in static]
+    for a, b in zip(dynamic, static, strict=True):
+        torch.testing.assert_close(b.logprobs_C, a.logprobs_C, atol=1e-5, rtol=0)
+
+
+def test_the_decoders_step_logits_agree_and_the_static_cache_refuses_to_overflow(tiny_model_dir: Path,
+                                                                                 one_torch_thread) -> None:
+    engine = _engine(tiny_model_dir)
+    model = engine._sampling_model()
+    attn_NP = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    ids_NP = torch.tensor([[2, 2, 10, 11], [1, 12, 13, 14]])
+    position_NP = (attn_NP.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        dynamic = DynamicDecoder(model, engine._cache_kwarg, attn_NP)
+        static = StaticDecoder(model, engine._cache_kwarg, attn_NP, max_new_tokens=2, graphed=False)
+        torch.testing.assert_close(static.prefill(ids_NP, position_NP), dynamic.prefill(ids_NP, position_NP))
+        position_N1 = position_NP[:, -1:] + 1
+        for tok in ([5, 6], [7, 8]):
+            tok_N = torch.tensor(tok)
+            torch.testing.assert_close(static.step(tok_N, position_N1), dynamic.step(tok_N, position_N1),
+                                       atol=1e-5, rtol=0)
+            position_N1 = position_N1 + 1
+        with pytest.raises(RuntimeError, match="static KV cache full"):
+            static.step(torch.tensor([1, 1]), position_N1)
