@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_model_dir
 
 from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines import make_engine
 from purplerl.train.batch import sequence_tensors
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
+from tests.conftest import make_tiny_model_dir
 
 pytestmark = pytest.mark.vllm
 TOL = 1e-4  # fp32 vLLM vs fp32 torch logprobs
