@@ -44,10 +44,13 @@ from purplerl.engines import EngineSettings, make_engine
 from purplerl.errors import ExperimentError
 from purplerl.train.batch import sequence_tensors
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
+from tests import tinker_server as _tinker
 from tests.conftest import make_tiny_model_dir
 
 # an Adam step that reads out the gradient: update = lr * g / (|g| + eps) ~ g when |g| << eps = lr
 READOUT = AdamParams(lr=1e4, beta1=0.0, beta2=0.0, eps=1e4, weight_decay=0.0, max_grad_norm=0.0)
+
+tinker_server = _tinker.tinker_server  # the fixture the tinker factory asks for
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,11 @@ from purplerl.types import AdamParams, SamplingParams
 sys.path.insert(0, str(Path(__file__).parents[1] / "rewards"))
 from reward_servers import ThreadServer  # noqa: E402
 
+from tests import tinker_server as _tinker  # noqa: E402
+
+tinker_server = _tinker.tinker_server  # the fixture these tests ask for
+
+
 pytestmark = pytest.mark.tinker
 
 

@@ -1,4 +1,5 @@
-"""A real Tinker-API server (SkyRL's, JAX on CPU) on loopback for the `tinker`-marked tests (make test-tinker).
+"""The `tinker_server` fixture, imported by the `tinker`-marked tests (make test-tinker): a real Tinker-API server
+(SkyRL's, JAX on CPU) on loopback.
 
 The server runs from its own virtualenv (SKYRL_VENV, default .venv-skyrl: Python 3.12, `skyrl[jax,tinker]`),
 serves a tiny random model, and is killed with its whole process group at the end. It starts
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SKYRL_VENV = Path(os.environ.get("SKYRL_VENV", ROOT / ".venv-skyrl"))
 STARTUP_S = 180  # a cold start (imports + the first JAX compile) takes ~40 s on 2 cores
 TEST_API_KEY = "tml-purplerl-test-key-0123456789"  # what the tests grep run dirs for
