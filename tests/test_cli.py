@@ -328,7 +328,7 @@ def test_attack_help_lists_config_fields_by_section(env: dict[str, str]):
     assert "--reward.kl_beta" in table["reward"] and "--reward.toxicity.url" in table["reward.toxicity"]
     from purplerl.config import field_help
 
-    assert sum(map(len, table.values())) == len(field_help()) == 91
+    assert sum(map(len, table.values())) == len(field_help())  # the number itself: tests/test_config.py
 
 
 @pytest.mark.parametrize(("command", "sections"), [
