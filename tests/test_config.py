@@ -538,3 +538,5 @@ def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
         load_config(None, ["--engine", "spark"])
     with pytest.raises(UserError, match="config field 'engine.procs'"):
         load_config(None, ["--engine.procs", "0"])
+    with pytest.raises(UserError, match="engine.procs=2 runs the local engine data-parallel; engine 'tinker'"):
+        load_config(None, ["--engine", "tinker", "--engine.procs", "2"])
