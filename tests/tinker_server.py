@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKYRL_VENV = Path(os.environ.get("SKYRL_VENV", ROOT / ".venv-skyrl"))
+SKYRL_VENV = Path(os.environ.get("SKYRL_VENV", ROOT / ".venv-skyrl")).resolve()  # the server runs in its own cwd
 STARTUP_S = 180  # a cold start (imports + the first JAX compile) takes ~40 s on 2 cores
 TEST_API_KEY = "tml-purplerl-test-key-0123456789"  # what the tests grep run dirs for
 

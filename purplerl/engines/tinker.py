@@ -77,9 +77,9 @@ def _refuse_unmappable(cfg: ModelConfig) -> None:
         raise UserError("the tinker engine adapts every linear layer: model.lora_targets must be 'all-linear'")
     if cfg.lora_dropout > 0:
         raise UserError("the tinker engine has no LoRA dropout: set model.lora_dropout 0")
-    # the API takes a rank only: the service scales the update itself, so say once that alpha goes unused
-    print(f"note: the Tinker service applies its own LoRA scale; model.lora_alpha ({cfg.lora_alpha:g}) is not "
-          f"sent", file=sys.stderr)
+    if "lora_alpha" in cfg.model_fields_set:  # the API takes a rank only: the service scales the update itself
+        print(f"note: the Tinker service applies its own LoRA scale; model.lora_alpha ({cfg.lora_alpha:g}) is not "
+              f"sent", file=sys.stderr)
 
 
 class Remote:
