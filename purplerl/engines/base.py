@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from purplerl.algorithms.registry import CustomLoss, Loss
+from purplerl.errors import ExperimentError
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
 
@@ -22,6 +23,25 @@ class EngineSettings:
 
     micro_batch_size: int = 64  # max sequences per forward/backward pass (gradients accumulate to the full batch)
     micro_batch_tokens: int = 4096  # max padded tokens per pass: length-sorted sequences fill each pass up to this
+
+
+def check_prompts(prompt_tokens: list[list[int]], n: int) -> None:
+    """What every engine's `sample` refuses: nothing to draw, or an empty prompt."""
+    if not prompt_tokens or n < 1:
+        raise ExperimentError(f"sample() got {len(prompt_tokens)} prompts x n={n}: nothing to sample")
+    if any(len(p) == 0 for p in prompt_tokens):
+        raise ExperimentError("sample() got an empty prompt")
+
+
+def check_batch(batch: TrainBatch, loss: Loss | None = None) -> None:
+    """What every engine's `forward_backward` refuses: an input the loss declares but the batch lacks, or a
+    batch with no completion token to train on."""
+    if loss is not None:
+        missing = [name for name in loss.definition.required_inputs(loss.params) if getattr(batch, name) is None]
+        if missing:
+            raise ExperimentError(f"loss '{loss.name}' needs {missing[0]} in the batch")
+    if batch.num_sequences == 0 or batch.num_loss_tokens == 0:
+        raise ExperimentError("forward_backward got an empty batch (no completion tokens to train on)")
 
 
 class Engine(Protocol):

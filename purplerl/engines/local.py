@@ -36,7 +36,7 @@ from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import ModelConfig
 from purplerl.engines.adapters import AdapterSet, FullWeights, adapter_weights_file, lora_config
-from purplerl.engines.base import EngineSettings
+from purplerl.engines.base import EngineSettings, check_batch, check_prompts
 from purplerl.engines.decoding import DynamicDecoder, StaticDecoder
 from purplerl.engines.full_weights import copy_weights, read_weights, refuse_other_kind, save_model_dir
 from purplerl.engines.fused_lora import install_fused_lora
@@ -216,10 +216,7 @@ class LocalEngine:
 
     @torch.no_grad()
     def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        if not prompt_tokens or n < 1:
-            raise ExperimentError(f"sample() got {len(prompt_tokens)} prompts x n={n}: nothing to sample")
-        if any(len(p) == 0 for p in prompt_tokens):
-            raise ExperimentError("sample() got an empty prompt")
+        check_prompts(prompt_tokens, n)
         generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         expanded = [p for p in prompt_tokens for _ in range(n)]
         tokens_NC, logprobs_NC, entropies_NC, lengths_N, stopped_N = self._decode(expanded, sampling, generator)
@@ -457,10 +454,7 @@ class LocalEngine:
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         """Accumulate the gradient of a registered loss on the batch into the active adapter."""
         definition = loss.definition
-        missing = [name for name in definition.required_inputs(loss.params) if getattr(batch, name) is None]
-        if missing:
-            raise ExperimentError(f"loss '{loss.name}' needs {missing[0]} in the batch")
-        _check_not_empty(batch)
+        check_batch(batch, loss)
         if definition.consumes == "sequences":
             return self._linearized_backward(batch, lambda lp, inputs: definition.fn(lp, inputs, loss.params),
                                              loss.temperature)
@@ -495,7 +489,7 @@ class LocalEngine:
     def forward_backward_custom(self, batch: TrainBatch, loss: CustomLoss) -> dict[str, float]:
         """Accumulate the gradient of a user-supplied loss of the batch's logprobs (Tinker's
         forward_backward_custom)."""
-        _check_not_empty(batch)
+        check_batch(batch)
         return self._linearized_backward(batch, loss.fn, loss.temperature)
 
     def _linearized_backward(self, batch: TrainBatch, fn, temperature: float) -> dict[str, float]:
@@ -625,10 +619,6 @@ class LocalEngine:
             raise UserError(f"adapter in {weights.parent} does not match the model ({len(unexpected)} unexpected keys)")
         self._sampler_synced = False
 
-
-def _check_not_empty(batch: TrainBatch) -> None:
-    if batch.num_sequences == 0 or batch.num_loss_tokens == 0:
-        raise ExperimentError("forward_backward got an empty batch (no completion tokens to train on)")
 
 
 def load_tensors(path: Path, device: torch.device):

@@ -45,6 +45,7 @@ import torch
 from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import EngineConfig, ModelConfig
+from purplerl.engines.base import check_batch, check_prompts
 from purplerl.engines.loading import load_tokenizer, stop_token_ids
 from purplerl.engines.tinker_data import (
     aggregation_coefficients,
@@ -181,10 +182,7 @@ class TinkerEngine:
         return self._samplers[self._active]
 
     def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        if not prompt_tokens or n < 1:
-            raise ExperimentError(f"sample() got {len(prompt_tokens)} prompts x n={n}: nothing to sample")
-        if any(len(p) == 0 for p in prompt_tokens):
-            raise ExperimentError("sample() got an empty prompt")
+        check_prompts(prompt_tokens, n)
         types, sampler = self.tinker.types, self._sampler(reference=False)
 
         def params(b: int):
@@ -266,10 +264,7 @@ class TinkerEngine:
 
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         definition = loss.definition
-        missing = [name for name in definition.required_inputs(loss.params) if getattr(batch, name) is None]
-        if missing:
-            raise ExperimentError(f"loss '{loss.name}' needs {missing[0]} in the batch")
-        _check_not_empty(batch)
+        check_batch(batch, loss)
         if definition.consumes == "logits":
             raise ExperimentError(f"loss '{loss.name}' needs the full next-token logits, which the Tinker API "
                                   "does not return")
@@ -304,7 +299,7 @@ class TinkerEngine:
         return _metrics(value, metrics, batch)
 
     def forward_backward_custom(self, batch: TrainBatch, loss: CustomLoss) -> dict[str, float]:
-        _check_not_empty(batch)
+        check_batch(batch)
         _refuse_temperature(loss.temperature, "a custom loss")
         return self._linearized(batch, loss.fn)
 
@@ -387,10 +382,6 @@ def _refuse_temperature(temperature: float, what: str) -> None:
     if temperature != 1.0:
         raise UserError(f"{what} at temperature {temperature:g}: the Tinker API scores at temperature 1 only")
 
-
-def _check_not_empty(batch: TrainBatch) -> None:
-    if batch.num_sequences == 0 or batch.num_loss_tokens == 0:
-        raise ExperimentError("forward_backward got an empty batch (no completion tokens to train on)")
 
 
 def _metrics(value: torch.Tensor, metrics: dict[str, float], batch: TrainBatch) -> dict[str, float]:

@@ -46,7 +46,7 @@ import torch
 from purplerl.algorithms.registry import Loss
 from purplerl.algorithms.rollout_correction import logprob_mismatch, truncated_is_weights
 from purplerl.config import EngineConfig, ModelConfig
-from purplerl.engines.base import EngineSettings
+from purplerl.engines.base import EngineSettings, check_prompts
 from purplerl.engines.loading import resolve_dtype, resolve_model_path
 from purplerl.engines.local import HEAD_CHUNK_BYTES, LocalEngine
 from purplerl.errors import ExperimentError, UserError, first_line
@@ -195,10 +195,7 @@ class VLLMEngine(LocalEngine):
 
     @torch.no_grad()
     def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        if not prompt_tokens or n < 1:
-            raise ExperimentError(f"sample() got {len(prompt_tokens)} prompts x n={n}: nothing to sample")
-        if any(len(p) == 0 for p in prompt_tokens):
-            raise ExperimentError("sample() got an empty prompt")
+        check_prompts(prompt_tokens, n)
         expanded = [list(p) for p in prompt_tokens for _ in range(n)]
         drawn = self._draw(expanded, sampling)
         tensors = padded(expanded, drawn, int(self.tokenizer.pad_token_id))
