@@ -1,4 +1,5 @@
-"""Reading the text, JSON and JSONL files users and runs hand to purplerl, and naming files after data.
+"""Reading the text, JSON and JSONL files users and runs hand to purplerl, writing files durably, and naming
+files after data.
 
 Every reader here fails with one `UserError` that names the file and the line: bytes that are not UTF-8,
 text that is not JSON, a JSONL line that is not an object. Lines are split on b"\\n" only, so a JSON
@@ -7,13 +8,20 @@ string holding U+2028 or U+0085 (valid JSON, and what other tools write) stays o
 File names built from data (metric keys, target labels) go through `safe_file_stem`, so no key can name a
 path outside the directory it is written to; a name the user chooses for a directory is checked by
 `plain_name_problem` and refused, never changed.
+
+Every file purplerl replaces (a run's config.yaml, summary.json, a cut log, a cached model's config) goes
+through `write_durably`, and every directory it builds aside and moves into place (a checkpoint, a merged or
+cached model) through `replace_dir_durably`: a kill or a power loss at any moment leaves the old version or the
+new one, never a mix, and a full disk is an OSError at the write, not a silently empty file later.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +33,62 @@ MAX_NAME_CHARS = 128  # well under every file system's 255-byte limit on one pat
 _STEM_CHAR = re.compile(r"[^A-Za-z0-9_.-]")
 _BOM = "\ufeff"
 _BLANK = object()
+
+
+def fsync_path(path: str | Path) -> None:
+    """Flush a file's data, or a directory's entries, to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_synced(path: str | Path, data: bytes | str) -> None:
+    """Write `data` to `path` in place and fsync it, so errors (ENOSPC included) surface here as OSError.
+    For a file inside a directory that is moved into place afterwards; any other file: `write_durably`."""
+    with open(path, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_durably(path: str | Path, data: bytes | str) -> None:
+    """Replace `path` by `data` (str: UTF-8) atomically and durably: a temporary file in the same directory is
+    written and fsynced, renamed onto `path`, and the directory fsynced, so that a reader or a restart after a
+    kill or power loss sees the old content or the new, never part of it. The temporary name is unique, so two
+    processes writing the same file never write into one temporary."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    # O_EXCL with mode 0o666: a fresh file with the umask's permissions, as open(path, "w") would create
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
+def replace_dir_durably(tmp_dir: str | Path, target: str | Path) -> None:
+    """Move the finished directory `tmp_dir` onto `target` (absent, or an empty dir) in one rename, after every
+    file and directory under it is fsynced; the parent is fsynced after the rename. `tmp_dir` must sit in
+    `target`'s parent directory (one file system). OSError when `target` holds something: the caller decides."""
+    tmp_dir, target = Path(tmp_dir), Path(target)
+    dirs = [tmp_dir]
+    for path in sorted(tmp_dir.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            dirs.append(path)
+        elif path.is_file() and not path.is_symlink():
+            fsync_path(path)
+    for directory in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        fsync_path(directory)
+    os.replace(tmp_dir, target)
+    fsync_path(target.parent)
 
 
 def plain_name_problem(name: str) -> str | None:

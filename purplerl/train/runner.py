@@ -3,44 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import Config, build_config, commented_yaml, read_config_file
+from purplerl.config import Config, build_config, read_config_file
 from purplerl.data import PromptSampler, load_prompts
 from purplerl.devices import resolve_device
 from purplerl.engines import EngineSettings, make_engine
 from purplerl.engines.base import Engine
 from purplerl.engines.distributed import join_world, world_of
-from purplerl.engines.loading import RUN_CONFIG_FILE
 from purplerl.errors import UserError
-from purplerl.files import read_jsonl
+from purplerl.files import write_durably
 from purplerl.prompting import render_prompt
-from purplerl.train.checkpoint import (
-    CHECKPOINTS,
-    checkpoint_candidates,
-    describe_skipped,
-    discard_checkpoint,
-    newest_intact,
-    read_state,
-    remove_stale,
-    write_bytes_durably,
-)
-from purplerl.train.loop import EVALS_FILE, EarlyStop, Evaluation, LoopParts, RecipeHooks, StepFn, rl_step, run_steps
-from purplerl.train.sinks import last_logged_step, truncate_after_step
+from purplerl.runs.checkpoints import checkpoint_candidates, read_state
+from purplerl.runs.layout import CONFIG_FILE, EVALS_FILE, METRICS_FILE, SAMPLES_FILE, SUMMARY_FILE
+from purplerl.runs.logs import truncate_after_step
+from purplerl.runs.resume import record_config, resume_changes, resume_point
+from purplerl.train.checkpoint import discard_checkpoint, remove_stale
+from purplerl.train.loop import EarlyStop, Evaluation, LoopParts, RecipeHooks, StepFn, rl_step, run_steps
 from purplerl.train.trackers import check_trackers, open_trackers
 
-CONFIG_FILE = RUN_CONFIG_FILE
-SUMMARY_FILE = "summary.json"
-METRICS_FILE = "metrics.jsonl"
-SAMPLES_FILE = "samples.jsonl"
-HISTORY_FILE = "config_history.jsonl"  # the resolved config of every segment of a run, with its first step
 # Settings a resume may not change: the checkpoints, data order and logs of the run were made with them, so a
 # run continued with other values would be neither the old experiment nor a new one.
 FIXED_ON_RESUME = frozenset({
@@ -75,102 +61,8 @@ def new_run_dir(config: Config) -> Path:
     return run_dir
 
 
-def flat_config(config: Config) -> dict[str, Any]:
-    """Every leaf field by dotted name: {'training.lr': 0.0001, ...}."""
-    out: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict) and key != "filters":
-                walk(value, f"{prefix}{key}.")
-            else:
-                out[prefix + key] = value
-
-    walk(config.model_dump(mode="json"), "")
-    return out
-
-
-def resume_changes(saved: Config, new: Config) -> dict[str, list[Any]]:
-    """{field: [old, new]} for the settings a resume changes; UserError for one that would make the
-    continued run a different experiment from the one its checkpoints and logs hold."""
-    old_flat, new_flat = flat_config(saved), flat_config(new)
-    changed = {k: [old_flat.get(k), v] for k, v in new_flat.items() if old_flat.get(k) != v}
-    fixed = [k for k in changed if k in FIXED_ON_RESUME]
-    if fixed:
-        old, value = changed[fixed[0]]
-        raise UserError(f"--{fixed[0]} cannot change when resuming ({old!r} -> {value!r}): the checkpoints and "
-                        f"logs were made with {old!r}; start a new run for {value!r} instead (--name NEW)")
-    return changed
-
-
 def _warn(line: str) -> None:
     print(line, file=sys.stderr)
-
-
-def resume_point(run_dir: Path, restart: bool, save_every: int,
-                 notify: Callable[[str], None] = _warn) -> Path | None:
-    """The checkpoint a resume continues from (None: from step 1), checked before anything is touched."""
-    checkpoint, skipped = newest_intact(run_dir)
-    if checkpoint is not None:
-        if restart:
-            raise UserError(f"--restart would throw away the intact checkpoint {checkpoint}: resume without "
-                            f"--restart, or start a new run with --name NEW")
-        if skipped:
-            notify(f"warning: skipped damaged checkpoints ({describe_skipped(skipped)}); "
-                   f"resuming from {checkpoint.name}")
-        return checkpoint
-    if restart:
-        return None
-    if skipped:
-        raise UserError(f"no intact checkpoint in {run_dir / CHECKPOINTS} ({describe_skipped(skipped)}); "
-                        f"start the run again from step 1 with --resume {run_dir} --restart")
-    logged = last_logged_step(run_dir / METRICS_FILE)
-    if logged and logged <= save_every:
-        # the loop logs no step past the first checkpoint before that checkpoint is in place: nothing was lost
-        notify(f"warning: {run_dir} stopped at step {logged}, before its first checkpoint (step {save_every}) "
-               f"was complete; starting it again from step 1")
-        return None
-    if logged:
-        raise UserError(f"{run_dir} has logs up to step {logged} but no checkpoint to continue from; start it "
-                        f"again from step 1 with --resume {run_dir} --restart (its logs are then replaced)")
-    return None  # killed before its first step was logged: nothing to lose
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write_bytes_durably(tmp, text.encode())
-    os.replace(tmp, path)
-
-
-def _history(run_dir: Path) -> list[dict[str, Any]]:
-    """The config history rows (a torn last line, from a kill mid-write of an older purplerl, is dropped)."""
-    path = run_dir / HISTORY_FILE
-    return read_jsonl(path, cut_tail=True) if path.is_file() else []
-
-
-def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[str, list[Any]] | None,
-                  restarted: bool = False) -> None:
-    """Add the resolved config in force from `from_step` to the history and rewrite config.yaml, whose header
-    lists every resume that changed a setting: config.yaml always describes what ran. Both files are replaced
-    in one rename each, so a kill leaves the old version or the new one."""
-    row: dict[str, Any] = {"from_step": from_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    if changed is not None:
-        row["changed"] = changed
-    if restarted:
-        row["restarted"] = True
-    history = (_history(run_dir) if changed is not None or restarted else []) + [
-        {**row, "config": config.model_dump(mode="json")}]
-    header = []
-    for past in history:
-        if past.get("restarted"):
-            header = [f"# restarted from step 1 at {past['time']}"]
-        for key, (old, value) in (past.get("changed") or {}).items():
-            header.append(f"# from step {past['from_step']} (resumed): {key} {json.dumps(old)} -> {json.dumps(value)}")
-    if header:
-        header.insert(0, f"# the settings below are in force from the last resume on; every segment's full config "
-                         f"is in {HISTORY_FILE}")
-    _write_atomically(run_dir / CONFIG_FILE, "".join(line + "\n" for line in header) + commented_yaml(config))
-    _write_atomically(run_dir / HISTORY_FILE, "".join(json.dumps(r) + "\n" for r in history))
 
 
 Bind = Callable[[Engine], tuple[StepFn, EarlyStop]]  # the engine -> the recipe's step function and early stop
@@ -231,7 +123,7 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
     start_step, checkpoint, changed = 1, None, None
     check_trackers(config.logging.trackers)  # a missing package fails now, not after the model loaded
     if resume:
-        changed = resume_changes(build_config(read_config_file(run_dir / CONFIG_FILE)), config)
+        changed = resume_changes(build_config(read_config_file(run_dir / CONFIG_FILE)), config, FIXED_ON_RESUME)
         checkpoint = resume_point(run_dir, restart, config.run.save_every, notify)
         if checkpoint is not None:
             state = read_state(checkpoint)
@@ -262,5 +154,5 @@ def execute_run(config: Config, run_dir: Path, resume: bool, prepare: Callable[[
         summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation, trackers)
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
     if world.is_writer:
-        _write_atomically(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
+        write_durably(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
     return summary

@@ -1,0 +1,2 @@
+"""Run directories: their layout, reading their checkpoints and logs, resuming them, and loading a policy from a
+run or a checkpoint. Below `train/` (which writes runs) and above `engines/`."""

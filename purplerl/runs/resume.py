@@ -1,0 +1,110 @@
+"""Resuming a run from its directory: which checkpoint it continues from, which settings may change, and the
+config (and its history) recorded for every segment of the run."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from purplerl.config import Config, commented_yaml
+from purplerl.errors import UserError
+from purplerl.files import read_jsonl, write_durably
+from purplerl.runs.checkpoints import describe_skipped, newest_intact
+from purplerl.runs.layout import CHECKPOINTS_DIR, CONFIG_FILE, HISTORY_FILE, METRICS_FILE
+from purplerl.runs.logs import last_logged_step
+
+
+def flat_config(config: Config) -> dict[str, Any]:
+    """Every leaf field by dotted name: {'training.lr': 0.0001, ...}."""
+    out: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and key != "filters":
+                walk(value, f"{prefix}{key}.")
+            else:
+                out[prefix + key] = value
+
+    walk(config.model_dump(mode="json"), "")
+    return out
+
+
+def resume_changes(saved: Config, new: Config, fixed: Collection[str]) -> dict[str, list[Any]]:
+    """{field: [old, new]} for the settings a resume changes; UserError for one of `fixed` (dotted names), which
+    would make the continued run a different experiment from the one its checkpoints and logs hold."""
+    old_flat, new_flat = flat_config(saved), flat_config(new)
+    changed = {k: [old_flat.get(k), v] for k, v in new_flat.items() if old_flat.get(k) != v}
+    refused = [k for k in changed if k in fixed]
+    if refused:
+        old, value = changed[refused[0]]
+        raise UserError(f"--{refused[0]} cannot change when resuming ({old!r} -> {value!r}): the checkpoints and "
+                        f"logs were made with {old!r}; start a new run for {value!r} instead (--name NEW)")
+    return changed
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def resume_point(run_dir: Path, restart: bool, save_every: int,
+                 notify: Callable[[str], None] = _warn) -> Path | None:
+    """The checkpoint a resume continues from (None: from step 1), checked before anything is touched."""
+    checkpoint, skipped = newest_intact(run_dir)
+    if checkpoint is not None:
+        if restart:
+            raise UserError(f"--restart would throw away the intact checkpoint {checkpoint}: resume without "
+                            f"--restart, or start a new run with --name NEW")
+        if skipped:
+            notify(f"warning: skipped damaged checkpoints ({describe_skipped(skipped)}); "
+                   f"resuming from {checkpoint.name}")
+        return checkpoint
+    if restart:
+        return None
+    if skipped:
+        raise UserError(f"no intact checkpoint in {run_dir / CHECKPOINTS_DIR} ({describe_skipped(skipped)}); "
+                        f"start the run again from step 1 with --resume {run_dir} --restart")
+    logged = last_logged_step(run_dir / METRICS_FILE)
+    if logged and logged <= save_every:
+        # the loop logs no step past the first checkpoint before that checkpoint is in place: nothing was lost
+        notify(f"warning: {run_dir} stopped at step {logged}, before its first checkpoint (step {save_every}) "
+               f"was complete; starting it again from step 1")
+        return None
+    if logged:
+        raise UserError(f"{run_dir} has logs up to step {logged} but no checkpoint to continue from; start it "
+                        f"again from step 1 with --resume {run_dir} --restart (its logs are then replaced)")
+    return None  # killed before its first step was logged: nothing to lose
+
+
+def _history(run_dir: Path) -> list[dict[str, Any]]:
+    """The config history rows (a torn last line, from a kill mid-write of an older purplerl, is dropped)."""
+    path = run_dir / HISTORY_FILE
+    return read_jsonl(path, cut_tail=True) if path.is_file() else []
+
+
+def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[str, list[Any]] | None,
+                  restarted: bool = False) -> None:
+    """Add the resolved config in force from `from_step` to the history and rewrite config.yaml, whose header
+    lists every resume that changed a setting: config.yaml always describes what ran. Both files are replaced
+    in one rename each, so a kill leaves the old version or the new one."""
+    row: dict[str, Any] = {"from_step": from_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if changed is not None:
+        row["changed"] = changed
+    if restarted:
+        row["restarted"] = True
+    history = (_history(run_dir) if changed is not None or restarted else []) + [
+        {**row, "config": config.model_dump(mode="json")}]
+    header = []
+    for past in history:
+        if past.get("restarted"):
+            header = [f"# restarted from step 1 at {past['time']}"]
+        for key, (old, value) in (past.get("changed") or {}).items():
+            header.append(f"# from step {past['from_step']} (resumed): {key} {json.dumps(old)} -> {json.dumps(value)}")
+    if header:
+        header.insert(0, f"# the settings below are in force from the last resume on; every segment's full config "
+                         f"is in {HISTORY_FILE}")
+    write_durably(run_dir / CONFIG_FILE, "".join(line + "\n" for line in header) + commented_yaml(config))
+    write_durably(run_dir / HISTORY_FILE, "".join(json.dumps(r) + "\n" for r in history))
