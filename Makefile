@@ -43,6 +43,7 @@ demo: $(STAMP)
 experiment-offline: $(STAMP)
 	scripts/offline_story.sh
 
+# the quick suite; tests/test_architecture.py among it runs lint-imports and checks the dotted registry strings
 test: $(STAMP)
 	$(PY) -m pytest -q
 
@@ -106,8 +107,10 @@ test-vllm: $(VLLM_STAMP)
 bench-sampling: $(VLLM_STAMP)
 	$(VLLM_PY) bench/bench_sampling.py $(BENCH_ARGS)
 
+# ruff, then the import direction of docs/architecture.md (the contracts in pyproject.toml's [tool.importlinter])
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # reward server requests/s and p50/p99 latency at concurrency 1, 8, 64 (bench/results/reward-DATE-HOST.json)
 bench-reward: $(STAMP)

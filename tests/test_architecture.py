@@ -1,0 +1,80 @@
+"""The import direction of docs/architecture.md: the import-linter contracts in pyproject.toml, and the dotted
+"module:NAME" strings that registries resolve with importlib, which import-linter cannot see."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+PACKAGE = ROOT / "purplerl"
+DOTTED = re.compile(r"^purplerl(\.\w+)+:\w+$")
+
+
+def test_the_import_linter_contracts_hold() -> None:
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run([str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, f"lint-imports exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+
+
+def layers() -> list[tuple[set[str], bool]]:
+    """The layers contract's layers, top first: (the top-level modules in it, whether they are independent)."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c["type"] == "layers" and c.get("containers") == ["purplerl"]]
+    parsed = []
+    for layer in contract["layers"]:
+        independent = ":" not in layer
+        names = re.split(r"[|:]", layer)
+        parsed.append(({name.strip().strip("()") for name in names}, independent))
+    return parsed
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def top(module: str) -> str | None:
+    """The top-level module of purplerl that `module` is in (None for the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def dotted_strings() -> list[tuple[str, int, str]]:
+    """(holding module, line, target module) of every "purplerl.x.y:NAME" string constant in the package."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED.match(node.value):
+                found.append((module_of(path), node.lineno, node.value.split(":", 1)[0]))
+    return found
+
+
+def test_dotted_registry_strings_point_down_the_layers() -> None:
+    """A "module:NAME" string resolved with importlib is an import: it may name its own top-level module or a
+    lower layer, never a higher one, nor an independent sibling in its own layer."""
+    place = {name: (index, independent) for index, (names, independent) in enumerate(layers()) for name in names}
+    problems = []
+    for holder, line, target in dotted_strings():
+        if not is_module(target):
+            problems.append(f"{holder}:{line} names {target}, which is no module")
+            continue
+        if top(holder) is None or top(holder) == top(target):
+            continue
+        (holder_index, _), (target_index, independent) = place[top(holder)], place[top(target)]
+        if target_index < holder_index:
+            problems.append(f"{holder}:{line} -> {target}: {top(target)} is above {top(holder)}")
+        elif target_index == holder_index and independent:
+            problems.append(f"{holder}:{line} -> {target}: {top(target)} and {top(holder)} are independent siblings")
+    assert problems == [], "dotted strings that point up the layers (register from the lower module instead):\n" + \
+        "\n".join(problems)
