@@ -15,15 +15,17 @@ import typer
 from typer.core import TyperCommand
 
 from purplerl.config import (
+    ALIGN,
     API_KEY_ENV,
-    COMMANDS,
     EMBEDDED_MODEL,
-    Config,
+    EVAL,
+    PREPARE,
+    SAMPLE,
+    Command,
     RewardServerConfig,
     build_server_config,
     field_help,
     load_command_config,
-    load_config,
     read_config_file,
     section_descriptions,
 )
@@ -39,15 +41,29 @@ Restart = Annotated[bool, typer.Option(help="with --resume: start a run that has
                                             "step 1 (its logs are replaced)")]
 
 
-def config_help(name: str, defaults: dict[str, Any] | None = None) -> list[str]:
-    """The settings of command `name`, a header line per section: what `--help` shows below the options."""
-    command = COMMANDS[name]
-    flat = {dotted: short for short, dotted in command.flat.items()}
+def _settings_in_force(command: Command) -> Any:
+    """The settings the command line in force gives (so --help lists what they make read: `--engine vllm --help`
+    shows the vLLM fields), or None when they do not validate."""
+    args = [a for a in sys.argv[2:] if a not in ("--help", "-h")]
+    args = args[1:] if args[:1] == ["export"] or args[:1] == ["prepare"] else args
+    try:
+        return load_command_config(command, None, [a for a in args if not a.startswith("--config")])
+    except (PurplerlError, ValueError):
+        return None
+
+
+def config_help(command: Command) -> list[str]:
+    """The settings of `command`, a header line per section: what `--help` shows below the options."""
+    flat = {dotted: short for short, dotted in command.flat.items() if "." in dotted}
     headers = section_descriptions(command.schema)
     lines = ["Settings: --section.field VALUE or the short name in parentheses (dashes work too); values are "
-             "YAML; a --config file holds the same sections."]
+             "YAML; a --config file holds the same sections. Settings that others switch on (e.g. engine.kind's "
+             "own fields) are listed once they are on: --engine vllm --help."]
     by_section: dict[str, list[str]] = {where: [] for where in ["", *headers]}
-    for dotted, default, desc in field_help(command.schema, defaults or command.defaults, with_choices=True):
+    settings = _settings_in_force(command)
+    if settings is None:
+        settings = load_command_config(command)
+    for dotted, default, desc in field_help(command.schema, command.defaults, with_choices=True, settings=settings):
         alias = f" (--{flat[dotted]})" if dotted in flat else ""
         by_section[dotted.rpartition(".")[0]].append(f"  --{dotted}{alias} [default {default}]: {desc}")
     for where, rows in by_section.items():
@@ -56,15 +72,15 @@ def config_help(name: str, defaults: dict[str, Any] | None = None) -> list[str]:
     return lines
 
 
-def config_command(name: str, defaults: Callable[[], dict[str, Any]] | None = None) -> type[TyperCommand]:
-    """A command class whose --help ends with command `name`'s settings, built only when help is asked for
-    (listing a registry's choices imports it). `defaults` gives a recipe's own defaults for the table."""
+def config_command(command: Callable[[], Command]) -> type[TyperCommand]:
+    """A command class whose --help ends with the command's settings, built only when help is asked for (listing a
+    registry's choices imports it)."""
 
     class ConfigCommand(TyperCommand):
         def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
             super().format_epilog(ctx, formatter)
             formatter.write_paragraph()
-            for line in config_help(name, defaults() if defaults else None):
+            for line in config_help(command()):
                 formatter.write(line + "\n")
 
     return ConfigCommand
@@ -102,19 +118,21 @@ def reports_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _recipe_config(recipe: str, args: list[str], config: Path | None, resume: Path | None,
-                   defaults: dict[str, Any] | None = None) -> Config:
+def _recipe_config(recipe: Any, args: list[str], config: Path | None, resume: Path | None) -> Any:
     """Recipe defaults <- config file <- overrides; or, when resuming, the run's saved config <- overrides."""
-    if resume is not None:
+    if resume is None:
+        cfg = load_command_config(recipe.command(), config, args)
+    else:
         if config is not None:
             raise UserError("--resume uses the run's saved config; do not pass --config with it")
         if not (resume / "config.yaml").is_file():
             raise UserError(f"{resume} is not a run dir (no config.yaml)")
-        cfg = load_config(None, args, base=read_config_file(resume / "config.yaml"))
-    else:
-        cfg = load_config(config, args, base=defaults)
-    if cfg.recipe != recipe:
-        raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe}'")
+        saved = read_config_file(resume / "config.yaml")
+        if saved.get("recipe", recipe.name) != recipe.name:
+            raise UserError(f"config is for recipe '{saved.get('recipe')}', not '{recipe.name}'")
+        cfg = load_command_config(recipe.command(), None, args, base=recipe.migrated(saved, saved=True))
+    if cfg.recipe != recipe.name:
+        raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe.name}'")
     return cfg
 
 
@@ -124,118 +142,74 @@ def _restart(restart: bool, resume: Path | None) -> bool:
     return restart
 
 
-def _defend_defaults() -> dict[str, Any]:
-    from purplerl.recipes.defend import DEFEND_DEFAULTS
-
-    return DEFEND_DEFAULTS
-
-
-def _run_recipe(recipe: str, cfg: Any, run: Callable[..., dict[str, Any]], summarize: Callable[[dict[str, Any]], str],
-                resume: Path | None, restart: bool) -> None:
+def _run_recipe(recipe: Any, cfg: Any, resume: Path | None, restart: bool) -> None:
     """Run a training recipe, print its summary, and exit non-zero with one line when the run collapsed."""
     from purplerl.engines.distributed import under_torchrun
+    from purplerl.train.runner import run_recipe
     from purplerl.train.stops import collapse_error
 
     _restart(restart, resume)
     if cfg.engine.procs > 1 and not under_torchrun():
-        _run_workers(cfg, resume)
+        _run_workers(recipe, cfg, resume)
         return
     _quiet_libraries()
     if under_torchrun():
         from purplerl.engines.launch import stop_quietly_on_sigterm
 
         stop_quietly_on_sigterm()
-    summary = run(cfg, resume_dir=resume, restart=restart)
+    summary = run_recipe(recipe, cfg, resume_dir=resume, restart=restart)
     if os.environ.get("RANK", "0") != "0":  # rank 0 reports for the run
         return
-    typer.echo(summarize(summary))
-    error = collapse_error(recipe, summary)
+    typer.echo(recipe.summarize(Path(summary["run_dir"]), summary, cfg))
+    error = collapse_error(recipe.name, summary)
     if error is not None:
         raise error
 
 
-def _run_workers(cfg: Config, resume: Path | None) -> None:
+def _run_workers(recipe: Any, cfg: Any, resume: Path | None) -> None:
     """--engine.procs N: this command again in N processes under torchrun (see purplerl.engines.launch)."""
     from purplerl.engines.launch import run_workers
-    from purplerl.train.runner import run_dir_name
+    from purplerl.train.runner import run_dir_of
 
     procs, batch = cfg.engine.procs, cfg.training.batch_size
-    if cfg.engine.kind != "local":
-        raise UserError(f"engine.procs={procs} runs the local engine data-parallel; engine '{cfg.engine.kind}' "
-                        f"scales by itself: leave engine.procs at 1")
     if batch % procs:
         raise UserError(f"training.batch_size={batch} does not divide by engine.procs={procs}")
-    run_dir = resume or Path(cfg.run.output_dir) / (cfg.run.name or run_dir_name(cfg))
-    run_workers(procs, sys.argv[1:], str(run_dir))
+    run_workers(procs, sys.argv[1:], str(resume or run_dir_of(recipe, cfg)))
 
 
-@app.command(context_settings=OVERRIDES, cls=config_command("attack"))
-@reports_errors
-def attack(
-    ctx: typer.Context,
-    config: ConfigFile = None,
-    resume: Resume = None,
-    restart: Restart = False,
-) -> None:
-    """Red-team a model by GRPO: reward toxicity, penalize repetition and KL to the base model."""
-    from purplerl.recipes.attack import ATTACK_DEFAULTS, run_attack, summarize_attack
+def _recipe_rows() -> dict[str, Any]:
+    from purplerl.experiments import align  # noqa: F401 -- registers embedded:smollm2-135m-safe, the default target
+    from purplerl.recipes import RECIPES
 
-    cfg = _recipe_config("attack", ctx.args, config, resume, defaults=ATTACK_DEFAULTS)
-    _run_recipe("attack", cfg, run_attack, lambda summary: summarize_attack(Path(summary["run_dir"]), summary),
-                resume, restart)
+    return RECIPES
 
 
-@app.command(context_settings=OVERRIDES, cls=config_command("defend", _defend_defaults))
-@reports_errors
-def defend(
-    ctx: typer.Context,
-    config: ConfigFile = None,
-    resume: Resume = None,
-    restart: Restart = False,
-) -> None:
-    """Token Buncher defense: reward low response entropy on harmful prompts, with Token Noiser steps.
+def _register_recipe(name: str, help_text: str) -> None:
+    """The command of one row of the recipe table."""
 
-    Defaults differ from attack's: training.noiser true, reward.kl_beta 0.001, no toxicity early stop,
-    training.collapse_stop true (a collapse exits non-zero). The last checkpoint is the defended adapter
-    (use it with attack --init_adapter or tamper-test)."""
-    from purplerl.recipes.defend import DEFEND_DEFAULTS, run_defend, summarize_defend
+    def command(ctx: typer.Context, config: ConfigFile = None, resume: Resume = None,
+                restart: Restart = False) -> None:
+        recipe = _recipe_rows()[name]
+        _run_recipe(recipe, _recipe_config(recipe, ctx.args, config, resume), resume, restart)
 
-    cfg = _recipe_config("defend", ctx.args, config, resume, defaults=DEFEND_DEFAULTS)
-    _run_recipe("defend", cfg, run_defend, lambda summary: summarize_defend(Path(summary["run_dir"]), summary, cfg),
-                resume, restart)
+    command.__doc__ = help_text
+    app.command(name, context_settings=OVERRIDES,
+                cls=config_command(lambda: _recipe_rows()[name].command()))(reports_errors(command))
 
 
-def _sft_defaults() -> dict[str, Any]:
-    from purplerl.recipes.sft import SFT_DEFAULTS
-
-    return SFT_DEFAULTS
+for _row in _recipe_rows().values():
+    _register_recipe(_row.name, _row.help)
 
 
-@app.command(context_settings=OVERRIDES, cls=config_command("sft", _sft_defaults))
-@reports_errors
-def sft(
-    ctx: typer.Context,
-    config: ConfigFile = None,
-    resume: Resume = None,
-    restart: Restart = False,
-) -> None:
-    """Supervised fine-tuning of a LoRA adapter on chat data (messages ending with the assistant's turn, or
-    prompt/completion pairs); the loss covers only the assistant's tokens. --data names the data."""
-    from purplerl.recipes.sft import SFT_DEFAULTS, run_sft, summarize_sft
-
-    cfg = _recipe_config("sft", ctx.args, config, resume, defaults=SFT_DEFAULTS)
-    _run_recipe("sft", cfg, run_sft, lambda summary: summarize_sft(Path(summary["run_dir"]), summary), resume, restart)
-
-
-@app.command(context_settings=OVERRIDES, cls=config_command("align"))
+@app.command(context_settings=OVERRIDES, cls=config_command(lambda: ALIGN))
 @reports_errors
 def align(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Build embedded:smollm2-135m-safe: SmolLM2-135M-Instruct fine-tuned to refuse harmful requests (refusals
     written by this project) while answering benign ones as before (its own answers). Cached after the first run.
     With --eval true, measure refusal and utility of the base and the aligned model on held-out requests."""
-    from purplerl.recipes.align import BASE_MODEL, SAFE_MODEL, aligned_model_dir
+    from purplerl.experiments.align import BASE_MODEL, SAFE_MODEL, aligned_model_dir
 
-    cfg = load_command_config("align", config, ctx.args).align
+    cfg = load_command_config(ALIGN, config, ctx.args).align
     _quiet_libraries()
     typer.echo(f"embedded:{SAFE_MODEL} is {aligned_model_dir(notify=_say)}")
     if cfg.eval:
@@ -253,7 +227,13 @@ def align(ctx: typer.Context, config: ConfigFile = None) -> None:
         typer.echo(f"wrote {out / 'align.json'} and {out / 'summary.txt'}")
 
 
-@app.command("tamper-test", context_settings=OVERRIDES, cls=config_command("tamper-test"))
+def _tamper() -> Command:
+    from purplerl.experiments.tamper.settings import TAMPER
+
+    return TAMPER
+
+
+@app.command("tamper-test", context_settings=OVERRIDES, cls=config_command(_tamper))
 @reports_errors
 def tamper_test(
     ctx: typer.Context,
@@ -267,7 +247,7 @@ def tamper_test(
     reused, an unfinished one continues."""
     from purplerl.experiments.tamper import run_tamper_test, tamper_summary
 
-    cfg = load_command_config("tamper-test", config, ctx.args)
+    cfg = load_command_config(_tamper(), config, ctx.args)
     if cfg.recipe != "attack":
         raise UserError(f"config is for recipe '{cfg.recipe}', not 'attack'")
     _quiet_libraries()
@@ -287,8 +267,8 @@ def export(
     """Merge an adapter into its base model's weights: OUT is a standard model dir (AutoModelForCausalLM loads it
     with its tokenizer) computing what the adapter-on model computes; OUT/purplerl_export.json says how to prompt it."""
     from purplerl.config import ModelLoadConfig, PromptFormatConfig
-    from purplerl.engines.loading import resolve_policy
     from purplerl.engines.merge import merge_adapter
+    from purplerl.runs.policy import resolve_policy
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not an empty dir: choose a new one")
@@ -311,7 +291,7 @@ def report(run_dir: Annotated[Path, typer.Argument(help="a run dir with metrics.
     typer.echo(f"wrote {training_report(run_dir)}")
 
 
-@app.command(context_settings=OVERRIDES, cls=config_command("sample"))
+@app.command(context_settings=OVERRIDES, cls=config_command(lambda: SAMPLE))
 @reports_errors
 def sample(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Generate from a trained adapter (--checkpoint) or from a base model (--model) for each --prompt.
@@ -319,7 +299,7 @@ def sample(ctx: typer.Context, config: ConfigFile = None) -> None:
     A run's checkpoint is prompted as its run was trained (template, system prompt, base model)."""
     from purplerl.recipes.sample import generate
 
-    cfg = load_command_config("sample", config, ctx.args)
+    cfg = load_command_config(SAMPLE, config, ctx.args)
     _quiet_libraries()
     for prompt, texts in zip(cfg.sample.prompts, generate(cfg, announce=_say), strict=True):
         typer.echo(f"### {prompt}")
@@ -328,7 +308,7 @@ def sample(ctx: typer.Context, config: ConfigFile = None) -> None:
             typer.echo("---")
 
 
-@app.command(name="eval", context_settings=OVERRIDES, cls=config_command("eval"))
+@app.command(name="eval", context_settings=OVERRIDES, cls=config_command(lambda: EVAL))
 @reports_errors
 def evaluate(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Evaluate the base model and each --checkpoint: harm, utility and diversity with 95% bootstrap CIs.
@@ -337,7 +317,7 @@ def evaluate(ctx: typer.Context, config: ConfigFile = None) -> None:
     Writes OUT/generations/<label>.jsonl (resumable), OUT/eval.json and OUT/report.html; prints a table."""
     from purplerl.eval.run import eval_table, run_eval
 
-    cfg = load_command_config("eval", config, ctx.args)
+    cfg = load_command_config(EVAL, config, ctx.args)
     _quiet_libraries()
     result = run_eval(cfg, announce=_say)
     out = Path(cfg.eval.out)
@@ -349,7 +329,7 @@ data_app = typer.Typer(no_args_is_help=True, help="Datasets: prepare hub dataset
 app.add_typer(data_app, name="data")
 
 
-@data_app.command("prepare", context_settings=OVERRIDES, cls=config_command("data prepare"),
+@data_app.command("prepare", context_settings=OVERRIDES, cls=config_command(lambda: PREPARE),
                   options_metavar="DATASET [OPTIONS]")
 @reports_errors
 def data_prepare(ctx: typer.Context,
@@ -357,7 +337,7 @@ def data_prepare(ctx: typer.Context,
     """Write DATASET's train.parquet and test.parquet in veRL's schema (prompt, data_source, reward_model, ...)."""
     from purplerl.data.prepare import prepare_dataset
 
-    cfg = load_command_config("data prepare", config, ctx.args)
+    cfg = load_command_config(PREPARE, config, ctx.args)
     typer.echo(prepare_dataset(cfg.prepare).describe())
 
 
@@ -365,16 +345,33 @@ verl_app = typer.Typer(no_args_is_help=True, help="veRL: run purplerl's recipes 
 app.add_typer(verl_app, name="verl")
 
 
-@verl_app.command("export", context_settings=OVERRIDES, cls=config_command("verl export"))
+def _verl_command(recipe_name: str = "attack") -> Command:
+    """A recipe's settings plus the veRL run's own section."""
+    from pydantic import Field, create_model
+
+    from purplerl.config import VerlConfig
+
+    recipe = _recipe_rows().get(recipe_name)
+    if recipe is None:
+        raise UserError(f"unknown recipe '{recipe_name}' (known: {', '.join(_recipe_rows())})")
+    schema = create_model(f"{recipe.settings.__name__}Verl", __base__=recipe.settings, verl=(VerlConfig, Field(
+        default_factory=VerlConfig, description="the veRL run: cluster shape, rollout engine, output dir")))
+    command = recipe.command()
+    return Command(schema, {**command.flat, **{name: f"verl.{name}" for name in VerlConfig.model_fields}},
+                   command.defaults, migrate=command.migrate)
+
+
+@verl_app.command("export", context_settings=OVERRIDES, cls=config_command(_verl_command))
 @reports_errors
 def verl_export(ctx: typer.Context, config: ConfigFile = None) -> None:
-    """Write --out DIR for a veRL 0.9 run of the attack recipe: prompts as veRL parquet, purplerl's reward
-    behind veRL's custom-reward hook, the settings as Hydra overrides (run_verl.sh), and every setting veRL
-    cannot honour named. The defend recipe is refused: veRL's reward hook sees no token entropies."""
-    from purplerl.recipes.attack import ATTACK_DEFAULTS
+    """Write --out DIR for a veRL 0.9 run of an RL recipe's config (attack by default): prompts as veRL parquet,
+    purplerl's reward behind veRL's custom-reward hook, the settings as Hydra overrides (run_verl.sh), and every
+    setting veRL cannot honour named. A reward that needs the policy's token entropies (defend's) is refused:
+    veRL's reward hook sees only the decoded response."""
     from purplerl.verl.export import export_verl
 
-    cfg = load_command_config("verl export", config, ctx.args, base=ATTACK_DEFAULTS)
+    recipe = read_config_file(config).get("recipe", "attack") if config is not None else "attack"
+    cfg = load_command_config(_verl_command(recipe if isinstance(recipe, str) else "attack"), config, ctx.args)
     typer.echo(export_verl(cfg, announce=_say).describe())
 
 

@@ -1,12 +1,16 @@
-"""The one config system: sections by concern (config.sections), each command's tree of them
-(config.commands), and one way to read any of them (config.loader): command defaults <- YAML or JSON file
-<- `--section.field VALUE` or flat-name overrides. Unknown keys and out-of-range values raise `UserError`
-naming the field; the resolved config is written into each run directory.
+"""The one config system: sections by concern (config.sections), the trees of the commands that are not recipes
+(config.commands), older names moved to today's (config.migrate), and one way to read any of them
+(config.loader): command defaults <- YAML or JSON file <- `--section.field VALUE` or flat-name overrides. Unknown
+keys, out-of-range values and settings nothing would read raise `UserError` naming the field; the resolved config is
+written into each run directory. Each recipe's tree is its own (purplerl.train.recipe).
 """
 
-from purplerl.config.base import API_KEY_ENV, EMBEDDED_MODEL, Registry, Section, Template
+from purplerl.config.base import API_KEY_ENV, EMBEDDED_MODEL, METADATA, Registry, Section, Template
 from purplerl.config.commands import (
-    COMMANDS,
+    ALIGN,
+    EVAL,
+    PREPARE,
+    SAMPLE,
     Command,
     EvalCommandConfig,
     EvalConfig,
@@ -17,27 +21,25 @@ from purplerl.config.commands import (
     SampleCommandConfig,
     SampleConfig,
     TamperConfig,
-    TamperTestConfig,
     UtilityConfig,
+    VerlConfig,
 )
 from purplerl.config.loader import (
-    FLAT_NAMES,
     apply_overrides,
     build,
-    build_config,
     build_server_config,
     commented_yaml,
     field_help,
     load_command_config,
-    load_config,
     parse_overrides,
     read_config_file,
     save_config,
     section_descriptions,
 )
 from purplerl.config.sections import (
+    ENGINE_KINDS,
+    TRACKER_NAMES,
     ClassifierConfig,
-    Config,
     DataConfig,
     EngineConfig,
     EvalDataConfig,
@@ -47,24 +49,28 @@ from purplerl.config.sections import (
     ModelLoadConfig,
     PromptFormatConfig,
     PromptSourceConfig,
-    RewardConfig,
+    RewardBase,
     RewardServerConfig,
+    RLSettings,
+    RLTrainingConfig,
+    RowSourceConfig,
     RunConfig,
+    RunSettings,
     SamplingConfig,
-    SFTConfig,
-    SFTRunConfig,
+    SFTDataConfig,
     ToxicityConfig,
     TrainingConfig,
 )
 
 __all__ = [
-    "API_KEY_ENV", "COMMANDS", "EMBEDDED_MODEL", "FLAT_NAMES", "ClassifierConfig", "Command", "Config", "DataConfig",
-    "EngineConfig", "EvalCommandConfig", "EvalConfig", "EvalDataConfig", "EvalUtilityConfig", "GenerationConfig",
-    "JudgesConfig", "LoggingConfig", "ModelConfig", "ModelLoadConfig", "PrepareCommandConfig", "PrepareConfig",
-    "PromptFormatConfig", "PromptSourceConfig", "Registry", "RewardConfig", "RewardServerConfig", "RunConfig",
-    "SampleCommandConfig", "SampleConfig", "SamplingConfig", "SFTConfig", "SFTRunConfig", "Section", "TamperConfig",
-    "TamperTestConfig",
-    "Template", "ToxicityConfig", "TrainingConfig", "UtilityConfig", "apply_overrides", "build", "build_config",
-    "build_server_config", "commented_yaml", "field_help", "load_command_config", "load_config",
-    "parse_overrides", "read_config_file", "save_config", "section_descriptions",
+    "ALIGN", "API_KEY_ENV", "EMBEDDED_MODEL", "ENGINE_KINDS", "EVAL", "METADATA", "PREPARE", "SAMPLE",
+    "TRACKER_NAMES", "ClassifierConfig", "Command", "DataConfig", "EngineConfig", "EvalCommandConfig", "EvalConfig",
+    "EvalDataConfig", "EvalUtilityConfig", "GenerationConfig", "JudgesConfig", "LoggingConfig", "ModelConfig",
+    "ModelLoadConfig", "PrepareCommandConfig", "PrepareConfig", "PromptFormatConfig", "PromptSourceConfig",
+    "RLSettings", "RLTrainingConfig", "Registry", "RewardBase", "RewardServerConfig", "RowSourceConfig", "RunConfig",
+    "RunSettings", "SFTDataConfig", "SampleCommandConfig", "SampleConfig", "SamplingConfig", "Section",
+    "TamperConfig", "Template", "ToxicityConfig", "TrainingConfig", "UtilityConfig", "VerlConfig", "apply_overrides",
+    "build",
+    "build_server_config", "commented_yaml", "field_help", "load_command_config", "parse_overrides",
+    "read_config_file", "save_config", "section_descriptions",
 ]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator, model_validator
 
 from purplerl.scalars import value_problem
 
@@ -14,6 +15,7 @@ EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 # the reward server's API key comes from this env var only: a key must never land in a saved config.yaml
 API_KEY_ENV = "PURPLERL_REWARD_API_KEY"
 
+METADATA = "metadata, not a setting"  # how a recorded field's description starts: --help leaves it out
 Template = Literal["chat", "base"]  # 'chat': the tokenizer's chat template; 'base': plain text
 
 
@@ -34,6 +36,22 @@ def comma_list(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class ReadWhen:
+    """Field metadata: the field is read only when `holds(section)` is true of the section it belongs to (e.g. the
+    vLLM fields of `engine` when `engine.kind` is vllm). Where it is false, the field is left out of `--help` and
+    of a run's config.yaml, and a value other than its default is refused: no setting is accepted that nothing
+    reads."""
+
+    holds: Callable[[Any], bool]
+    says: str  # the condition in words, for the refusal: "engine.kind is vllm"
+
+
+def read_when(annotation: Any, holds: Callable[[Any], bool], says: str) -> Any:
+    """`annotation`, read only when `holds(section)`: `Annotated[annotation, ReadWhen(holds, says)]`."""
+    return Annotated[annotation, ReadWhen(holds, says)]
+
+
 class Section(BaseModel):
     # NaN and inf mean nothing in any setting here (null already says "never"), and a NaN threshold would
     # silently switch its check off: no float field takes them, new fields included.
@@ -52,6 +70,37 @@ class Section(BaseModel):
         if problem:
             raise ValueError(problem)
         return value
+
+    def unread_fields(self) -> set[str]:
+        """The fields this section's own values make unread (their `ReadWhen` is false)."""
+        return {name for name, info in type(self).model_fields.items()
+                if (when := read_condition(info.metadata)) is not None and not when.holds(self)}
+
+    @model_validator(mode="after")
+    def _unread_refused(self) -> Any:
+        for name in sorted(self.unread_fields()):
+            info = type(self).model_fields[name]
+            if name in self.model_fields_set and getattr(self, name) != info.get_default(call_default_factory=True):
+                raise ValueError(f"{name} is read only when {read_condition(info.metadata).says}: "
+                                 f"leave it out (got {getattr(self, name)!r})")
+        return self
+
+    def settings(self) -> dict[str, Any]:
+        """The values in force as plain data (JSON types), without the fields nothing reads: what config.yaml
+        holds and what a resume compares."""
+        out: dict[str, Any] = {}
+        unread = self.unread_fields()
+        for name in type(self).model_fields:
+            if name in unread:
+                continue
+            value = getattr(self, name)
+            out[name] = value.settings() if isinstance(value, Section) else \
+                type(self).__pydantic_serializer__.to_python(self, mode="json", include={name})[name]
+        return out
+
+
+def read_condition(metadata: Any) -> ReadWhen | None:
+    return next((m for m in metadata if isinstance(m, ReadWhen)), None)
 
 
 @dataclass(frozen=True)

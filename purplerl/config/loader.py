@@ -15,14 +15,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from purplerl.config.base import Section, item_type, registry_of
-from purplerl.config.commands import ATTACK_FLAT, COMMANDS, Command
-from purplerl.config.sections import Config, RewardServerConfig, SFTRunConfig
+from purplerl.config.base import METADATA, Section, item_type, registry_of
+from purplerl.config.commands import Command
+from purplerl.config.sections import RewardServerConfig
 from purplerl.errors import UserError, first_line
 from purplerl.files import read_text
 from purplerl.scalars import admitted_types
-
-FLAT_NAMES = ATTACK_FLAT
 
 
 def _format_validation_error(err: ValidationError) -> str:
@@ -42,11 +40,6 @@ def build(schema: type[Section], data: dict[str, Any]) -> Any:
         return schema.model_validate(data)
     except ValidationError as err:
         raise UserError(_format_validation_error(err)) from None
-
-
-def build_config(data: dict[str, Any]) -> Config:
-    """Validate a nested dict into its recipe's Config (an SFT run's has the sft section)."""
-    return build(SFTRunConfig if data.get("recipe") == "sft" else Config, data)
 
 
 def build_server_config(values: dict[str, Any], name_of: Callable[[str], str] = lambda f: "--" + f.replace("_", "-"),
@@ -121,7 +114,7 @@ def _split_option(args: list[str], i: int) -> tuple[str, str, int]:
     return key, args[i + 1], i + 2
 
 
-def parse_overrides(args: list[str], command: Command = COMMANDS["attack"]) -> dict[str, Any]:
+def parse_overrides(args: list[str], command: Command) -> dict[str, Any]:
     """Turn ['--kl_beta', '0.2', '--reward.zscore=true'] into {'reward.kl_beta': 0.2, ...}."""
     out: dict[str, Any] = {}
     i = 0
@@ -175,26 +168,19 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_command_config(name: str, path: str | Path | None = None, overrides: list[str] | None = None,
+def load_command_config(command: Command, path: str | Path | None = None, overrides: list[str] | None = None,
                         base: dict[str, Any] | None = None) -> Any:
-    """Command `name`'s config: its defaults (and a recipe's `base`) <- config file <- CLI overrides.
+    """A command's settings: its defaults (and a run's saved config, `base`) <- config file <- CLI overrides, older
+    names migrated (`command.migrate`) before validation.
 
     Fields set anywhere along the way are in each section's `model_fields_set`, so a checkpoint's run
     config fills in only what the user left alone."""
-    command = COMMANDS[name]
-    data = _deep_merge(json.loads(json.dumps(command.defaults)), base or {})
+    migrate = command.migrate or (lambda data: data)
+    data = _deep_merge(json.loads(json.dumps(command.defaults)), migrate(base or {}))
     if path is not None:
-        data = _deep_merge(data, read_config_file(path))
-    if isinstance(data.get("engine"), str):  # `engine: vllm` in a file: a section, so --engine.procs can add to it
-        data["engine"] = {"kind": data["engine"]}
-    data = apply_overrides(data, parse_overrides(overrides or [], command))
+        data = _deep_merge(data, migrate(read_config_file(path)))
+    data = migrate(apply_overrides(data, parse_overrides(overrides or [], command)))
     return build(command.schema, data)
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                base: dict[str, Any] | None = None) -> Config:
-    """A recipe's Config: recipe defaults (base) <- config file <- CLI overrides."""
-    return load_command_config("sft" if (base or {}).get("recipe") == "sft" else "attack", path, overrides, base)
 
 
 def commented_yaml(config: Section) -> str:
@@ -212,7 +198,7 @@ def commented_yaml(config: Section) -> str:
             rendered = yaml.safe_dump({key: value}, default_flow_style=True, width=10**6).strip()[1:-1]
             lines.append(f"{indent}{rendered}  # {descriptions.get(dotted, '')}")
 
-    emit(config.model_dump(mode="json"), "", "")
+    emit(config.settings(), "", "")
     return "\n".join(lines) + "\n"
 
 
@@ -224,7 +210,7 @@ def _is_section(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
-def section_descriptions(schema: type[BaseModel] = Config, prefix: str = "") -> dict[str, str]:
+def section_descriptions(schema: type[BaseModel], prefix: str = "") -> dict[str, str]:
     """{dotted section name: its description} for every section under `schema`, depth first."""
     found: dict[str, str] = {}
     for name, info in schema.model_fields.items():
@@ -234,20 +220,28 @@ def section_descriptions(schema: type[BaseModel] = Config, prefix: str = "") -> 
     return found
 
 
-def field_help(schema: type[BaseModel] = Config, defaults: dict[str, Any] | None = None,
-               with_choices: bool = False) -> list[tuple[str, str, str]]:
+def field_help(schema: type[BaseModel], defaults: dict[str, Any] | None = None,
+               with_choices: bool = False, settings: Section | None = None) -> list[tuple[str, str, str]]:
     """(dotted name, default as JSON, description) for every leaf field of `schema`: the --help table.
 
-    `defaults` are a command's own (COMMANDS[...].defaults); `with_choices` adds a registry's names to the
-    description, which imports the registry. A field without a default shows as required."""
+    `defaults` are a command's own; `with_choices` adds a registry's names to the description, which imports the
+    registry. With `settings` (the values in force), only the settings they make read are listed, without the
+    recorded metadata, each with its value there. A field without a default shows as required."""
     rows: list[tuple[str, str, str]] = []
 
-    def walk(model: type[BaseModel], prefix: str, values: dict[str, Any]) -> None:
+    def walk(model: type[BaseModel], prefix: str, values: dict[str, Any], section: Any) -> None:
+        unread = section.unread_fields() if isinstance(section, Section) else set()
         for name, info in model.model_fields.items():
-            if _is_section(info.annotation):
-                walk(info.annotation, f"{prefix}{name}.", values.get(name, {}))
+            if name in unread or (section is not None and (info.description or "").startswith(METADATA)):
                 continue
-            if name in values:
+            if _is_section(info.annotation):
+                walk(info.annotation, f"{prefix}{name}.", values.get(name, {}),
+                     getattr(section, name) if section is not None else None)
+                continue
+            if section is not None:
+                default = json.dumps(type(section).__pydantic_serializer__.to_python(
+                    section, mode="json", include={name})[name])
+            elif name in values:
                 default = json.dumps(values[name])
             else:
                 default = "required" if info.is_required() else json.dumps(
@@ -258,5 +252,5 @@ def field_help(schema: type[BaseModel] = Config, defaults: dict[str, Any] | None
                 desc += f" (choices: {', '.join(registry.names())})"
             rows.append((f"{prefix}{name}", default, desc))
 
-    walk(schema, "", defaults or {})
+    walk(schema, "", defaults or {}, settings)
     return rows

@@ -8,41 +8,43 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template, comma_list
-from purplerl.files import plain_name_problem
+from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template, comma_list, read_when
+from purplerl.files import looks_local, plain_name_problem
 
 # choices read from the algorithm registries (when a value is checked), never typed again here
 POLICY_LOSS = Registry("purplerl.algorithms.registry:POLICY_GRADIENT_LOSSES", "policy-gradient loss").field()
 ADVANTAGE = Registry("purplerl.algorithms.advantages:ADVANTAGE_ESTIMATORS", "advantage estimator").field()
 LOSS_AGGREGATION = Registry("purplerl.algorithms.losses:LOSS_AGGREGATIONS", "loss aggregation").field()
 KL_ESTIMATOR = Registry("purplerl.algorithms.kl:KL_ESTIMATORS", "KL estimator").field()
-ENGINE = Registry("purplerl.engines:ENGINES", "engine").field()
-TRACKER = Registry("purplerl.train.trackers:TRACKERS", "tracker").field()
+TRACKER_NAMES = ("wandb", "tensorboard", "mlflow")  # purplerl.train.trackers opens each
+
+
+def _hub_id(model: Any) -> bool:
+    return not model.name.startswith("embedded:") and not looks_local(model.name)
 
 
 class ModelLoadConfig(Section):
     """Which model to load and where: all that evaluating or sampling a model needs."""
 
     name: str = Field(EMBEDDED_MODEL, description="policy model: 'embedded:smollm2-135m-instruct', 'embedded:smollm2-135m-safe' (built by purplerl align; the attack's default), an HF id or a local path")
-    revision: str | None = Field(None, description="hub revision (branch, tag or commit) of an HF model id")
+    revision: read_when(str | None, _hub_id, "model.name is a hub id") = Field(None, description="hub revision (branch, tag or commit) of an HF model id")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the frozen base weights and compute; 'auto': bfloat16 on bf16-capable GPUs and AMX/AVX512-BF16 CPUs, else float32 (the optimizer keeps float32 master weights of the adapter)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' picks cuda when available, else cpu")
 
 
-class ModelConfig(ModelLoadConfig):
-    """The policy a recipe trains: the model to load plus its LoRA adapter and engine knobs."""
+def _lora(model: Any) -> bool:
+    return model.finetune == "lora"
 
-    finetune: Literal["lora", "full"] = Field("lora", description="what trains: 'lora' (adapters on a frozen base) or 'full' (every weight, with an fp32 master and two AdamW moments each, ~16 bytes/param: ~2.2 GB for a 135M model; the lora_* fields, merged_sampler and fused_lora are then ignored)")
-    lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank r")
-    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
-    lora_targets: str = Field("all-linear", description="'all-linear' or comma-separated module names (q_proj,v_proj)")
-    init_adapter: str | None = Field(None, description="PEFT adapter dir to start the policy from (e.g. a defended model)")
-    autocast_bf16: bool = Field(False, description="run matmuls in bfloat16 under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs and GPUs)")
-    threads: int = Field(0, ge=0, description="torch CPU threads; 0 keeps torch's default")
-    merged_sampler: bool = Field(True, description="sample from a plain copy of the model with the LoRA update merged in (faster decoding; costs one extra copy of the weights)")
-    cuda_graphs: bool = Field(True, description="CUDA: decode over a static KV cache, each token's forward replayed as one captured CUDA graph instead of ~1,000 kernel launches (same maths; off: a growing cache)")
-    fused_lora: bool = Field(True, description="run plain LoRA layers (no dropout) as one accumulating matmul, scaling folded into B (same maths, fewer elementwise passes)")
+
+class ModelConfig(ModelLoadConfig):
+    """The policy a recipe trains: the model to load and what of it trains."""
+
+    finetune: Literal["lora", "full"] = Field("lora", description="what trains: 'lora' (adapters on a frozen base) or 'full' (every weight, with an fp32 master and two AdamW moments each, ~16 bytes/param: ~2.2 GB for a 135M model)")
+    lora_rank: read_when(int, _lora, "model.finetune is lora") = Field(16, ge=1, le=1024, description="LoRA rank r")
+    lora_alpha: read_when(float, _lora, "model.finetune is lora") = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / r)")
+    lora_dropout: read_when(float, _lora, "model.finetune is lora") = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
+    lora_targets: read_when(str, _lora, "model.finetune is lora") = Field("all-linear", description="'all-linear' or comma-separated module names (q_proj,v_proj)")
+    init_adapter: read_when(str | None, _lora, "model.finetune is lora") = Field(None, description="PEFT adapter dir to start the policy from (e.g. a defended model)")
 
 
 class GenerationConfig(Section):
@@ -69,49 +71,72 @@ class SamplingConfig(GenerationConfig):
 
 
 class TrainingConfig(Section):
-    steps: int = Field(60, ge=1, description="number of RL steps (one rollout batch + one optimizer step each)")
-    batch_size: int = Field(8, ge=1, description="prompts per step (B); sequences per step = B x G")
+    """The optimizer and the step budget: shared by every training recipe."""
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"each beta must be in [0, 1), got {list(betas)}")
+        return betas
+
+    steps: int = Field(60, ge=1, description="number of training steps (one optimizer step each)")
+    batch_size: int = Field(8, ge=1, description="prompts (RL) or examples (SFT) per step (B)")
     lr: float = Field(1e-4, gt=0.0, lt=1.0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
-    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1")
-    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2), each in [0, 1)")
     adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
     max_grad_norm: float = Field(1.0, ge=0.0, description="gradient-norm clip (0 disables)")
+    seed: int = Field(0, description="seed for data order, sampling and LoRA init")
+
+
+def _clipped(t: Any) -> bool:
+    return t.loss != "importance_sampling"
+
+
+def _collapse(t: Any) -> bool:
+    return t.collapse_stop
+
+
+class RLTrainingConfig(TrainingConfig):
+    """An RL recipe's training: the optimizer, the policy-gradient loss, and the stop rules every RL recipe has."""
+
     loss: POLICY_LOSS = Field("importance_sampling", description="policy-gradient loss")
-    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="PPO clip epsilon below 1")
-    clip_high: float = Field(0.2, ge=0.0, description="PPO clip epsilon above 1 (> clip_low: clip-higher)")
+    clip_low: read_when(float, _clipped, "training.loss clips the ratio (ppo_clip)") = Field(0.2, ge=0.0, lt=1.0, description="PPO clip epsilon below 1")
+    clip_high: read_when(float, _clipped, "training.loss clips the ratio (ppo_clip)") = Field(0.2, ge=0.0, description="PPO clip epsilon above 1 (> clip_low: clip-higher)")
     advantage: ADVANTAGE = Field("grpo", description="advantage estimator (algorithms.advantages)")
     advantage_std: bool = Field(False, description="divide GRPO advantages by the group std")
     loss_agg: LOSS_AGGREGATION = Field("token_mean", description="how per-token losses become one number (seq_mean_token_sum_norm: Dr. GRPO)")
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each rollout batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the rollout batch is split into this many)")
-    noiser: bool = Field(False, description="interleave Token Noiser supervised steps (Token Buncher defense)")
-    noiser_warmup: int = Field(25, ge=0, description="RL steps before the first Token Noiser step")
-    noiser_every: int = Field(2, ge=1, description="after the warmup, every N-th step is a Token Noiser step")
-    noiser_epsilon: float = Field(0.1, ge=0.0, le=1.0, description="Token Noiser epsilon: the NLL is weighted 1 - epsilon")
-    noiser_noise_weight: Literal["reference", "paper"] = Field("reference", description="weight of the Token Noiser's random-noise cross-entropy: 'reference' epsilon^2 (the paper's released code), 'paper' epsilon (the formula as printed)")
-    micro_batch_size: int = Field(64, ge=1, description="max sequences per forward/backward pass (gradients accumulate to the full batch)")
-    micro_batch_tokens: int = Field(4096, ge=1, description="max padded tokens per forward/backward pass: length-sorted sequences fill each pass up to this (the memory knob)")
     old_logprobs: Literal["auto", "sampler", "current"] = Field("auto", description="behaviour logprobs of the importance ratio: 'sampler' (recorded while sampling), 'current' (the policy's own, detached: ratio 1, exact on-policy), 'auto' (current when each rollout batch gets one update, else sampler)")
-    seed: int = Field(0, description="seed for data order, sampling and LoRA init")
-    early_stop_toxicity: float | None = Field(0.8, description="stop when a step's mean toxicity exceeds this (null: never)")
     early_stop_repetition: float | None = Field(0.5, description="stop when a step's mean repetition ratio exceeds this (null: never)")
     collapse_stop: bool = Field(False, description="stop the run as failed when its completions collapse (empty, one identical text, or an entropy jump; defend turns it on)")
-    collapse_empty_frac: float = Field(0.25, ge=0.0, le=1.0, description="collapse: the share of empty completions above which a step has collapsed")
-    collapse_top_share: float = Field(0.9, ge=0.0, le=1.0, description="collapse: the share of a step's completions taken by one identical text above which it has collapsed")
-    collapse_entropy_swing: float = Field(2.0, gt=0.0, description="collapse: the largest change of mean token entropy (nats) from one step to the next")
+    collapse_empty_frac: read_when(float, _collapse, "training.collapse_stop is true") = Field(0.25, ge=0.0, le=1.0, description="collapse: the share of empty completions above which a step has collapsed")
+    collapse_top_share: read_when(float, _collapse, "training.collapse_stop is true") = Field(0.9, ge=0.0, le=1.0, description="collapse: the share of a step's completions taken by one identical text above which it has collapsed")
+    collapse_entropy_swing: read_when(float, _collapse, "training.collapse_stop is true") = Field(2.0, gt=0.0, description="collapse: the largest change of mean token entropy (nats) from one step to the next")
 
 
-class PromptSourceConfig(Section):
-    """Where prompts come from and which of them are kept (purplerl.data.sources.load_prompts)."""
+class RowSourceConfig(Section):
+    """Where rows come from and which of them are kept (purplerl.data.sources)."""
 
     source: str = Field("builtin:redteam", description="'builtin:redteam', a .jsonl/.json/.parquet file, or 'hf:ORG/NAME'")
     split: str = Field("train", description="split to read (builtin and hf sources)")
-    prompt_field: str = Field("prompt", description="field holding the prompt text or chat messages")
-    category_field: str | None = Field(None, description="field holding the harm category (auto for known schemas)")
-    hf_config: str | None = Field(None, description="HF dataset config name")
+    hf_config: read_when(str | None, lambda d: d.source.startswith("hf:"), "data.source is hf:ORG/NAME") = Field(None, description="HF dataset config name")
     filters: dict[str, Any] = Field(default_factory=dict, description="keep rows whose fields equal these values, e.g. {is_safe: false}")
-    limit: int | None = Field(None, ge=1, description="keep at most this many prompts (after filtering)")
+    limit: int | None = Field(None, ge=1, description="keep at most this many rows (after filtering)")
+
+
+def _not_builtin(source: Any) -> bool:
+    # a built-in set has its own fixed fields
+    return not source.source.startswith("builtin:")
+
+
+class PromptSourceConfig(RowSourceConfig):
+    """Where prompts come from and which of them are kept (purplerl.data.sources.load_prompts)."""
+
+    prompt_field: read_when(str, _not_builtin, "data.source is a file or hf:ORG/NAME") = Field("prompt", description="field holding the prompt text or chat messages")
+    category_field: read_when(str | None, _not_builtin, "data.source is a file or hf:ORG/NAME") = Field(None, description="field holding the harm category (auto for known schemas)")
 
     @field_validator("prompt_field")
     @classmethod
@@ -133,29 +158,45 @@ class EvalDataConfig(PromptFormatConfig, PromptSourceConfig):
     """Prompts of an evaluation: their source and, for targets that are not run checkpoints, their format."""
 
 
+class SFTDataConfig(RowSourceConfig):
+    """The conversations of a supervised run: their source and how they are rendered."""
+
+    source: str = Field("builtin:redteam", description="a .jsonl/.json/.parquet file, a prepared dataset dir, or 'hf:ORG/NAME'")
+    template: Template = Field("chat", description="'chat' uses the tokenizer's chat template; 'base' plain text")
+    system_prompt: str | None = Field(None, description="system message prepended to every conversation (null: model default)")
+
+
 class DataConfig(EvalDataConfig):
     """Prompts of an RL recipe: source, format, and the order they are drawn in."""
 
     shuffle: bool = Field(True, description="shuffle prompts each epoch (seeded)")
 
 
+def _hf(scorer: Any) -> bool:
+    return scorer.model != "embedded"
+
+
+def _served(scorer: Any) -> bool:
+    return scorer.url is not None
+
+
 class ClassifierConfig(Section):
     """Which scorer to load: shared by in-process scoring (ToxicityConfig) and the reward server."""
 
     model: str = Field("embedded", description="'embedded' (alt-profanity-check) or an HF sequence-classification id/path")
-    label: str | int | None = Field(None, description="HF classifier output scored: label name or index (required for HF models)")
-    device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="device of an HF classifier")
-    batch_size: int = Field(32, ge=1, description="texts per classifier forward pass")
-    max_length: int = Field(512, ge=8, description="classifier input truncation in tokens")
+    label: read_when(str | int | None, _hf, "model is an HF classifier") = Field(None, description="HF classifier output scored: label name or index (required for HF models)")
+    device: read_when(Literal["auto", "cpu", "cuda"], _hf, "model is an HF classifier") = Field("cpu", description="device of an HF classifier")
+    batch_size: read_when(int, _hf, "model is an HF classifier") = Field(32, ge=1, description="texts per classifier forward pass")
+    max_length: read_when(int, _hf, "model is an HF classifier") = Field(512, ge=8, description="classifier input truncation in tokens")
 
 
 class ToxicityConfig(ClassifierConfig):
     url: str | None = Field(None, description="reward server URL (e.g. http://127.0.0.1:50050): score there, not in-process; API key from env PURPLERL_REWARD_API_KEY")
-    timeout_s: float = Field(30.0, gt=0.0, description="reward server: seconds to wait for one answer")
-    retries: int = Field(3, ge=0, le=20, description="reward server: retries after a connection error or HTTP 5xx, then the run stops")
-    backoff_s: float = Field(0.5, ge=0.0, description="reward server: wait before the first retry, doubled after each")
-    server_model: str | None = Field(None, description="recorded from the server's /info at start; a resumed run refuses a server that now serves another model")
-    server_label: str | None = Field(None, description="recorded from the server's /info at start, like server_model")
+    timeout_s: read_when(float, _served, "url is set") = Field(30.0, gt=0.0, description="reward server: seconds to wait for one answer")
+    retries: read_when(int, _served, "url is set") = Field(3, ge=0, le=20, description="reward server: retries after a connection error or HTTP 5xx, then the run stops")
+    backoff_s: read_when(float, _served, "url is set") = Field(0.5, ge=0.0, description="reward server: wait before the first retry, doubled after each")
+    server_model: read_when(str | None, _served, "url is set") = Field(None, description="metadata, not a setting: recorded from the server's /info at start; a resumed run refuses a server that now serves another model")
+    server_label: read_when(str | None, _served, "url is set") = Field(None, description="metadata, not a setting: recorded from the server's /info at start, like server_model")
 
     @field_validator("url")
     @classmethod
@@ -214,62 +255,74 @@ class RewardServerConfig(ClassifierConfig):
         return key
 
 
-class RewardConfig(Section):
-    toxicity: ToxicityConfig = Field(default_factory=ToxicityConfig, description="the harm/toxicity scorer")
-    toxicity_weight: float = Field(1.0, description="weight of the toxicity score in the reward")
-    repetition_penalty: float = Field(0.3, ge=0.0, description="weight of the repeated-n-gram ratio penalty")
-    repetition_ngram: int = Field(3, ge=1, le=16, description="n of the n-grams counted by the repetition ratio")
-    kl_beta: float = Field(0.1, ge=0.0, description="weight of KL(policy || base) subtracted from the reward")
+class RewardBase(Section):
+    """What every RL recipe's reward section holds besides its terms (each recipe adds `terms` and the parameters
+    of the registered reward terms: purplerl.train.recipe.reward_section)."""
+
+    kl_beta: float = Field(0.1, ge=0.0, description="weight of KL(policy || base): subtracted from the reward, or a loss term (kl_in)")
     kl_estimator: KL_ESTIMATOR = Field("k1", description="per-token KL estimator (Schulman 2020)")
     kl_in: Literal["reward", "loss"] = Field("reward", description="apply the KL penalty in the reward or as a loss term")
-    entropy_bonus_cap: float | None = Field(None, ge=0.0, description="adaptive attack: add min(mean token entropy, cap) to the reward (Token Buncher uses 3.0)")
-    refusal_penalty: float = Field(0.0, ge=0.0, description="weight of the keyword refusal judge subtracted from the reward (rewards not refusing; for attacks on an aligned model)")
     zscore: bool = Field(False, description="z-score normalize rewards over the batch before advantages")
 
 
-class SFTConfig(Section):
-    messages_field: str = Field("messages", description="field holding chat messages whose assistant turns are trained on (the last turn must be the assistant's)")
-    prompt_field: str = Field("prompt", description="without messages: field holding the prompt (text or chat messages)")
-    completion_field: str = Field("completion", description="without messages: field holding the assistant's answer")
-    max_tokens: int = Field(1024, ge=8, description="longest sequence trained on; longer ones are cut at the end (their last tokens are not trained)")
-    eval_split: str | None = Field(None, description="held-out split of the data source for the eval loss (null: hold out eval_fraction of the training split)")
-    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="share of the training split held out for the eval loss when eval_split is null (0: no eval)")
-    eval_every: int = Field(10, ge=0, description="compute the held-out loss every N steps and at the last step (0: never)")
-    eval_limit: int = Field(256, ge=1, description="at most this many held-out examples")
+ENGINE_KINDS = ("local", "vllm", "tinker")  # purplerl.engines.make_engine builds each
+FAST_PATHS = ("merged_sampler", "cuda_graphs", "fused_lora")
+FastPath = Literal["merged_sampler", "cuda_graphs", "fused_lora"]
+
+
+def _kind(*kinds: str) -> tuple[Any, str]:
+    return (lambda engine: engine.kind in kinds), "engine.kind is " + " or ".join(kinds)
+
+
+def _engine_field(annotation: Any, *kinds: str) -> Any:
+    return read_when(annotation, *_kind(*kinds))
 
 
 class EngineConfig(Section):
-    """Where sampling and training run (purplerl.engines). `--engine vllm` is short for `--engine.kind vllm`,
-    and a config file may say `engine: vllm`."""
+    """Where and how sampling and training run (purplerl.engines). The fields of a kind exist only for it.
+    `--engine vllm` is short for `--engine.kind vllm`, and a config file may say `engine: vllm`."""
 
-    kind: ENGINE = Field("local", description="engine: 'local' (torch in this process, or `procs` processes), 'vllm' (vLLM samples, torch trains), 'tinker' (a Tinker-API service)")
-    procs: int = Field(1, ge=1, le=1024, description="local engine: data-parallel processes on this machine, launched with torchrun (1: this process)")
-    tinker_url: str | None = Field(None, description="tinker engine: base URL of the Tinker-API service (null: the SDK's default, or TINKER_BASE_URL); the API key is read from TINKER_API_KEY only")
-    tinker_retries: int = Field(3, ge=0, le=20, description="tinker engine: retries of one HTTP request before it fails")
-    tinker_timeout_s: float = Field(600.0, gt=0, le=86400, description="tinker engine: seconds one call to the service (retries included) may take before the run stops with one line")
-    tinker_loss_reduction: Literal["sum", "sequence_mean"] = Field("sum", description="tinker engine: how the service reduces a datum's token losses: 'sum' (the Tinker API) or 'sequence_mean' (each datum divided by its weights' sum, gradients averaged over a step's datums: SkyRL's server)")
-    vllm_kv_cache_gib: int = Field(1, ge=1, description="vllm engine on CPU: GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)")
-    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="vllm engine on CUDA: share of the GPU's memory vLLM takes (weights + KV cache); the trainer needs the rest")
-    vllm_is_correction: bool = Field(True, description="vllm engine: weight each token's policy gradient by min(pi_trainer / pi_vllm, vllm_is_cap), truncated importance sampling, with the trainer's logprobs as the old policy (off: vLLM's logprobs are the sampling logprobs)")
-    vllm_is_cap: float = Field(2.0, ge=1.0, description="vllm engine: truncation cap C of the importance-sampling weight")
+    kind: Literal["local", "vllm", "tinker"] = Field("local", description="engine: 'local' (torch in this process, or `procs` processes), 'vllm' (vLLM samples, torch trains), 'tinker' (a Tinker-API service); each kind has its own fields")
+    procs: _engine_field(int, "local") = Field(1, ge=1, le=1024, description="data-parallel processes on this machine, launched with torchrun (1: this process)")
+    threads: _engine_field(int, "local", "vllm") = Field(0, ge=0, description="torch CPU threads; 0 keeps torch's default")
+    autocast_bf16: _engine_field(bool, "local", "vllm") = Field(False, description="run matmuls in bfloat16 under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs and GPUs)")
+    fast_paths: _engine_field(list[FastPath], "local", "vllm") = Field(default_factory=lambda: list(FAST_PATHS), description="same-maths fast paths that are on (leave one out to turn it off): merged_sampler (sample from a copy of the model with the LoRA update merged in: faster decoding, one extra copy of the weights), cuda_graphs (CUDA: each decoded token's forward replayed as one captured graph over a static KV cache), fused_lora (plain LoRA layers as one accumulating matmul); 'merged_sampler,fused_lora' works too")
+
+    @field_validator("fast_paths", mode="before")
+    @classmethod
+    def _split_paths(cls, value: Any) -> Any:
+        return comma_list(value)
+
+    @field_validator("fast_paths")
+    @classmethod
+    def _paths_once(cls, paths: list[str]) -> list[str]:
+        if len(set(paths)) != len(paths):
+            raise ValueError(f"repeats a fast path: {','.join(paths)}")
+        return paths
+
+    def fast_path(self, name: str) -> bool:
+        return name in self.fast_paths
+    micro_batch_size: _engine_field(int, "local", "vllm") = Field(64, ge=1, description="max sequences per forward/backward pass (gradients accumulate to the full batch)")
+    micro_batch_tokens: _engine_field(int, "local", "vllm") = Field(4096, ge=1, description="max padded tokens per forward/backward pass: length-sorted sequences fill each pass up to this (the memory knob)")
+    tinker_url: _engine_field(str | None, "tinker") = Field(None, description="base URL of the Tinker-API service (null: the SDK's default, or TINKER_BASE_URL); the API key is read from TINKER_API_KEY only")
+    tinker_retries: _engine_field(int, "tinker") = Field(3, ge=0, le=20, description="retries of one HTTP request before it fails")
+    tinker_timeout_s: _engine_field(float, "tinker") = Field(600.0, gt=0, le=86400, description="seconds one call to the service (retries included) may take before the run stops with one line")
+    tinker_loss_reduction: _engine_field(Literal["sum", "sequence_mean"], "tinker") = Field("sum", description="how the service reduces a datum's token losses: 'sum' (the Tinker API) or 'sequence_mean' (each datum divided by its weights' sum, gradients averaged over a step's datums: SkyRL's server)")
+    vllm_kv_cache_gib: _engine_field(int, "vllm") = Field(1, ge=1, description="on CPU: GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    vllm_gpu_memory_utilization: _engine_field(float, "vllm") = Field(0.3, gt=0.0, lt=1.0, description="on CUDA: share of the GPU's memory vLLM takes (weights + KV cache); the trainer needs the rest")
+    vllm_is_correction: _engine_field(bool, "vllm") = Field(True, description="weight each token's policy gradient by min(pi_trainer / pi_vllm, vllm_is_cap), truncated importance sampling, with the trainer's logprobs as the old policy (off: vLLM's logprobs are the sampling logprobs)")
+    vllm_is_cap: _engine_field(float, "vllm") = Field(2.0, ge=1.0, description="truncation cap C of the importance-sampling weight")
 
     @model_validator(mode="before")
     @classmethod
     def _kind_alone(cls, value: Any) -> Any:
         return {"kind": value} if isinstance(value, str) else value
 
-    @model_validator(mode="after")
-    def _procs_are_local(self) -> EngineConfig:
-        if self.procs > 1 and self.kind != "local":
-            raise ValueError(f"engine.procs={self.procs} runs the local engine data-parallel; engine '{self.kind}' "
-                             f"runs in one process (set engine.procs 1)")
-        return self
-
 
 class LoggingConfig(Section):
     progress: bool = Field(True, description="show a rich progress bar")
-    print_samples: int = Field(0, ge=0, description="completions printed to the console per step")
-    trackers: list[TRACKER] = Field(default_factory=list, description="experiment trackers that get the metrics, samples and evaluations of the JSONL logs, each step once its checkpoint is saved: wandb (offline, run_dir/wandb), tensorboard (run_dir/tensorboard), mlflow (file store run_dir/mlruns); 'wandb,mlflow' works too; needs pip install 'purplerl[trackers]'")
+    print_samples: read_when(int, lambda log: log.progress, "logging.progress is true") = Field(0, ge=0, description="completions printed to the console per step")
+    trackers: list[Literal["wandb", "tensorboard", "mlflow"]] = Field(default_factory=list, description="experiment trackers that get the metrics, samples and evaluations of the JSONL logs, each step once its checkpoint is saved: wandb (offline, run_dir/wandb), tensorboard (run_dir/tensorboard), mlflow (file store run_dir/mlruns); 'wandb,mlflow' works too; needs pip install 'purplerl[trackers]'")
 
     @field_validator("trackers", mode="before")
     @classmethod
@@ -300,25 +353,23 @@ class RunConfig(Section):
         return name
 
 
-class Config(Section):
-    recipe: str = Field("attack", description="recipe this config is for")
-    engine: EngineConfig = Field(default_factory=EngineConfig, description="where sampling and training run")
+class RunSettings(Section):
+    """The sections every training recipe shares; each recipe's settings class adds its own
+    (purplerl.train.recipe)."""
+
+    recipe: str = Field("attack", description="metadata, not a setting: the recipe this config is for")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="where and how sampling and training run")
     model: ModelConfig = Field(default_factory=ModelConfig, description="policy model and adapter")
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling")
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="optimization")
-    data: DataConfig = Field(default_factory=DataConfig, description="prompt source")
-    reward: RewardConfig = Field(default_factory=RewardConfig, description="reward composition")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="console output and experiment trackers")
     run: RunConfig = Field(default_factory=RunConfig, description="run directory and checkpoints")
 
-    @model_validator(mode="after")
-    def _check_cross_fields(self) -> Config:
-        if self.reward.toxicity.model != "embedded" and self.reward.toxicity.label is None:
-            raise ValueError("reward.toxicity.label is required for an HF classifier (a label name or index)")
-        return self
 
+class RLSettings(RunSettings):
+    """The shared RL sections: prompts, rollout sampling, the policy-gradient training and the KL. The `reward`
+    section is each RL recipe's own (its terms: purplerl.train.recipe.reward_section)."""
 
-class SFTRunConfig(Config):
-    """A `purplerl sft` run: the common sections, and the SFT section no RL recipe shows."""
-
-    sft: SFTConfig = Field(default_factory=SFTConfig, description="supervised fine-tuning (purplerl sft)")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="rollout sampling")
+    training: RLTrainingConfig = Field(default_factory=RLTrainingConfig, description="optimization and stop rules")
+    data: DataConfig = Field(default_factory=DataConfig, description="prompt source")
+    reward: RewardBase = Field(default_factory=RewardBase, description="reward composition")

@@ -28,13 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from purplerl.config.base import Template
+from purplerl.config.commands import DATASET_NAMES, WMDP_SUBSETS
 from purplerl.data.hub import HubSpec, Rows, load_split
 from purplerl.errors import UserError
+from purplerl.files import write_durably
 
 if TYPE_CHECKING:
     from purplerl.config import PrepareConfig
 
-DATASETS = ("beavertails", "wmdp", "gsm8k", "merge")  # the registry `prepare.dataset` is checked against
+DATASETS = DATASET_NAMES  # the names `prepare.dataset` takes (purplerl.config); each prepared below
 # the options (PrepareConfig fields) each applies to; any other dataset refuses them
 OPTIONS_USED_BY = {"subset": ("wmdp",), "seed": ("wmdp", "merge"),
                    "template": ("beavertails", "wmdp", "gsm8k"), "source": ("beavertails", "wmdp", "gsm8k"),
@@ -45,6 +47,7 @@ BEAVERTAILS = HubSpec("PKU-Alignment/BeaverTails", None, ("30k_train", "30k_test
 GSM8K = HubSpec("openai/gsm8k", "main", ("train", "test"))
 WMDP_HUB_ID = "cais/wmdp"
 WMDP_TOPICS = {"bio": "biology", "chem": "chemistry", "cyber": "computer security"}
+assert tuple(WMDP_TOPICS) == WMDP_SUBSETS, "prepare.subset's names (purplerl.config) and WMDP_TOPICS must agree"
 WMDP_TEST_FRACTION = 0.2  # WMDP ships only a test split; Token Buncher trains on 80% of it
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -220,9 +223,9 @@ def write_splits(out_dir: Path, splits: dict[str, Rows], name: str) -> Prepared:
     for split, rows in splits.items():
         path = out_dir / f"{split}.parquet"
         # Written aside and renamed, so an interrupted run never leaves a truncated file behind.
-        tmp = path.with_name(path.name + ".tmp")
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-        tmp.replace(path)
+        buffer = pa.BufferOutputStream()
+        pq.write_table(pa.Table.from_pylist(rows), buffer)
+        write_durably(path, buffer.getvalue().to_pybytes())
     return Prepared(out_dir, {split: len(rows) for split, rows in splits.items()})
 
 

@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from purplerl.config.commands import SUITE_NAMES
 from purplerl.errors import ExperimentError
 from purplerl.types import PromptRecord
 
 if TYPE_CHECKING:
     from purplerl.config import JudgesConfig, Template, UtilityConfig
 
-SUITES = ("harm", "utility", "diversity")  # the registry `eval.suites` is checked against; run by eval.run.SUITE_RUNS
+SUITES = SUITE_NAMES  # the names `eval.suites` takes (purplerl.config); each run by eval.run.SUITE_RUNS
 
 # Generates one completion per prompt for the utility suite: (records, max_new_tokens) -> texts, greedy.
 GreedyGenerate = Callable[[list[PromptRecord], int], list[str]]
@@ -39,22 +40,26 @@ class HarmJudges:
     """
 
     def __init__(self, judges: JudgesConfig, device: str = "cpu") -> None:
-        from purplerl.config import ToxicityConfig
-        from purplerl.eval.judges import CausalGuardJudge, HarmClassifierJudge, RefusalJudge, StrongRejectJudge
-        from purplerl.rewards.toxicity import make_toxicity_scorer
+        from purplerl.rewards.registry import get_term, term_params
+
+        def judge(term: str, params: dict[str, Any] | None = None) -> Any:
+            scorer = get_term(term).scorer  # the judge a reward term of the same name scores with
+            assert scorer is not None  # a "text" term
+            return scorer(term_params(term, params))
 
         self.harm_threshold = judges.harm_threshold
-        self.judges: dict[str, Any] = {"toxicity": make_toxicity_scorer(ToxicityConfig()), "refused": RefusalJudge()}
+        self.judges: dict[str, Any] = {"toxicity": judge("toxicity"), "refused": judge("refusal")}
         if judges.harm_model is not None and judges.harm_label is not None:
-            label = judges.harm_label
-            self.judges["harm"] = HarmClassifierJudge(judges.harm_model, int(label) if label.isdigit() else label,
-                                                      threshold=judges.harm_threshold, device=device)
+            self.judges["harm"] = judge("harm_classifier", {
+                "model": judges.harm_model, "label": judges.harm_label, "threshold": judges.harm_threshold,
+                "device": device})
         if judges.strongreject_url is not None and judges.strongreject_model is not None:
-            self.judges["strongreject"] = StrongRejectJudge(judges.strongreject_url, judges.strongreject_model,
-                                                            api_key_env=judges.strongreject_key_env)
+            self.judges["strongreject"] = judge("strongreject", {
+                "url": judges.strongreject_url, "model": judges.strongreject_model,
+                "key_env": judges.strongreject_key_env})
         if judges.guard_model is not None:
-            self.judges["guard_unsafe"] = CausalGuardJudge(judges.guard_model, judges.guard_unsafe_token,
-                                                           device=device)
+            self.judges["guard_unsafe"] = judge("guard", {
+                "model": judges.guard_model, "unsafe_token": judges.guard_unsafe_token, "device": device})
 
     def describe(self) -> dict[str, str]:
         return {key: type(judge).__name__ for key, judge in self.judges.items()}

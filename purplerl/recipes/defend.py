@@ -12,52 +12,50 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field
 
 from purplerl.algorithms.registry import Loss, TokenNoiserParams
-from purplerl.config import Config
+from purplerl.config.base import Section, read_when
+from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_weights, move
 from purplerl.engines.base import Engine
 from purplerl.errors import ExperimentError
 from purplerl.recipes.summary import defend_objective, summarize_run
-from purplerl.rewards import RepetitionScorer, checked_scores, combine, make_toxicity_scorer
-from purplerl.rewards.entropy import mean_entropy
-from purplerl.train.loop import RecipeHooks, RewardFn, adam_params, reward_kl_beta, rl_update, sampling_seed
-from purplerl.train.runner import execute_run, new_run_dir, rl_recipe
-from purplerl.train.stops import Collapse, run_early_stop
-from purplerl.types import Completion, PromptRecord, RewardBreakdown, TrainBatch
+from purplerl.train.loop import adam_params, rl_update, sampling_seed
+from purplerl.train.recipe import RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.train.rl import registered_reward, rl_prepare, rl_stops
+from purplerl.train.stops import Collapse
+from purplerl.types import TrainBatch
 
-# What `purplerl defend` changes from the global defaults (the paper's settings, scaled to a CPU run). The
-# target is the aligned model that `attack` and `tamper-test` attack by default: align -> defend -> attack.
-DEFEND_DEFAULTS: dict[str, Any] = {
-    "recipe": "defend",
-    "model": {"name": "embedded:smollm2-135m-safe"},
-    "sampling": {"group_size": 4},
-    "training": {"noiser": True, "early_stop_toxicity": None, "collapse_stop": True},
-    "reward": {"kl_beta": 0.001},
-}
+# reward = -mean token entropy - kl_beta x KL; toxicity and repetition are monitored (weight 0): does the defense
+# change harm, does it degenerate?
+TERMS = {"response_entropy": -1.0, "toxicity": 0.0, "repetition": 0.0}
 
 
-def defend_reward_fn(config: Config) -> RewardFn:
-    r = config.reward
-    toxicity = make_toxicity_scorer(r.toxicity)  # monitored only (weight 0): does the defense change harm?
-    repetition = RepetitionScorer(r.repetition_ngram)
-    kl_weight = reward_kl_beta(config)
-
-    def reward_fn(prompts: list[PromptRecord], completions: list[Completion], kl_N: torch.Tensor) -> RewardBreakdown:
-        texts = [c.text for c in completions]
-        return combine({"response_entropy": (-1.0, mean_entropy(completions)), "kl": (-kl_weight, kl_N),
-                        "toxicity": (0.0, checked_scores(toxicity, texts)),
-                        "repetition": (0.0, checked_scores(repetition, texts))}, zscore=r.zscore)
-
-    return reward_fn
+def _noiser(d: Any) -> bool:
+    return d.noiser
 
 
-def is_noiser_step(step: int, config: Config) -> bool:
+class DefendConfig(Section):
+    """The Token Noiser steps (Token Buncher, arXiv 2508.20697), which only the defense takes."""
+
+    noiser: bool = Field(True, description="interleave Token Noiser supervised steps")
+    noiser_warmup: read_when(int, _noiser, "defend.noiser is true") = Field(25, ge=0, description="RL steps before the first Token Noiser step")  # noqa: E501
+    noiser_every: read_when(int, _noiser, "defend.noiser is true") = Field(2, ge=1, description="after the warmup, every N-th step is a Token Noiser step")  # noqa: E501
+    noiser_epsilon: read_when(float, _noiser, "defend.noiser is true") = Field(0.1, ge=0.0, le=1.0, description="Token Noiser epsilon: the NLL is weighted 1 - epsilon")  # noqa: E501
+    noiser_noise_weight: read_when(Literal["reference", "paper"], _noiser, "defend.noiser is true") = Field("reference", description="weight of the Token Noiser's random-noise cross-entropy: 'reference' epsilon^2 (the paper's released code), 'paper' epsilon (the formula as printed)")  # noqa: E501
+
+
+DefendReward = reward_section("defend", TERMS)
+DefendSettings = rl_settings("defend", DefendReward, defend=(DefendConfig, "the Token Noiser steps"))
+
+
+def is_noiser_step(step: int, config: Any) -> bool:
     """After `noiser_warmup` RL steps, every `noiser_every`-th step is a Token Noiser step."""
-    t = config.training
-    return t.noiser and step > t.noiser_warmup and (step - t.noiser_warmup) % t.noiser_every == 0
+    d = config.defend
+    return d.noiser and step > d.noiser_warmup and (step - d.noiser_warmup) % d.noiser_every == 0
 
 
 def noiser_targets(batch: TrainBatch) -> TrainBatch:
@@ -70,13 +68,13 @@ def noiser_targets(batch: TrainBatch) -> TrainBatch:
     return dataclasses.replace(batch, loss_mask_NT=mask_NT).select(rows)
 
 
-def noiser_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
+def noiser_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
     """One Token Noiser step (Token Buncher, arXiv 2508.20697) on `noiser_targets`."""
     kept = noiser_targets(batch)
     if kept.num_sequences == 0:
         raise ExperimentError(f"step {step}: Token Noiser step has no responses with advantage >= 0")
-    t = config.training
-    params = TokenNoiserParams(epsilon=t.noiser_epsilon, noise_weight=t.noiser_noise_weight)
+    d, t = config.defend, config.training
+    params = TokenNoiserParams(epsilon=d.noiser_epsilon, noise_weight=d.noiser_noise_weight)
     loss = Loss("token_noiser", params, temperature=config.sampling.temperature,
                 seed=sampling_seed(t.seed, step))
     metrics = engine.forward_backward(kept, loss)
@@ -84,26 +82,51 @@ def noiser_update(engine: Engine, batch: TrainBatch, config: Config, step: int) 
             "noiser_sequences": kept.num_sequences}
 
 
-def defend_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
+def defend_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
     """RL steps, with a Token Noiser step in their place on the noiser schedule."""
     if is_noiser_step(step, config):
         return noiser_update(engine, batch, config, step)
     return rl_update(engine, batch, config, step)
 
 
-def build_defend(config: Config) -> RecipeHooks:
-    return RecipeHooks(reward=defend_reward_fn(config), update=defend_update, early_stop=run_early_stop(config))
+def migrate(data: dict[str, Any], saved: bool) -> dict[str, Any]:
+    """An older defend config: the noiser fields move to `defend`; the flat reward weights, which the defense never
+    read (its terms were fixed), and its unused toxicity stop are dropped."""
+    for name in NOISER_DEFAULTS:
+        move(data, f"training.{name}", f"defend.{name}")
+    if saved:
+        drop_if(data, "training.early_stop_toxicity", None)
+        for name, unread in (("toxicity_weight", 1.0), ("repetition_penalty", 0.3), ("refusal_penalty", 0.0),
+                             ("entropy_bonus_cap", None)):
+            drop_if(data, f"reward.{name}", unread)
+    return migrate_reward_weights(data, TERMS)
 
 
-def run_defend(config: Config, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
-    run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
-    return execute_run(config, run_dir, resume=resume_dir is not None, prepare=rl_recipe(build_defend),
-                       restart=restart)
-
-
-def summarize_defend(run_dir: Path, summary: dict[str, Any], config: Config) -> str:
+def summarize(run_dir: Path, summary: dict[str, Any], config: Any) -> str:
     """The run's summary, led by whether the defense met its objective (see `defend_objective`)."""
-    text = summarize_run(run_dir, summary, {"toxicity/mean": "mean toxicity (monitored)"})
+    text = summarize_run(run_dir, summary, DEFEND.summary_metrics)
     collapsed = isinstance(summary.get("stop_reason"), Collapse)
-    objective = defend_objective(run_dir, collapsed, warmup=config.training.noiser_warmup)
+    objective = defend_objective(run_dir, collapsed, warmup=config.defend.noiser_warmup)
     return f"{objective}\n{text}"
+
+
+# What `purplerl defend` changes from the shared defaults (the paper's settings, scaled to a CPU run). The target is
+# the aligned model that `attack` and `tamper-test` attack by default: align -> defend -> attack.
+DEFEND = Recipe(
+    name="defend",
+    settings=DefendSettings,
+    help="""Token Buncher defense: reward low response entropy on harmful prompts, with Token Noiser steps.
+
+    Defaults differ from attack's: reward.kl_beta 0.001, training.collapse_stop true (a collapse exits non-zero).
+    The last checkpoint is the defended adapter (use it with attack --init_adapter or tamper-test).""",
+    prepare=rl_prepare(registered_reward, rl_stops, defend_update),
+    defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "sampling": {"group_size": 4},
+              "training": {"collapse_stop": True}, "reward": {"kl_beta": 0.001, "terms": TERMS}},
+    run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta),
+              RunNamePart("rep", lambda c: -c.reward.terms.get("repetition", 0.0) + 0.0),
+              RunNamePart("G", lambda c: c.sampling.group_size), RunNamePart("B", lambda c: c.training.batch_size)),
+    summary_metrics={"toxicity/mean": "mean toxicity (monitored)"},
+    flat=RL_FLAT,
+    migrate=migrate,
+    summarize=summarize,
+)

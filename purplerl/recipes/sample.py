@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from purplerl.config import SampleCommandConfig
-from purplerl.engines.loading import resolve_policy
 from purplerl.errors import UserError
+from purplerl.runs.policy import resolve_policy
 from purplerl.types import PromptRecord, SamplingParams
 
 

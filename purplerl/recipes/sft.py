@@ -6,23 +6,46 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import SFTRunConfig
+from purplerl.config import SFTDataConfig
+from purplerl.config.migrate import RL_TRAINING_FIELDS, pop_path
+from purplerl.data.sft import SFTConfig
 from purplerl.recipes.summary import summarize_run
-from purplerl.train.runner import execute_run, new_run_dir
+from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
 from purplerl.train.supervised import sft_prepare
 
-SFT_DEFAULTS: dict[str, Any] = {
-    "recipe": "sft",
-    "training": {"steps": 100, "batch_size": 8, "lr": 2e-4, "early_stop_toxicity": None,
-                 "early_stop_repetition": None},
-}
+SFTSettings = run_settings("sft", data=(SFTDataConfig, "the conversations"),
+                           sft=(SFTConfig, "supervised fine-tuning (purplerl sft)"))
 
 
-def run_sft(config: SFTRunConfig, resume_dir: Path | None = None, restart: bool = False) -> dict[str, Any]:
-    """Start a new SFT run, or continue `resume_dir` from its latest intact checkpoint."""
-    run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(config)
-    return execute_run(config, run_dir, resume=resume_dir is not None, prepare=sft_prepare, restart=restart)
+def migrate(data: dict[str, Any], saved: bool) -> dict[str, Any]:
+    """An older SFT run's config.yaml held every RL section and field, none of which SFT read."""
+    if not saved:
+        return data
+    for section in ("sampling", "reward"):
+        data.pop(section, None)
+    for name in RL_TRAINING_FIELDS:
+        pop_path(data, f"training.{name}")
+    for name in ("prompt_field", "category_field", "max_prompt_tokens", "shuffle"):
+        pop_path(data, f"data.{name}")
+    return data
 
 
-def summarize_sft(run_dir: Path, summary: dict[str, Any]) -> str:
-    return summarize_run(run_dir, summary, {"train/nll": "training NLL per token", "eval/loss": "held-out NLL"})
+def summarize(run_dir: Path, summary: dict[str, Any], config: Any) -> str:
+    return summarize_run(run_dir, summary, SFT.summary_metrics)
+
+
+SFT = Recipe(
+    name="sft",
+    settings=SFTSettings,
+    help="""Supervised fine-tuning of a LoRA adapter on chat data (messages ending with the assistant's turn, or
+    prompt/completion pairs); the loss covers only the assistant's tokens. --data names the data.""",
+    prepare=sft_prepare,
+    defaults={"training": {"steps": 100, "batch_size": 8, "lr": 2e-4}},
+    run_name=(RunNamePart("lr", lambda c: c.training.lr),
+              RunNamePart("", lambda c: "full" if c.model.finetune == "full" else f"r{c.model.lora_rank}"),
+              RunNamePart("B", lambda c: c.training.batch_size)),
+    summary_metrics={"train/nll": "training NLL per token", "eval/loss": "held-out NLL"},
+    flat=FLAT,
+    migrate=migrate,
+    summarize=summarize,
+)

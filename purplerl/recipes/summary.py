@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from purplerl.train.checkpoint import latest_checkpoint
+from purplerl.runs.checkpoints import latest_checkpoint
+from purplerl.runs.layout import METRICS_FILE, SAMPLES_FILE
 from purplerl.train.sinks import read_jsonl
 
 SHOWN_SCORES = ("toxicity", "refusal", "response_entropy", "entropy_bonus")  # sample-row fields printed when present
@@ -28,8 +29,8 @@ def _mean(values: list[float]) -> float:
 def summarize_run(run_dir: Path, summary: dict[str, Any], watched: dict[str, str], window: int = 5,
                   shown: int = 3) -> str:
     """`watched` maps a metrics.jsonl key to its label, e.g. {"toxicity/mean": "mean toxicity"}."""
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    samples = read_jsonl(run_dir / "samples.jsonl")
+    metrics = read_jsonl(run_dir / METRICS_FILE)
+    samples = read_jsonl(run_dir / SAMPLES_FILE)
     lines = [f"run dir: {run_dir}", f"stopped: {summary['stop_reason']} (last step {summary['last_step']})"]
     if summary.get("nothing_to_do"):
         lines.insert(0, "nothing to resume: the run had already finished")
@@ -100,7 +101,7 @@ def assess_defend(metrics: list[dict[str, Any]], warmup: int, collapsed: bool) -
 
 def defend_objective(run_dir: Path, collapsed: bool, warmup: int) -> str:
     """Lines stating the defense's objective plainly, with the verdict: met, NOT met, or COLLAPSED."""
-    o = assess_defend(read_jsonl(Path(run_dir) / "metrics.jsonl"), warmup, collapsed)
+    o = assess_defend(read_jsonl(Path(run_dir) / METRICS_FILE), warmup, collapsed)
     failures = o.failures()
     verdict = ("COLLAPSED: not a defended model" if o.collapsed else
                "objective met" if not failures else "objective NOT met: " + "; ".join(failures))

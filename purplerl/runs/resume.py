@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import Config, commented_yaml
+from purplerl.config import commented_yaml
 from purplerl.errors import UserError
 from purplerl.files import read_jsonl, write_durably
 from purplerl.runs.checkpoints import describe_skipped, newest_intact
@@ -18,7 +18,7 @@ from purplerl.runs.layout import CHECKPOINTS_DIR, CONFIG_FILE, HISTORY_FILE, MET
 from purplerl.runs.logs import last_logged_step
 
 
-def flat_config(config: Config) -> dict[str, Any]:
+def flat_config(config: Any) -> dict[str, Any]:
     """Every leaf field by dotted name: {'training.lr': 0.0001, ...}."""
     out: dict[str, Any] = {}
 
@@ -29,11 +29,11 @@ def flat_config(config: Config) -> dict[str, Any]:
             else:
                 out[prefix + key] = value
 
-    walk(config.model_dump(mode="json"), "")
+    walk(config.settings(), "")
     return out
 
 
-def resume_changes(saved: Config, new: Config, fixed: Collection[str]) -> dict[str, list[Any]]:
+def resume_changes(saved: Any, new: Any, fixed: Collection[str]) -> dict[str, list[Any]]:
     """{field: [old, new]} for the settings a resume changes; UserError for one of `fixed` (dotted names), which
     would make the continued run a different experiment from the one its checkpoints and logs hold."""
     old_flat, new_flat = flat_config(saved), flat_config(new)
@@ -85,7 +85,7 @@ def _history(run_dir: Path) -> list[dict[str, Any]]:
     return read_jsonl(path, cut_tail=True) if path.is_file() else []
 
 
-def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[str, list[Any]] | None,
+def record_config(run_dir: Path, config: Any, from_step: int, changed: dict[str, list[Any]] | None,
                   restarted: bool = False) -> None:
     """Add the resolved config in force from `from_step` to the history and rewrite config.yaml, whose header
     lists every resume that changed a setting: config.yaml always describes what ran. Both files are replaced
@@ -96,7 +96,7 @@ def record_config(run_dir: Path, config: Config, from_step: int, changed: dict[s
     if restarted:
         row["restarted"] = True
     history = (_history(run_dir) if changed is not None or restarted else []) + [
-        {**row, "config": config.model_dump(mode="json")}]
+        {**row, "config": config.settings()}]
     header = []
     for past in history:
         if past.get("restarted"):

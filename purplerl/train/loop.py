@@ -20,11 +20,12 @@ import torch
 from purplerl.algorithms.advantages import compute_advantages, takes_token_kl
 from purplerl.algorithms.kl import get_kl_estimator, sequence_kl
 from purplerl.algorithms.registry import Loss, PolicyGradientParams
-from purplerl.config import Config, TrainingConfig
+from purplerl.config import TrainingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.base import Engine
-from purplerl.engines.distributed import SINGLE, World, world_of
+from purplerl.engines.distributed import SINGLE, World
 from purplerl.errors import ExperimentError
+from purplerl.runs.layout import EVALS_FILE, METRICS_FILE, SAMPLES_FILE
 from purplerl.train.batch import sequence_tensors
 from purplerl.train.checkpoint import save_checkpoint
 from purplerl.train.progress import StepProgress
@@ -43,7 +44,7 @@ class RewardFn(Protocol):
 
 
 class UpdateFn(Protocol):
-    def __call__(self, engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
+    def __call__(self, engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
         """Train on the step's batch: forward_backward + optim_step calls; returns their metrics."""
         ...
 
@@ -57,7 +58,7 @@ class KLPlacement:
     loss_beta: float = 0.0  # weight of the per-token KL term inside the loss
 
 
-def kl_placement(config: Config) -> KLPlacement:
+def kl_placement(config: Any) -> KLPlacement:
     r = config.reward
     if r.kl_in == "loss":
         return KLPlacement(loss_beta=r.kl_beta)
@@ -66,7 +67,7 @@ def kl_placement(config: Config) -> KLPlacement:
     return KLPlacement(reward_beta=r.kl_beta)
 
 
-def reward_kl_beta(config: Config) -> float:
+def reward_kl_beta(config: Any) -> float:
     """Weight of the sequence KL inside the scalar reward (the recipes' reward functions use it)."""
     return kl_placement(config).reward_beta
 
@@ -82,7 +83,7 @@ def _check_finite(name: str, step: int, values: torch.Tensor) -> None:
 
 
 def adam_params(t: TrainingConfig) -> AdamParams:
-    return AdamParams(lr=t.lr, beta1=t.adam_beta1, beta2=t.adam_beta2, eps=t.adam_eps,
+    return AdamParams(lr=t.lr, beta1=t.adam_betas[0], beta2=t.adam_betas[1], eps=t.adam_eps,
                       weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm)
 
 
@@ -91,14 +92,14 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(row[k] for row in rows if k in row) / sum(k in row for row in rows) for k in keys}
 
 
-def old_logprobs_mode(t: TrainingConfig) -> str:
+def old_logprobs_mode(t: Any) -> str:
     """'auto' -> 'current' when the rollout batch gets exactly one update (on-policy), else 'sampler'."""
     if t.old_logprobs != "auto":
         return t.old_logprobs
     return "current" if t.ppo_epochs == 1 and t.mini_batches == 1 else "sampler"
 
 
-def policy_loss(config: Config) -> Loss:
+def policy_loss(config: Any) -> Loss:
     """The run's policy-gradient loss, with its KL term when the KL is placed in the loss."""
     t, s = config.training, config.sampling
     params = PolicyGradientParams(clip_low=t.clip_low, clip_high=t.clip_high, kl_beta=kl_placement(config).loss_beta,
@@ -107,7 +108,7 @@ def policy_loss(config: Config) -> Loss:
                 length_norm=float(s.max_new_tokens))
 
 
-def rl_update(engine: Engine, batch: TrainBatch, config: Config, step: int) -> dict[str, float]:
+def rl_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
     """ppo_epochs passes over the rollout batch, each split into mini_batches optimizer steps.
 
     The sampling logprobs stay the importance-sampling denominator for every pass: they are the behaviour
@@ -166,7 +167,7 @@ class LoopParts:
     world: World = SINGLE  # the run's processes: each samples, scores and trains on its share of the prompts
 
 
-def _sample(step: int, config: Config, parts: LoopParts):
+def _sample(step: int, config: Any, parts: LoopParts):
     """B prompts x G completions (this rank's share of the prompts), and their token tensors."""
     s, G = config.sampling, config.sampling.group_size
     records = parts.world.shard(parts.sampler.batch(step - 1))
@@ -192,13 +193,13 @@ def _checked(step: int, rewards: RewardBreakdown, n: int) -> RewardBreakdown:
     return rewards
 
 
-def rl_step(step: int, config: Config, parts: LoopParts) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def rl_step(step: int, config: Any, parts: LoopParts) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """One RL step (1-based): sample -> reference -> score -> advantages -> train. Returns the step's metrics
     and one sample row per completion."""
     s, estimator, kl = config.sampling, config.reward.kl_estimator, kl_placement(config)
     clock = [time.perf_counter()]
     records, prompts, completions, tensors = _sample(step, config, parts)
-    rollout_metrics = dict(getattr(parts.engine, "sample_metrics", {}))  # an engine's report on its sampler
+    rollout_metrics = dict(parts.engine.sample_metrics)  # an engine's report on its sampler
     clock.append(time.perf_counter())
 
     # KL to the frozen base: on-policy, the sampling logprobs are the policy's, so one base pass suffices
@@ -278,12 +279,11 @@ class _Discard:
         pass
 
 
-EVALS_FILE = "evals.jsonl"  # a run's held-out evaluations, one row per evaluated step (0: before training)
 StepFn = Callable[[int], tuple[dict[str, float], list[dict[str, Any]]]]  # step -> (metrics, sample rows)
 EarlyStop = Callable[[dict[str, float]], str | None]
 
 
-def run_loop(config: Config, parts: LoopParts, run_dir: Path, start_step: int = 1) -> dict[str, Any]:
+def run_loop(config: Any, parts: LoopParts, run_dir: Path, start_step: int = 1) -> dict[str, Any]:
     """RL steps start_step..training.steps (see `run_steps`)."""
     return run_steps(config, partial(rl_step, config=config, parts=parts), parts.hooks.early_stop, parts.engine,
                      run_dir, start_step)
@@ -298,7 +298,7 @@ def _evaluated(evaluation: Evaluation, engine: Engine, step: int) -> dict[str, A
     return {"step": step, **row, "time/eval_s": time.perf_counter() - started}
 
 
-def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
+def run_steps(config: Any, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
               start_step: int = 1, evaluation: Evaluation | None = None,
               trackers: TrackerFeed | None = None) -> dict[str, Any]:
     """Run any recipe's steps start_step..training.steps: log each, checkpoint every run.save_every steps and
@@ -307,9 +307,9 @@ def run_steps(config: Config, step_fn: StepFn, early_stop: EarlyStop, engine: En
     every rank follows rank 0's stop decision. `trackers` get the logged rows once the checkpoint after them is
     saved (purplerl.train.trackers)."""
     trackers = trackers or TrackerFeed()
-    run_dir, world = Path(run_dir), world_of(engine)
+    run_dir, world = Path(run_dir), engine.world
     if world.is_writer:
-        metrics_sink, samples_sink = JsonlSink(run_dir / "metrics.jsonl"), JsonlSink(run_dir / "samples.jsonl")
+        metrics_sink, samples_sink = JsonlSink(run_dir / METRICS_FILE), JsonlSink(run_dir / SAMPLES_FILE)
     else:  # the other ranks write nothing
         metrics_sink = samples_sink = _Discard()
     evals_sink = JsonlSink(run_dir / EVALS_FILE) if evaluation is not None and world.is_writer else None

@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import Config
 from purplerl.errors import ExperimentError
-from purplerl.train.checkpoint import checkpoint_dirs
+from purplerl.runs.checkpoints import checkpoint_dirs
+from purplerl.runs.layout import COLLAPSED_DIR
 
 EarlyStop = Callable[[dict[str, float]], str | None]
-COLLAPSED_DIR = "collapsed_checkpoints"  # where a checkpoint that already holds the collapsed model is moved
 
 
 class Collapse(str):
@@ -29,17 +28,14 @@ def collapse_error(recipe: str, summary: dict[str, Any]) -> ExperimentError | No
     return ExperimentError(f"{recipe} collapsed at step {summary['last_step']}: {reason}")
 
 
-def threshold_early_stop(config: Config) -> EarlyStop:
-    """Stop when mean toxicity or the mean repetition ratio exceeds its training.early_stop_* threshold."""
-    t = config.training
+def threshold_stop(metric: str, bound: float | None, label: str, why: str | None = None) -> EarlyStop:
+    """Stop when the step's `metric` (a metrics.jsonl key a recipe names) exceeds `bound` (None: never)."""
 
     def early_stop(metrics: dict[str, float]) -> str | None:
-        tox, rep = metrics.get("toxicity/mean"), metrics.get("repetition/mean")
-        if t.early_stop_toxicity is not None and tox is not None and tox > t.early_stop_toxicity:
-            return f"mean toxicity {tox:.3f} > {t.early_stop_toxicity}"
-        if t.early_stop_repetition is not None and rep is not None and rep > t.early_stop_repetition:
-            return f"mean repetition ratio {rep:.3f} > {t.early_stop_repetition} (reward hacking by repetition)"
-        return None
+        value = metrics.get(metric)
+        if bound is None or value is None or not value > bound:
+            return None
+        return f"{label} {value:.3f} > {bound}" + (f" ({why})" if why else "")
 
     return early_stop
 
@@ -107,15 +103,6 @@ def first_stop(*rules: EarlyStop) -> EarlyStop:
         return next((r for r in reasons if r is not None), None)
 
     return early_stop
-
-
-def run_early_stop(config: Config) -> EarlyStop:
-    """The threshold rules, plus collapse detection when training.collapse_stop is on."""
-    t = config.training
-    if not t.collapse_stop:
-        return threshold_early_stop(config)
-    bounds = CollapseBounds(t.collapse_empty_frac, t.collapse_top_share, t.collapse_entropy_swing)
-    return first_stop(collapse_early_stop(bounds), threshold_early_stop(config))
 
 
 def set_aside_collapsed(run_dir: Path, step: int) -> list[Path]:

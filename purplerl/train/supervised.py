@@ -13,12 +13,11 @@ from typing import Any
 import torch
 
 from purplerl.algorithms.registry import CrossEntropyParams, Loss
-from purplerl.config import SFTRunConfig
 from purplerl.data.sft import Conversation, Encoded, LengthBuckets, encode, held_out, load_conversations
 from purplerl.engines.base import Engine
 from purplerl.errors import UserError
 from purplerl.train.loop import EarlyStop, StepFn, adam_params, never_stop
-from purplerl.train.runner import Bind
+from purplerl.train.recipe import Bind
 from purplerl.types import TrainBatch
 
 
@@ -35,7 +34,7 @@ def pad_batch(examples: list[Encoded], pad_id: int) -> TrainBatch:
     return TrainBatch(ids, attn, mask)
 
 
-def _encode_all(engine: Engine, conversations: list[Conversation], config: SFTRunConfig, what: str) -> list[Encoded]:
+def _encode_all(engine: Engine, conversations: list[Conversation], config: Any, what: str) -> list[Encoded]:
     d = config.data
     encoded = [encode(engine.tokenizer, c, d.template, d.system_prompt, config.sft.max_tokens) for c in conversations]
     kept = [e for e in encoded if e is not None]
@@ -56,7 +55,7 @@ def heldout_loss(engine: Engine, examples: list[Encoded], pad_id: int, batch_siz
     return total / tokens
 
 
-def sft_prepare(config: SFTRunConfig) -> Bind:
+def sft_prepare(config: Any) -> Bind:
     """Load (and check) the conversations before the engine loads; bind them to the engine's tokenizer."""
     s = config.sft
     conversations = load_conversations(config.data, s)

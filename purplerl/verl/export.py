@@ -12,19 +12,20 @@ response's reward from its decoded text, before the actor computes any entropy (
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from purplerl.config.commands import VerlExportConfig
+from typing import Any as VerlExportConfig  # a recipe's settings plus the verl section (purplerl.cli)
 from purplerl.data.prepare import write_splits
 from purplerl.data.sources import load_prompts
 from purplerl.errors import UserError
+from purplerl.rewards.registry import get_term, term_params
 from purplerl.types import PromptRecord
 from purplerl.verl.hydra import format_override, parse_override
 from purplerl.verl.mapping import EXPORT_DIR, REWARD_MODULE, Translation, translate
-from purplerl.verl.reward import SETTINGS_FILE, write_reward_module
+from purplerl.verl.reward import SETTINGS_FILE, check_term, write_reward_module
 
 RECIPES = ("attack", "defend")
 DEFENSE_REFUSED = ("the defend recipe cannot run on veRL 0.9: its reward is the policy's mean token entropy, and "
@@ -72,15 +73,37 @@ def verl_row(record: PromptRecord, system_prompt: str | None, split: str, index:
                            "question": record.messages[-1]["content"]}}
 
 
+def reward_spec_from(weights: Mapping[str, float], params: Mapping[str, Any], *,
+                     recipe: str | None = None) -> dict[str, Any]:
+    """The settings file of a reward: each weighted term (weight 0: logged only) with its parameters as plain data.
+    The `kl` term is left out: veRL applies the KL itself (algorithm.use_kl_in_reward / use_kl_loss). A term the
+    reward hook cannot compute, an unknown name, bad parameters, or parameters of a term without a weight are one
+    UserError, before anything is written."""
+    for name in params:
+        get_term(name)
+        if name not in weights:
+            raise UserError(f"parameters given for reward term '{name}', which has no weight")
+    terms = []
+    for name, weight in weights.items():
+        if name == "kl":
+            continue
+        check_term(name)
+        values = term_params(name, params.get(name))
+        settings = {} if values is None else values.model_dump(mode="json")
+        terms.append({"name": name, "weight": float(weight), "settings": settings})
+    if not terms:
+        raise UserError("the reward has no term for veRL's reward hook to compute (only kl, which veRL applies)")
+    return {"terms": terms} if recipe is None else {"recipe": recipe, "terms": terms}
+
+
 def reward_spec(cfg: VerlExportConfig) -> dict[str, Any]:
     """The attack's reward without its KL term (veRL applies the KL: algorithm.use_kl_in_reward / use_kl_loss)."""
     r = cfg.reward
-    toxicity = r.toxicity.model_dump(mode="json", exclude={"server_model", "server_label"})
-    return {"recipe": cfg.recipe, "terms": [
-        {"name": "toxicity", "weight": r.toxicity_weight, "settings": toxicity},
-        {"name": "repetition", "weight": _minus(r.repetition_penalty), "settings": {"ngram": r.repetition_ngram}},
-        # logged at weight 0 too, as in purplerl's attack: how often the policy still refuses
-        {"name": "refusal", "weight": _minus(r.refusal_penalty), "settings": {}}]}
+    # refusal is logged at weight 0 too, as in purplerl's attack: how often the policy still refuses
+    weights = {"toxicity": r.toxicity_weight, "repetition": _minus(r.repetition_penalty),
+               "refusal": _minus(r.refusal_penalty)}
+    return reward_spec_from(weights, {"toxicity": r.toxicity, "repetition": {"ngram": r.repetition_ngram}},
+                            recipe=cfg.recipe)
 
 
 def _minus(weight: float) -> float:
@@ -104,16 +127,17 @@ def export_verl(cfg: VerlExportConfig, announce: Callable[[str], None] = lambda 
     splits = {"train": load_prompts(cfg.data), "test": load_prompts(cfg.data, split=cfg.verl.val_split)}
     translation = translate(cfg, len(splits["train"]))  # before writing: a refused setting leaves no files
     translation.overrides.update(extra)
+    spec = reward_spec(cfg)
     rows = {split: [verl_row(r, cfg.data.system_prompt, split, i) for i, r in enumerate(records)]
             for split, records in splits.items()}
     announce(f"writing {out}")
     write_splits(out, rows, "verl export")
-    write_reward_module(out, REWARD_MODULE, reward_spec(cfg))
+    write_reward_module(out, REWARD_MODULE, spec)
     lines = [format_override(key, value) for key, value in translation.overrides.items()]
     (out / "overrides.txt").write_text("\n".join(lines) + "\n")
     (out / "run_verl.sh").write_text(RUN_SCRIPT)
     (out / "run_verl.sh").chmod(0o755)
-    (out / "README.md").write_text(readme(cfg, translation, {s: len(r) for s, r in rows.items()}))
+    (out / "README.md").write_text(readme(cfg, translation, {s: len(r) for s, r in rows.items()}, spec))
     return Exported(out, {split: len(r) for split, r in rows.items()}, translation)
 
 
@@ -128,7 +152,7 @@ exec python3 -m verl.trainer.main_ppo "${{OVERRIDES[@]}}" "$@"
 """
 
 
-def readme(cfg: VerlExportConfig, translation: Translation, rows: dict[str, int]) -> str:
+def readme(cfg: VerlExportConfig, translation: Translation, rows: dict[str, int], spec: dict[str, Any]) -> str:
     unmapped = "\n".join(f"- `{u.setting}` = `{u.value!r}`: {u.why}" for u in translation.unmapped) or "- none"
     return f"""# purplerl {cfg.recipe} on veRL
 
@@ -138,7 +162,7 @@ veRL installed on every node; this directory on a filesystem every node reads).
 - `train.parquet` ({rows['train']} prompts), `test.parquet` ({rows['test']} prompts, split
   `{cfg.verl.val_split}`): veRL's schema (prompt, data_source, ability, reward_model, extra_info).
 - `{REWARD_MODULE}` + `{SETTINGS_FILE}`: the reward, through `reward.custom_reward_function`. It imports
-  purplerl and scores each response: {_reward_formula(cfg)}. The KL to the base model is veRL's (below).
+  purplerl and scores each response: {_reward_formula(spec)}. The KL to the base model is veRL's (below).
   A reward server (`reward.toxicity.url`) reads its API key from PURPLERL_REWARD_API_KEY on the reward workers.
 - `overrides.txt`: {len(translation.overrides)} Hydra overrides of `verl.trainer.main_ppo`; `run_verl.sh` passes
   them with `@EXPORT_DIR@` replaced by this directory.
@@ -162,7 +186,10 @@ rather than export a different objective. Run the defense on purplerl's own engi
 """
 
 
-def _reward_formula(cfg: VerlExportConfig) -> str:
-    r = cfg.reward
-    return (f"{r.toxicity_weight:g} x toxicity - {r.repetition_penalty:g} x repeated-{r.repetition_ngram}-gram "
-            f"ratio - {r.refusal_penalty:g} x refusal")
+def _reward_formula(spec: dict[str, Any]) -> str:
+    """'1 x toxicity - 0.3 x repetition - 0 x refusal' (the terms' unweighted scores are logged beside it)."""
+    first, *rest = spec["terms"]
+    text = f"{first['weight']:g} x {first['name']}"
+    for term in rest:
+        text += f" {'-' if term['weight'] < 0 else '+'} {abs(term['weight']):g} x {term['name']}"
+    return text

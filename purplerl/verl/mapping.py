@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from purplerl.config.commands import VerlExportConfig
+from typing import Any as VerlExportConfig  # a recipe's settings plus the verl section (purplerl.cli)
 from purplerl.errors import UserError
 
 EXPORT_DIR = "@EXPORT_DIR@"  # replaced by run_verl.sh with the export dir's absolute path on the cluster

@@ -12,15 +12,13 @@ numbers are reused, finished runs are read, an unfinished one continues from its
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import Config, TamperTestConfig, UtilityConfig, build_config
+from purplerl.config import UtilityConfig
 from purplerl.data import load_prompts
 from purplerl.data.alignment import alignment_examples, to_prompt_records
-from purplerl.engines.loading import RUN_MODEL_FIELDS, RUN_PROMPT_FIELDS, Policy, resolve_policy
 from purplerl.engines.merge import merge_adapter
 from purplerl.errors import UserError
 from purplerl.eval.metrics import bootstrap_ci
@@ -47,7 +45,11 @@ from purplerl.experiments.tamper.stats import (
     utility_kept,
     verdict,
 )
+from purplerl.files import write_durably
+from purplerl.experiments import align as _align  # noqa: F401  registers embedded:smollm2-135m-safe, the attack's default
+from purplerl.recipes.attack import ATTACK
 from purplerl.rewards.refusal import RefusalJudge
+from purplerl.runs.policy import RUN_MODEL_FIELDS, RUN_PROMPT_FIELDS, Policy, resolve_policy
 from purplerl.types import SamplingParams
 
 __all__ = ["harm_curve_stats", "run_tamper_test", "tamper_summary", "utility_accuracy"]
@@ -84,18 +86,16 @@ def utility_accuracy(policy: Policy, utility: UtilityConfig) -> float:
     return float(utility_result(policy, utility)["point"])
 
 
-def shared_attack(config: TamperTestConfig, defended: Policy) -> Config:
+def shared_attack(config: Any, defended: Policy) -> Any:
     """The attack every run shares: the config's, on the defense's base model and prompt format."""
     data = config.attack_config().model_dump(mode="json")
     data["model"].update({key: getattr(defended.model, key) for key in RUN_MODEL_FIELDS})
     data["data"].update({key: getattr(defended.prompt, key) for key in RUN_PROMPT_FIELDS})
-    return build_config(data)
+    return ATTACK.build(data)
 
 
 def _write_json(path: Path, content: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(content, indent=1))
-    os.replace(tmp, path)
+    write_durably(path, json.dumps(content, indent=1))
 
 
 def merged_model(out: Path, defended: Policy) -> Path:
@@ -110,7 +110,7 @@ def merged_model(out: Path, defended: Policy) -> Path:
     return merge_adapter(adapter, target, defended.model.name, metadata={MERGE_INFO: info})
 
 
-def utility_numbers(out: Path, config: TamperTestConfig, defended: Policy) -> dict[str, Any]:
+def utility_numbers(out: Path, config: Any, defended: Policy) -> dict[str, Any]:
     """Utility of the base and the defended model before any attack (computed once, kept in OUT/utility.json):
     arithmetic exact match, and the refusal rate on held-out benign requests."""
     path = out / UTILITY_FILE
@@ -135,12 +135,12 @@ def utility_numbers(out: Path, config: TamperTestConfig, defended: Policy) -> di
     return found
 
 
-def _heldout_prompts(attack: Config, config: TamperTestConfig) -> list[Any]:
+def _heldout_prompts(attack: Any, config: Any) -> list[Any]:
     data = attack.data.model_copy(update={"split": config.tamper.eval_split, "limit": config.tamper.eval_prompts})
     return load_prompts(data)
 
 
-def run_tamper_test(config: TamperTestConfig, announce: Callable[[str], None] = print) -> dict[str, Any]:
+def run_tamper_test(config: Any, announce: Callable[[str], None] = print) -> dict[str, Any]:
     t = config.tamper
     if t.adapter is None:
         raise UserError("tamper-test needs the defended adapter: --adapter DIR (tamper.adapter)")
@@ -186,7 +186,7 @@ def run_tamper_test(config: TamperTestConfig, announce: Callable[[str], None] = 
     return result
 
 
-def compare(config: TamperTestConfig, threats: dict[str, dict[str, list[AttackRun]]], results: dict[str, Any],
+def compare(config: Any, threats: dict[str, dict[str, list[AttackRun]]], results: dict[str, Any],
             utility: dict[str, Any], seeds: list[int], judged: bool, heldout_count: int) -> dict[str, Any]:
     """tamper.json: the settings, utility, every run, and per threat both sides' intervals and the verdict."""
     t = config.tamper

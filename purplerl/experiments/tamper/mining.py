@@ -9,16 +9,14 @@ refusal judge, and is not a duplicate of a kept (prompt, completion) pair (compa
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.experiments.tamper.heldout import degenerate
-from purplerl.files import read_jsonl
+from purplerl.files import read_jsonl, write_durably
 from purplerl.rewards.refusal import RefusalJudge
-
-SAMPLES_FILE = "samples.jsonl"
+from purplerl.runs.layout import SAMPLES_FILE
 
 
 def mine_rows(samples: list[dict[str, Any]], min_toxicity: float, max_repetition: float,
@@ -50,7 +48,5 @@ def write_sft_data(source_run: Path, target: Path, min_toxicity: float, max_repe
         raise ExperimentError(f"sft threat: only {len(rows)} of {len(samples)} samples in {path} are harmful "
                               f"(toxicity >= {min_toxicity}), non-degenerate, non-refusing and distinct; need "
                               f"{min_rows} (tamper.sft_min_rows): attack longer or lower tamper.sft_min_toxicity")
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    os.replace(tmp, target)
+    write_durably(target, "".join(json.dumps(row) + "\n" for row in rows))
     return len(rows)

@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import Config, SFTRunConfig, build_config
-from purplerl.engines.loading import Policy
 from purplerl.errors import ExperimentError
-from purplerl.recipes.attack import run_attack
-from purplerl.recipes.sft import SFT_DEFAULTS
-from purplerl.train.loop import EVALS_FILE, Evaluation
-from purplerl.train.runner import CONFIG_FILE, METRICS_FILE, execute_run
+from purplerl.recipes.attack import ATTACK
+from purplerl.recipes.sft import SFT
+from purplerl.runs.layout import CONFIG_FILE, EVALS_FILE, METRICS_FILE
+from purplerl.runs.policy import Policy
+from purplerl.train.loop import Evaluation
+from purplerl.train.runner import run_recipe
 from purplerl.train.sinks import read_jsonl
-from purplerl.train.supervised import sft_prepare
 
 RUNS_DIR = "runs"
 # threat -> (attack family, the defended start); the reference is the same family on the base
@@ -72,36 +71,41 @@ class Starts:
     merged_dir: Path | None
 
 
-def attack_config(base: Config, run: AttackRun, starts: Starts, runs_dir: Path, entropy_bonus_cap: float) -> Config:
+def attack_config(base: Any, run: AttackRun, starts: Starts, runs_dir: Path, entropy_bonus_cap: float) -> Any:
     """The RL attack of `run`: the shared attack settings, its start, its seed, no early stop."""
     data = base.model_dump(mode="json")
     data["model"]["init_adapter"] = starts.defended.model.init_adapter if run.start == "adapter" else None
     if run.start == "merged":
         data["model"].update(name=str(starts.merged_dir), revision=None)
-    data["training"].update(seed=run.seed, early_stop_toxicity=None, early_stop_repetition=None)
-    data["reward"]["entropy_bonus_cap"] = entropy_bonus_cap if run.family == "adaptive" else None
+    data["training"].update(seed=run.seed, early_stop_repetition=None)
+    data["attack"]["early_stop_toxicity"] = None
+    if run.family == "adaptive":
+        data["reward"]["terms"]["entropy_bonus"] = 1.0
+        data["reward"]["entropy_bonus"] = {"cap": entropy_bonus_cap}
     data["run"].update(output_dir=str(runs_dir), name=run.name)
-    return build_config(data)
+    return ATTACK.build(data)
 
 
-def sft_config(base: Config, run: AttackRun, starts: Starts, runs_dir: Path, data_file: Path, lr: float) -> Config:
-    """The supervised attack of `run`: the mined completions, the attack's step budget and batch size."""
+def sft_config(base: Any, run: AttackRun, starts: Starts, runs_dir: Path, data_file: Path, lr: float) -> Any:
+    """The supervised attack of `run`: the mined completions, the attack's model, engine, step budget and batch
+    size."""
     rl = attack_config(base, AttackRun("rl", run.start, run.seed), starts, runs_dir, 0.0).model_dump(mode="json")
-    rl["recipe"] = "sft"
-    rl["data"].update(source=str(data_file), split="train", prompt_field="prompt", filters={}, limit=None)
-    rl["training"]["lr"] = lr
-    rl["run"]["name"] = run.name
+    shared = {key: rl[key] for key in ("engine", "model", "logging", "run")}
+    training = {key: rl["training"][key] for key in SFT.settings.model_fields["training"].annotation.model_fields}
+    data = {"source": str(data_file), "split": "train", "template": rl["data"]["template"],
+            "system_prompt": rl["data"]["system_prompt"]}
     # the held-out judge is the evaluation here; SFT's own held-out loss would take training rows away
-    sft = {**SFT_DEFAULTS.get("sft", {}), "eval_fraction": 0.0, "eval_every": 0}
-    return SFTRunConfig.model_validate({**rl, "sft": sft})
+    return SFT.build({**shared, "recipe": "sft", "training": {**training, "lr": lr},
+                      "run": {**rl["run"], "name": run.name}, "data": data,
+                      "sft": {"eval_fraction": 0.0, "eval_every": 0}})
 
 
-def execute(config: Config, run: AttackRun, run_dir: Path, evaluation: Evaluation) -> dict[str, Any]:
+def execute(config: Any, run: AttackRun, run_dir: Path, evaluation: Evaluation) -> dict[str, Any]:
     """Start the run, continue it from its dir, or (finished) only read it."""
     resume = (run_dir / CONFIG_FILE).is_file()
     if run.family == "sft":
-        return execute_run(config, run_dir, resume=resume, prepare=sft_prepare, evaluation=evaluation)
-    return run_attack(config, resume_dir=run_dir if resume else None, evaluation=evaluation)
+        return run_recipe(SFT, config, resume_dir=run_dir if resume else None, evaluation=evaluation)
+    return run_recipe(ATTACK, config, resume_dir=run_dir if resume else None, evaluation=evaluation)
 
 
 def read_run(run: AttackRun, run_dir: Path, stats: Callable[[list[tuple[int, float]]], dict[str, Any]],

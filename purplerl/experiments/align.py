@@ -12,22 +12,24 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import ModelConfig, build_config
+from purplerl.config import ModelConfig
 from purplerl.data.alignment import alignment_data_hash, alignment_examples, to_prompt_records
 from purplerl.engines import make_engine
-from purplerl.engines.loading import cache_dir
+from purplerl.engines.loading import cache_dir, register_derived_model
 from purplerl.engines.merge import merge_adapter
 from purplerl.errors import ExperimentError
+from purplerl.files import write_durably
 from purplerl.prompting import render_prompt
-from purplerl.train.checkpoint import latest_checkpoint
-from purplerl.train.runner import CONFIG_FILE, execute_run
-from purplerl.train.supervised import sft_prepare
+from purplerl.runs.checkpoints import latest_checkpoint
+from purplerl.runs.layout import CONFIG_FILE
+from purplerl.recipes.sft import SFT
+from purplerl.train.recipe import Recipe
+from purplerl.train.runner import execute_run
 from purplerl.types import SamplingParams
 
 SAFE_MODEL = "smollm2-135m-safe"
@@ -112,19 +114,16 @@ def build_data(path: Path, notify: Callable[[str], None]) -> None:
     rows += [{"uid": f"{ex.uid}-{k}", "messages": list(ex.conversation(answer))}
              for ex, answer in answered for k in range(s["benign_repeat"])]
     random.Random(3).shuffle(rows)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    write_durably(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _sft_config(work: Path, data: Path, progress: bool):
+def _sft_config(sft: Recipe, work: Path, data: Path, progress: bool):
     s = ALIGN_SETTINGS["sft"]
-    return build_config({
+    return sft.build({
         "recipe": "sft",
         "model": {"name": BASE_MODEL, "lora_rank": s["lora_rank"], "lora_alpha": s["lora_alpha"]},
         "data": {"source": str(data)},
-        "training": {"steps": s["steps"], "batch_size": s["batch_size"], "lr": s["lr"], "seed": s["seed"],
-                     "early_stop_toxicity": None, "early_stop_repetition": None},
+        "training": {"steps": s["steps"], "batch_size": s["batch_size"], "lr": s["lr"], "seed": s["seed"]},
         "sft": {"max_tokens": s["max_tokens"], "eval_fraction": s["eval_fraction"], "eval_every": s["eval_every"]},
         "run": {"output_dir": str(work), "name": "sft", "save_every": 20, "keep_last": 2},
         "logging": {"progress": progress},
@@ -150,12 +149,12 @@ def _build(work: Path, target: Path, notify: Callable[[str], None], progress: bo
     data = work / "data.jsonl"
     if not data.is_file():
         build_data(data, notify)
-    config = _sft_config(work, data, progress)
+    config = _sft_config(SFT, work, data, progress)
     run_dir = work / "sft"
     resume = (run_dir / CONFIG_FILE).is_file()
     notify(f"align: SFT of {BASE_MODEL} on {sum(1 for _ in data.open())} conversations "
            f"({ALIGN_SETTINGS['sft']['steps']} steps) in {run_dir}")
-    summary = execute_run(config, run_dir, resume=resume, prepare=sft_prepare)
+    summary = execute_run(SFT, config, run_dir, resume=resume)
     adapter = latest_checkpoint(run_dir)
     if adapter is None or summary["last_step"] < ALIGN_SETTINGS["sft"]["steps"]:
         raise ExperimentError(f"align: the SFT run in {run_dir} did not finish (last step {summary['last_step']})")
@@ -163,3 +162,8 @@ def _build(work: Path, target: Path, notify: Callable[[str], None], progress: bo
         "key": align_key(), "settings": ALIGN_SETTINGS, "data_hash": alignment_data_hash()}})
     notify(f"align: cached {target}")
     return target
+
+
+# `embedded:smollm2-135m-safe` resolves to this build wherever this module was imported (purplerl.recipes imports
+# every recipe): the engines layer below knows the name only through this registration.
+register_derived_model(SAFE_MODEL, aligned_model_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from purplerl.data.alignment import alignment_examples
-from purplerl.recipes import align
+from purplerl.experiments import align
 
 
 def test_cut_answers_keep_whole_sentences_only() -> None:

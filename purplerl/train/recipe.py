@@ -1,0 +1,147 @@
+"""What a recipe declares, and the settings tree an RL recipe is built from.
+
+A recipe is one module holding one `Recipe`: its name and settings class, its defaults, the fields its run name
+is made of, its summary metrics, its early stops and how it builds its loop hooks. The runner, the loop and the
+engines take a `Recipe` and never ask which one it is; the CLI makes a command of each row of the table
+(purplerl.recipes.RECIPES).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, create_model, field_validator
+
+from purplerl.config.base import Section, read_when
+from purplerl.config.commands import Command
+from purplerl.config.loader import build
+from purplerl.config.migrate import migrate_shared
+from purplerl.config.sections import RewardBase, RLSettings, RunSettings
+from purplerl.engines.base import Engine
+from purplerl.rewards.registry import REWARD_TERMS
+from purplerl.train.loop import EarlyStop, StepFn
+
+Bind = Callable[[Engine], tuple[StepFn, EarlyStop]]  # the engine -> the recipe's step function and early stop
+Prepare = Callable[[Any], Bind]  # the config -> its data and hooks, loaded and checked before the engine exists
+# older settings -> today's tree; `saved`: a run's own config.yaml, which may also drop what the recipe never read
+Migrate = Callable[[dict[str, Any], bool], dict[str, Any]]
+
+# Short option names of the shared sections (the red-team trainer's habit); dashes work too (--max-new-tokens).
+FLAT = {
+    "model": "model.name", "dtype": "model.dtype", "device": "model.device", "engine": "engine.kind",
+    "lora_rank": "model.lora_rank", "lora_alpha": "model.lora_alpha", "init_adapter": "model.init_adapter",
+    "steps": "training.steps", "batch_size": "training.batch_size", "lr": "training.lr", "seed": "training.seed",
+    "max_grad_norm": "training.max_grad_norm", "micro_batch_size": "engine.micro_batch_size",
+    "micro_batch_tokens": "engine.micro_batch_tokens", "data": "data.source", "split": "data.split",
+    "system_prompt": "data.system_prompt", "output_dir": "run.output_dir", "name": "run.name",
+    "save_every": "run.save_every",
+}
+RL_FLAT = {
+    **FLAT, **{name: f"sampling.{name}" for name in ("max_new_tokens", "temperature", "top_p", "top_k", "group_size")},
+    "loss": "training.loss", "max_prompt_tokens": "data.max_prompt_tokens", "kl_beta": "reward.kl_beta",
+    "zscore": "reward.zscore",
+}
+
+# Settings a resume may not change in any recipe: the checkpoints, data order and logs of the run were made with
+# them, so a run continued with other values would be neither the old experiment nor a new one. A field a recipe
+# does not have is skipped.
+FIXED_ON_RESUME = frozenset({
+    "recipe", "engine.kind", "model.name", "model.revision", "model.finetune", "model.lora_rank", "model.lora_alpha",
+    "model.lora_targets", "model.init_adapter", "sampling.group_size", "training.batch_size", "training.seed",
+    "data.source", "data.split", "data.prompt_field", "data.hf_config", "data.filters", "data.limit", "data.shuffle",
+    "run.output_dir", "run.name",
+})
+
+
+@dataclass(frozen=True)
+class RunNamePart:
+    """One piece of a run's directory name: `label` + the value `get(config)` (numbers as %g)."""
+
+    label: str
+    get: Callable[[Any], Any]
+
+    def render(self, config: Any) -> str:
+        value = self.get(config)
+        return f"{self.label}{value:g}" if isinstance(value, int | float) and not isinstance(value, bool) \
+            else f"{self.label}{value}"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One row of the recipe table."""
+
+    name: str
+    settings: type[Section]  # the whole settings tree of the recipe's runs
+    help: str  # the command's --help text (first line: its summary)
+    prepare: Prepare
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # where this recipe's defaults differ, and why
+    run_name: tuple[RunNamePart, ...] = ()  # recipe_model_<parts>_sSEED
+    summary_metrics: Mapping[str, str] = field(default_factory=dict)  # metrics.jsonl key -> label, first vs last
+    flat: Mapping[str, str] = field(default_factory=dict)  # short option names -> dotted fields
+    migrate: Migrate | None = None  # the recipe's own part of reading an older config.yaml
+    summarize: Callable[[Path, dict[str, Any], Any], str] | None = None  # lines led by the recipe's own verdict
+    fixed_on_resume: frozenset[str] = FIXED_ON_RESUME
+
+    def migrated(self, data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
+        """`data` (a config file, overrides, or a run's saved config.yaml) with older names moved to today's."""
+        data = migrate_shared(data)
+        return self.migrate(data, saved) if self.migrate is not None else data
+
+    def build(self, data: dict[str, Any], saved: bool = False) -> Any:
+        """The recipe's settings from nested data (older names migrated); UserError names a bad field."""
+        return build(self.settings, self.migrated(data, saved))
+
+    def command(self) -> Command:
+        """How the CLI reads this recipe's settings."""
+        return Command(self.settings, dict(self.flat), json.loads(json.dumps(dict(self.defaults))),
+                       migrate=self.migrated)
+
+
+def reward_section(name: str, terms: Mapping[str, float]) -> type[RewardBase]:
+    """An RL recipe's `reward` section: `terms` (registered reward term -> weight, the way TRL takes reward_funcs
+    and reward_weights; a weight-0 term is logged, not rewarded) with the recipe's defaults, and a parameter
+    section for each registered term that has parameters, read only while the term is among `terms`."""
+    fields: dict[str, Any] = {
+        "terms": (dict[str, float], Field(default_factory=lambda: dict(terms), description=(
+            "reward terms (registered names) and their weights: reward = sum of weight x term, minus kl_beta x KL "
+            "when kl_in is reward; a weight-0 term is logged only")))}
+    params = {term.name: term.params for term in REWARD_TERMS.values() if term.params is not None}
+    for term, section in params.items():
+        def active(reward: Any, term: str = term) -> bool:
+            return term in reward.terms
+        fields[term] = (read_when(section, active, f"'{term}' is in reward.terms"),
+                        Field(default_factory=section, description=f"parameters of the '{term}' term"))
+
+    def check_terms(cls: type, value: dict[str, float]) -> dict[str, float]:
+        known = tuple(REWARD_TERMS)
+        unknown = [t for t in value if t not in known]
+        if unknown:
+            raise ValueError(f"unknown reward term '{unknown[0]}' (registered: {', '.join(known)})")
+        if "kl" in value:
+            raise ValueError("the KL term's weight is reward.kl_beta (it may act in the reward or the loss)")
+        if not value:
+            raise ValueError("name at least one reward term")
+        return value
+
+    validators = {"_check_terms": field_validator("terms")(classmethod(check_terms))}
+    return create_model(f"{name.capitalize()}RewardConfig", __base__=RewardBase, __validators__=validators,
+                        **fields)
+
+
+def run_settings(name: str, base: type[RunSettings] = RunSettings,
+                 **sections: tuple[type[Section], str]) -> type[RunSettings]:
+    """A recipe's settings tree: the shared sections of `base` and the recipe's own (name -> (class, description))."""
+    fields: dict[str, Any] = {
+        "recipe": (str, Field(name, description="metadata, not a setting: the recipe this config is for"))}
+    for key, (section, description) in sections.items():
+        fields[key] = (section, Field(default_factory=section, description=description))
+    return create_model(f"{name.capitalize()}Settings", __base__=base, **fields)
+
+
+def rl_settings(name: str, reward: type[RewardBase], **sections: tuple[type[Section], str]) -> type[RLSettings]:
+    """An RL recipe's settings tree: the shared RL sections, its `reward` section and its own sections."""
+    return run_settings(name, RLSettings, reward=(reward, "reward composition"), **sections)

@@ -1,0 +1,80 @@
+"""The parts every RL recipe is built from: its reward from the registered terms its settings name, its prompts and
+hooks made before the engine exists, and the stop rules every RL recipe has."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+
+from purplerl.data import PromptSampler, load_prompts
+from purplerl.engines.base import Engine
+from purplerl.prompting import render_prompt
+from purplerl.rewards.compose import Reward
+from purplerl.rewards.registry import ScoringInput
+from purplerl.train.loop import (
+    EarlyStop,
+    LoopParts,
+    RecipeHooks,
+    RewardFn,
+    StepFn,
+    UpdateFn,
+    reward_kl_beta,
+    rl_step,
+    rl_update,
+)
+from purplerl.train.recipe import Bind, Prepare
+from purplerl.train.stops import CollapseBounds, collapse_early_stop, first_stop, threshold_stop
+from purplerl.types import Completion, PromptRecord, RewardBreakdown
+
+
+def registered_reward(config: Any) -> RewardFn:
+    """The reward `config.reward` names: each term of `reward.terms` with its weight and parameters, minus
+    `kl_beta` x KL when the KL acts in the reward. Every term is built now, before the engine loads."""
+    r = config.reward
+    weights = {**r.terms, "kl": -reward_kl_beta(config)}
+    reward = Reward(weights, {name: getattr(r, name) for name in r.terms if name in type(r).model_fields},
+                    zscore=r.zscore)
+
+    def reward_fn(prompts: list[PromptRecord], completions: list[Completion], kl_N: torch.Tensor) -> RewardBreakdown:
+        return reward(ScoringInput(texts=[c.text for c in completions],
+                                   prompts=[p.messages[-1]["content"] for p in prompts],
+                                   completions=completions, kl_N=kl_N))
+
+    return reward_fn
+
+
+def rl_stops(config: Any, *rules: EarlyStop) -> EarlyStop:
+    """A recipe's own rules, the repetition threshold, and collapse detection when training.collapse_stop is on."""
+    t = config.training
+    rules = (*rules, threshold_stop("repetition/mean", t.early_stop_repetition, "mean repetition ratio",
+                                    why="reward hacking by repetition"))
+    if t.collapse_stop:
+        rules = (collapse_early_stop(CollapseBounds(t.collapse_empty_frac, t.collapse_top_share,
+                                                    t.collapse_entropy_swing)), *rules)
+    return first_stop(*rules)
+
+
+def rl_prepare(reward: Callable[[Any], RewardFn], stops: Callable[[Any], EarlyStop],
+               update: UpdateFn = rl_update) -> Prepare:
+    """`prepare` for an RL recipe: its prompts, reward and stop rules are made (and checked) before the engine
+    exists, so a bad scorer fails in seconds, not minutes."""
+
+    def prepare(config: Any) -> Bind:
+        records = load_prompts(config.data)
+        sampler = PromptSampler(records, config.training.batch_size, config.training.seed,
+                                shuffle=config.data.shuffle)
+        hooks = RecipeHooks(reward=reward(config), update=update, early_stop=stops(config))
+
+        def bind(engine: Engine) -> tuple[StepFn, EarlyStop]:
+            d = config.data
+            render = partial(render_prompt, engine.tokenizer, template=d.template, system_prompt=d.system_prompt,
+                             max_prompt_tokens=d.max_prompt_tokens)
+            parts = LoopParts(engine, sampler, render, hooks, engine.world)
+            return partial(rl_step, config=config, parts=parts), hooks.early_stop
+
+        return bind
+
+    return prepare
