@@ -195,7 +195,7 @@ def test_a_recipe_of_its_own_runs_without_the_runner_knowing_it(tiny_model_dir: 
                                                          str(tmp_path), "--hello.greeting", "hi"])
     summary = run_recipe(hello, config)
     run_dir = Path(summary["run_dir"])
-    assert run_dir.name == f"hello_{tiny_model_dir.name}_ghi_s0"
+    assert run_dir.name == f"hello_{tiny_model_dir.name.replace('_', '-')}_ghi_s0"
     assert (run_dir / CONFIG_FILE).read_text().count("greeting: hi") == 1
     rows = [yaml.safe_load(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
     assert [(r["step"], r["hello/len"]) for r in rows] == [(1, 2.0), (2, 2.0)]
