@@ -19,7 +19,9 @@ from purplerl.config import (
     API_KEY_ENV,
     EMBEDDED_MODEL,
     EVAL,
+    EXPORT,
     PREPARE,
+    REPORT,
     SAMPLE,
     Command,
     RewardServerConfig,
@@ -257,22 +259,24 @@ def tamper_test(
     typer.echo(f"wrote {out / 'tamper.json'}, {out / 'tamper.png'}, {out / 'summary.txt'}")
 
 
-@app.command()
+@app.command(context_settings=OVERRIDES, cls=config_command(lambda: EXPORT))
 @reports_errors
-def export(
-    merge: Annotated[Path, typer.Option("--merge", help="a LoRA checkpoint of a run (or a bare PEFT adapter dir)")],
-    out: Annotated[Path, typer.Option(help="the model dir to write (must not exist, or be empty)")],
-    model: Annotated[str | None, typer.Option(help="base model, when the adapter's run does not say it")] = None,
-) -> None:
-    """Merge an adapter into its base model's weights: OUT is a standard model dir (AutoModelForCausalLM loads it
-    with its tokenizer) computing what the adapter-on model computes; OUT/purplerl_export.json says how to prompt it."""
+def export(ctx: typer.Context, config: ConfigFile = None) -> None:
+    """Merge an adapter (--merge) into its base model's weights: OUT (--out) is a standard model dir
+    (AutoModelForCausalLM loads it with its tokenizer) computing what the adapter-on model computes;
+    OUT/purplerl_export.json says how to prompt it."""
     from purplerl.config import ModelLoadConfig, PromptFormatConfig
     from purplerl.engines.merge import merge_adapter
     from purplerl.runs.policy import resolve_policy
 
+    cfg = load_command_config(EXPORT, config, ctx.args).export
+    if cfg.merge is None or cfg.out is None:
+        raise UserError("name the adapter and the output dir: --merge CHECKPOINT --out DIR (export.merge, export.out)")
+    merge, out = Path(cfg.merge), Path(cfg.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not an empty dir: choose a new one")
-    policy = resolve_policy(merge, ModelLoadConfig(name=model) if model else ModelLoadConfig(), PromptFormatConfig())
+    policy = resolve_policy(merge, ModelLoadConfig(name=cfg.model) if cfg.model else ModelLoadConfig(),
+                            PromptFormatConfig())
     if policy.model.init_adapter is None:
         raise UserError(f"{merge} is already a full model dir (a full-parameter checkpoint): load it as it is")
     if policy.note:
@@ -282,13 +286,16 @@ def export(
     typer.echo(f"wrote {merge_adapter(merge, out, policy.model.name, metadata={'purplerl_export.json': info})}")
 
 
-@app.command()
+@app.command(context_settings=OVERRIDES, cls=config_command(lambda: REPORT), options_metavar="RUN_DIR [OPTIONS]")
 @reports_errors
-def report(run_dir: Annotated[Path, typer.Argument(help="a run dir with metrics.jsonl (and samples.jsonl)")]) -> None:
+def report(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Write RUN_DIR/report.html (curves, first-vs-last summary, samples) and RUN_DIR/plots/*.png."""
     from purplerl.eval.report import training_report
 
-    typer.echo(f"wrote {training_report(run_dir)}")
+    cfg = load_command_config(REPORT, config, ctx.args).report
+    if cfg.run_dir is None:
+        raise UserError("name the run: purplerl report RUN_DIR (report.run_dir)")
+    typer.echo(f"wrote {training_report(Path(cfg.run_dir))}")
 
 
 @app.command(context_settings=OVERRIDES, cls=config_command(lambda: SAMPLE))

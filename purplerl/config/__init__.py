@@ -9,7 +9,9 @@ from purplerl.config.base import API_KEY_ENV, EMBEDDED_MODEL, METADATA, Registry
 from purplerl.config.commands import (
     ALIGN,
     EVAL,
+    EXPORT,
     PREPARE,
+    REPORT,
     SAMPLE,
     Command,
     EvalCommandConfig,
@@ -63,7 +65,8 @@ from purplerl.config.sections import (
 )
 
 __all__ = [
-    "ALIGN", "API_KEY_ENV", "EMBEDDED_MODEL", "ENGINE_KINDS", "EVAL", "METADATA", "PREPARE", "SAMPLE",
+    "ALIGN", "API_KEY_ENV", "EMBEDDED_MODEL", "ENGINE_KINDS", "EVAL", "EXPORT", "METADATA", "PREPARE", "REPORT",
+    "SAMPLE",
     "TRACKER_NAMES", "ClassifierConfig", "Command", "DataConfig", "EngineConfig", "EvalCommandConfig", "EvalConfig",
     "EvalDataConfig", "EvalUtilityConfig", "GenerationConfig", "JudgesConfig", "LoggingConfig", "ModelConfig",
     "ModelLoadConfig", "PrepareCommandConfig", "PrepareConfig", "PromptFormatConfig", "PromptSourceConfig",

@@ -251,3 +251,27 @@ SAMPLE = Command(SampleCommandConfig, {
     "prompt": "sample.prompts", "checkpoint": "sample.checkpoint", "n": "sample.n", "seed": "sample.seed"})
 PREPARE = Command(PrepareCommandConfig, {name: f"prepare.{name}" for name in PrepareConfig.model_fields},
                   positional="prepare.dataset")
+
+
+class ExportConfig(Section):
+    """`purplerl export`: an adapter merged into its base model's weights."""
+
+    merge: str | None = Field(None, description="required: a LoRA checkpoint of a run (or a bare PEFT adapter dir)")
+    out: str | None = Field(None, description="required: the model dir to write (must not exist, or be empty)")
+    model: str | None = Field(None, description="base model, when the adapter's run does not say it")
+
+
+class ExportCommandConfig(Section):
+    export: ExportConfig = Field(default_factory=ExportConfig, description="what to merge and where to write it")
+
+
+class ReportConfig(Section):
+    run_dir: str | None = Field(None, description="required (also the first argument): a run dir with metrics.jsonl (and samples.jsonl)")
+
+
+class ReportCommandConfig(Section):
+    report: ReportConfig = Field(default_factory=ReportConfig, description="the run to report")
+
+
+EXPORT = Command(ExportCommandConfig, {name: f"export.{name}" for name in ExportConfig.model_fields})
+REPORT = Command(ReportCommandConfig, {"run_dir": "report.run_dir"}, positional="report.run_dir")
