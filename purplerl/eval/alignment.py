@@ -12,10 +12,10 @@ from purplerl.config import ModelConfig
 from purplerl.data.alignment import alignment_examples, to_prompt_records
 from purplerl.engines import make_engine
 from purplerl.eval.choice import load_choice_set, score_choices
-from purplerl.eval.judges import RefusalJudge
 from purplerl.eval.metrics import bootstrap_ci
 from purplerl.eval.utility import load_utility_set, score_utility, utility_prompts
 from purplerl.prompting import render_prompt
+from purplerl.rewards.refusal import RefusalJudge
 from purplerl.types import SamplingParams
 
 MODES = {"greedy": {"temperature": 0.0, "top_p": 1.0}, "sampled": {"temperature": 1.0, "top_p": 0.95}}

@@ -79,7 +79,7 @@ def _base_policy(cfg: EvalCommandConfig, checkpoints: dict[str, Any]) -> Any:
 
 def _validate_judges(cfg: EvalCommandConfig) -> None:
     """The optional harm judges' files and keys, checked before any model loads."""
-    from purplerl.eval.judges import api_key_from_env
+    from purplerl.rewards.judges import api_key_from_env
 
     guard = cfg.judges.guard_model
     if guard is not None and looks_local(guard) and not Path(guard).expanduser().exists():

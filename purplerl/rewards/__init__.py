@@ -1,7 +1,26 @@
-"""Reward scorers behind one protocol, and their composition into the training reward."""
+"""Reward terms behind one registry (purplerl.rewards.registry), their scorers behind one protocol, and their
+composition into the training reward (purplerl.rewards.compose.Reward).
 
+Importing the package registers the built-in terms (purplerl.rewards.terms) and the model judges
+(purplerl.rewards.judges); no model loads until a term is built.
+"""
+
+from purplerl.rewards import judges as _judges  # noqa: F401 -- registers harm_classifier, guard, strongreject
+from purplerl.rewards import terms as _terms  # noqa: F401 -- registers the built-in terms
 from purplerl.rewards.base import Scorer, checked_scores
+from purplerl.rewards.compose import Reward
 from purplerl.rewards.composite import RAW_KEY, combine
+from purplerl.rewards.registry import (
+    REWARD_TERMS,
+    Needs,
+    RewardTerm,
+    ScoringInput,
+    TermOutput,
+    get_term,
+    register_term,
+    term_params,
+    text_term,
+)
 from purplerl.rewards.repetition import RepetitionScorer, repetition_ratio
 from purplerl.rewards.toxicity import (
     EmbeddedToxicityScorer,
@@ -12,13 +31,23 @@ from purplerl.rewards.toxicity import (
 
 __all__ = [
     "RAW_KEY",
+    "REWARD_TERMS",
     "EmbeddedToxicityScorer",
     "HFClassifierScorer",
+    "Needs",
     "RepetitionScorer",
+    "Reward",
+    "RewardTerm",
     "Scorer",
+    "ScoringInput",
+    "TermOutput",
     "checked_scores",
     "combine",
+    "get_term",
     "make_toxicity_scorer",
+    "register_term",
     "repetition_ratio",
     "resolve_label",
+    "term_params",
+    "text_term",
 ]

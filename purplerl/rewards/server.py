@@ -1,5 +1,7 @@
 """The reward server: one scorer behind `POST /score`, so the trainer and the reward model can live in
-different processes or on different machines (the red-team trainer's reward server, port 50050).
+different processes or on different machines (the red-team trainer's reward server, port 50050). It serves the
+toxicity classifier its settings name, or any registered "text" reward term (`serve(settings, term=NAME,
+params=...)`, built by purplerl.rewards.served.make_server_scorer); /info and every answer say which.
 
 Run it with `purplerl serve-reward`, or as an ASGI app, `uvicorn purplerl.rewards.server:app`, which
 reads its settings from `PURPLERL_REWARD_<FIELD>` env vars (MODEL, LABEL, DEVICE, API_KEY, MAX_TEXTS,
@@ -43,7 +45,7 @@ import logging
 import os
 import re
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -55,7 +57,8 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import purplerl
-from purplerl.config import RewardServerConfig, build_server_config
+from purplerl.config import ClassifierConfig, RewardServerConfig, build_server_config
+from purplerl.config.base import Section
 from purplerl.errors import UserError
 from purplerl.rewards.base import Scorer
 from purplerl.rewards.batcher import MicroBatcher, ScorerStalled, ScoringError
@@ -68,7 +71,7 @@ from purplerl.rewards.schema import (
     cut_to_max_chars,
     scrub_surrogates,
 )
-from purplerl.rewards.toxicity import make_classifier
+from purplerl.rewards.served import load_scorer, make_server_scorer
 
 ENV_PREFIX = "PURPLERL_REWARD_"
 log = logging.getLogger("uvicorn.error")  # uvicorn gives it a stderr handler; a server line belongs there
@@ -90,15 +93,6 @@ def exposure_warning(settings: RewardServerConfig) -> str | None:
         return (f"warning: serving on {settings.host} without an API key: anyone who can reach this port can use "
                 f"the scorer (set --api-key or PURPLERL_REWARD_API_KEY)")
     return None
-
-
-def load_scorer(settings: RewardServerConfig) -> tuple[Scorer, str | None]:
-    """The scorer the settings name, and the name of the output it scores."""
-    if settings.model == "embedded" and settings.label is not None:
-        raise UserError(f"--label {settings.label} is for HF classifiers: the embedded scorer has one output")
-    scorer = make_classifier(settings)
-    label = getattr(scorer, "label_name", None)
-    return scorer, None if label is None else str(label)
 
 
 def _one_line(err: ValidationError) -> str:
@@ -215,16 +209,19 @@ def _key_checker(settings: RewardServerConfig) -> Callable[[Request], None]:
     return require_key
 
 
-def create_app(settings: RewardServerConfig, scorer: Scorer | None = None, label: str | None = None) -> FastAPI:
-    """The ASGI app serving `scorer` (default: the one `settings` names, loaded now, so a bad model fails
-    before the port opens). `label` is what /info reports for an injected scorer."""
+def create_app(settings: RewardServerConfig, scorer: Scorer | None = None, label: str | None = None,
+               model: str | None = None) -> FastAPI:
+    """The ASGI app serving `scorer` (default: the classifier `settings` names, loaded now, so a bad model fails
+    before the port opens). `label` and `model` (default settings.model) are what /info reports for an injected
+    scorer; `make_server_scorer` gives all three for a registered reward term."""
     if scorer is None:
-        scorer, label = load_scorer(settings)
+        served = load_scorer(settings)
+        scorer, label, model = served.scorer, served.label, served.model
     batcher = MicroBatcher(scorer, settings.max_batch_texts, settings.batch_wait_ms / 1000, settings.max_pending,
                            settings.score_timeout_s)
-    info = ServerInfo(model=settings.model, label=label, version=purplerl.__version__, max_texts=settings.max_texts,
-                      max_chars=settings.max_chars, max_batch_texts=settings.max_batch_texts,
-                      max_body_bytes=settings.max_body_bytes)
+    info = ServerInfo(model=settings.model if model is None else model, label=label, version=purplerl.__version__,
+                      max_texts=settings.max_texts, max_chars=settings.max_chars,
+                      max_batch_texts=settings.max_batch_texts, max_body_bytes=settings.max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -354,11 +351,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(settings: RewardServerConfig, announce: Callable[[str], None] = print) -> None:
-    """Load the scorer, then serve it with uvicorn until SIGINT/SIGTERM."""
+def serve(settings: RewardServerConfig, *, term: str | None = None, params: Mapping[str, Any] | Section | None = None,
+          announce: Callable[[str], None] = print) -> None:
+    """Load the scorer, then serve it with uvicorn until SIGINT/SIGTERM: the classifier `settings` names, or the
+    registered text reward term `term` built with `params` (purplerl.rewards.served.make_server_scorer)."""
+    if term is not None:
+        _no_classifier_settings(settings)
     sock = _bind(settings.host, settings.port)
     with sock:
-        app = create_app(settings)
+        served = load_scorer(settings) if term is None else make_server_scorer(term, params)
+        app = create_app(settings, served.scorer, served.label, served.model)
         info = app.state.info
         announce(f"reward server: model '{info.model}' label '{info.label}' on "
                  f"http://{settings.host}:{settings.port} (POST /score, GET /info, GET /health)")
@@ -367,6 +369,15 @@ def serve(settings: RewardServerConfig, announce: Callable[[str], None] = print)
         except KeyboardInterrupt:  # uvicorn raises the signal again after its graceful shutdown; Ctrl-C is how to stop
             pass
         announce("reward server stopped")
+
+
+def _no_classifier_settings(settings: RewardServerConfig) -> None:
+    """A served term takes its parameters from the term: a classifier setting beside it would be ignored."""
+    changed = [name for name in ClassifierConfig.model_fields
+               if getattr(settings, name) != RewardServerConfig.model_fields[name].default]
+    if changed:
+        raise UserError(f"--{changed[0].replace('_', '-')} chooses the toxicity classifier; a served reward term "
+                        "takes its parameters from the term instead")
 
 
 _env_app: FastAPI | None = None

@@ -1,4 +1,4 @@
-"""`purplerl verl export`: a directory that runs purplerl's attack recipe on a veRL 0.9 cluster.
+"""`purplerl verl export`: a directory that runs one of purplerl's RL recipes on a veRL 0.9 cluster.
 
     train.parquet, test.parquet    the prompts in veRL's schema (`purplerl data prepare`'s writer)
     purplerl_reward.py (+ .json)   the reward behind veRL's custom-reward hook (purplerl.verl.reward)
@@ -6,8 +6,9 @@
     run_verl.sh                    runs main_ppo with them; extra arguments are appended as further overrides
     README.md                      what was exported, and every setting veRL cannot honour
 
-The defense cannot be exported: its reward is the policy's mean token entropy, and veRL 0.9 computes a
-response's reward from its decoded text, before the actor computes any entropy (see DEFENSE_REFUSED).
+A reward term that reads more than the response text is refused (purplerl.verl.reward.check_term): the defense's
+`response_entropy` and the adaptive attack's `entropy_bonus` are the policy's token entropies, and veRL 0.9 computes
+a response's reward from its decoded text, before the actor computes any entropy; the KL is veRL's own.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from typing import Any as VerlExportConfig  # a recipe's settings plus the verl section (purplerl.cli)
+from purplerl.config import RLSettings
 from purplerl.data.prepare import write_splits
 from purplerl.data.sources import load_prompts
 from purplerl.errors import UserError
@@ -27,10 +28,7 @@ from purplerl.verl.hydra import format_override, parse_override
 from purplerl.verl.mapping import EXPORT_DIR, REWARD_MODULE, Translation, translate
 from purplerl.verl.reward import SETTINGS_FILE, check_term, write_reward_module
 
-RECIPES = ("attack", "defend")
-DEFENSE_REFUSED = ("the defend recipe cannot run on veRL 0.9: its reward is the policy's mean token entropy, and "
-                   "veRL's reward hook receives only the decoded response (no entropies or log-probs); run defend "
-                   "on purplerl's own engines (--engine local/vllm/tinker, --engine.procs N)")
+VerlExportConfig = Any  # a recipe's settings plus the verl section (purplerl.cli)
 
 
 @dataclass(frozen=True)
@@ -50,13 +48,12 @@ class Exported:
 
 
 def check_exportable(cfg: VerlExportConfig) -> None:
-    if cfg.recipe == "defend":
-        raise UserError(DEFENSE_REFUSED)
-    if cfg.recipe != "attack":
-        raise UserError(f"verl export runs the attack recipe; got recipe '{cfg.recipe}' (known: {', '.join(RECIPES)})")
-    if cfg.reward.entropy_bonus_cap is not None:
-        raise UserError("reward.entropy_bonus_cap (the adaptive attack) needs the policy's per-token entropies, "
-                        "which veRL's reward hook does not receive")
+    """An RL recipe whose reward terms veRL's reward hook can compute (each a "text" term of the registry; the KL
+    is veRL's own), and an export dir: else one UserError, before anything is read or written."""
+    if not isinstance(cfg, RLSettings):
+        raise UserError(f"verl export runs an RL recipe (one with rollouts and a reward); got recipe '{cfg.recipe}'")
+    for name in cfg.reward.terms:
+        check_term(name)
     if cfg.verl.out is None:
         raise UserError("name the export dir: --out DIR")
 
@@ -97,17 +94,10 @@ def reward_spec_from(weights: Mapping[str, float], params: Mapping[str, Any], *,
 
 
 def reward_spec(cfg: VerlExportConfig) -> dict[str, Any]:
-    """The attack's reward without its KL term (veRL applies the KL: algorithm.use_kl_in_reward / use_kl_loss)."""
+    """The recipe's reward without its KL term (veRL applies the KL: algorithm.use_kl_in_reward / use_kl_loss)."""
     r = cfg.reward
-    # refusal is logged at weight 0 too, as in purplerl's attack: how often the policy still refuses
-    weights = {"toxicity": r.toxicity_weight, "repetition": _minus(r.repetition_penalty),
-               "refusal": _minus(r.refusal_penalty)}
-    return reward_spec_from(weights, {"toxicity": r.toxicity, "repetition": {"ngram": r.repetition_ngram}},
-                            recipe=cfg.recipe)
-
-
-def _minus(weight: float) -> float:
-    return -weight if weight else 0.0  # a penalty of 0 is written 0.0, not -0.0
+    params = {name: getattr(r, name) for name in r.terms if name in type(r).model_fields}
+    return reward_spec_from(r.terms, params, recipe=cfg.recipe)
 
 
 def _extra_overrides(extra: list[str]) -> dict[str, Any]:
@@ -121,13 +111,13 @@ def _check_out_dir(out: Path) -> None:
 
 def export_verl(cfg: VerlExportConfig, announce: Callable[[str], None] = lambda line: None) -> Exported:
     check_exportable(cfg)
+    spec = reward_spec(cfg)  # a term veRL's reward hook cannot compute is refused before anything is written
     out = Path(str(cfg.verl.out)).expanduser()
     _check_out_dir(out)
     extra = _extra_overrides(cfg.verl.extra)
     splits = {"train": load_prompts(cfg.data), "test": load_prompts(cfg.data, split=cfg.verl.val_split)}
     translation = translate(cfg, len(splits["train"]))  # before writing: a refused setting leaves no files
     translation.overrides.update(extra)
-    spec = reward_spec(cfg)
     rows = {split: [verl_row(r, cfg.data.system_prompt, split, i) for i, r in enumerate(records)]
             for split, records in splits.items()}
     announce(f"writing {out}")
@@ -181,8 +171,8 @@ logging. No reward function or reward manager receives per-token entropies. (Onl
 model, `reward.reward_model.enable`, is the reward computed on the whole batch after sampling, where a custom
 reward manager could read `rollout_log_probs`; -log p of each sampled token is then a one-sample estimate
 of the entropy, not the entropy Token Buncher rewards, and this export does not offer it.) So
-`purplerl verl export` refuses `recipe: defend` (and the adaptive attack's `reward.entropy_bonus_cap`)
-rather than export a different objective. Run the defense on purplerl's own engines.
+`purplerl verl export` refuses `recipe: defend` (and the reward terms `response_entropy` and `entropy_bonus`,
+the adaptive attack's) rather than export a different objective. Run the defense on purplerl's own engines.
 """
 
 

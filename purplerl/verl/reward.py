@@ -6,52 +6,30 @@ module describes itself and imports purplerl (installed on the cluster) instead 
 
     {"recipe": "attack", "terms": [{"name": "toxicity", "weight": 1.0, "settings": {...}}, ...]}
 
-total = sum of weight x score over the terms. A term names a text reward of `TEXT_REWARDS` (a scorer of the
-response, given the prompt); a reward that needs per-token entropies or log-probs (`TOKEN_REWARDS`) is
-refused, because veRL 0.9 hands the reward function the decoded response, not the policy's distributions.
+total = sum of weight x score over the terms. A term is any registered reward term that reads only the response
+text (and its prompt), built through the registry exactly as a training run builds it; a term that reads the
+policy's per-token entropies is refused, because veRL 0.9 hands the reward function the decoded response, not the
+policy's distributions, and the KL term is veRL's own (algorithm.use_kl_in_reward / actor.use_kl_loss).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.base import Scorer, checked_values
+from purplerl.rewards.registry import get_term, term_params
 
 SETTINGS_FILE = "purplerl_reward.json"
 TOTAL_KEY = "score"  # the key veRL's reward managers read the reward from
-
-
-def _toxicity(settings: dict[str, Any]) -> Scorer:
-    from purplerl.config import ToxicityConfig
-    from purplerl.rewards import make_toxicity_scorer
-
-    return make_toxicity_scorer(ToxicityConfig.model_validate(settings))
-
-
-def _repetition(settings: dict[str, Any]) -> Scorer:
-    from purplerl.rewards import RepetitionScorer
-
-    return RepetitionScorer(int(settings["ngram"]))
-
-
-def _refusal(settings: dict[str, Any]) -> Scorer:
-    from purplerl.rewards.refusal import RefusalJudge
-
-    return RefusalJudge()
-
-
-# name -> builder of its scorer from the term's settings: every reward a response's text determines
-TEXT_REWARDS: dict[str, Callable[[dict[str, Any]], Scorer]] = {
-    "toxicity": _toxicity, "repetition": _repetition, "refusal": _refusal}
-# rewards of the policy's per-token distributions, which veRL's reward hook never sees
-TOKEN_REWARDS = {"response_entropy": "the defense's -mean token entropy",
-                 "entropy_bonus": "the adaptive attack's entropy bonus"}
+# why veRL's reward hook cannot compute a term of each kind that reads more than the text
+NOT_IN_VERL = {"tokens": "needs the policy's per-token entropies, which veRL's reward function does not receive",
+               "kl": "is applied by veRL itself (algorithm.use_kl_in_reward or actor_rollout_ref.actor.use_kl_loss), "
+                     "not by the reward function"}
 
 
 @dataclass(frozen=True)
@@ -62,24 +40,26 @@ class Term:
 
 
 def check_term(name: str) -> None:
-    """UserError unless `name` is a reward the veRL hook can compute."""
-    if name in TOKEN_REWARDS:
-        raise UserError(f"reward term '{name}' ({TOKEN_REWARDS[name]}) needs the policy's per-token entropies, "
-                        "which veRL's reward function does not receive")
-    if name not in TEXT_REWARDS:
-        raise UserError(f"unknown reward term '{name}' (text rewards: {', '.join(TEXT_REWARDS)})")
+    """UserError unless `name` is a registered reward term the veRL hook can compute (a "text" term)."""
+    term = get_term(name)  # an unknown name is a UserError listing the registered terms
+    if term.needs != "text":
+        raise UserError(f"reward term '{name}' ({term.description}) {NOT_IN_VERL[term.needs]}")
 
 
 def load_terms(path: Path) -> list[Term]:
-    """The weighted scorers described by a settings file written by `purplerl verl export`."""
+    """The weighted scorers described by a settings file written by `purplerl verl export`, each built through
+    the reward-term registry."""
     try:
         spec = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read reward settings {path}: {err}") from None
     terms = []
     for term in spec.get("terms", []):
-        check_term(term["name"])
-        terms.append(Term(term["name"], float(term["weight"]), TEXT_REWARDS[term["name"]](term.get("settings", {}))))
+        name = term["name"]
+        check_term(name)
+        scorer = get_term(name).scorer
+        assert scorer is not None  # every "text" term has one
+        terms.append(Term(name, float(term["weight"]), scorer(term_params(name, term.get("settings")))))
     if not terms:
         raise UserError(f"reward settings {path} name no reward terms")
     return terms

@@ -28,8 +28,8 @@ from purplerl.data.alignment import templates as template_table
 from purplerl.data.alignment.topics import Topic
 from purplerl.data.sources import BUILTIN_DIR
 from purplerl.errors import ExperimentError, UserError
-from purplerl.eval.judges import RefusalJudge
 from purplerl.files import read_jsonl
+from purplerl.rewards.refusal import RefusalJudge
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from purplerl.errors import UserError
-from purplerl.eval.judges import CausalGuardJudge, HarmClassifierJudge, RefusalJudge, verdict_token_id
 from purplerl.rewards.base import Scorer, checked_values
+from purplerl.rewards.judges import CausalGuardJudge, HarmClassifierJudge, verdict_token_id
+from purplerl.rewards.refusal import RefusalJudge
 
 REFUSAL_TABLE = [
     ("I'm sorry, but I can't help with that.", 1.0),

@@ -4,8 +4,8 @@ import pytest
 from conftest import ChatCompletionsStub, serve_on_loopback
 
 from purplerl.errors import ExperimentError, UserError
-from purplerl.eval.judges import StrongRejectJudge, parse_rubric, strongreject_score
 from purplerl.rewards.base import Scorer
+from purplerl.rewards.judges import StrongRejectJudge, parse_rubric, strongreject_score
 
 # The stub picks its canned reply from a marker in the graded response (which the rubric prompt quotes).
 CANNED = {

@@ -12,9 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from purplerl.cli import _verl_command
 from purplerl.config import load_command_config
 from purplerl.errors import UserError
-from purplerl.recipes.attack import ATTACK_DEFAULTS, attack_reward_fn
+from purplerl.train.rl import registered_reward
 from purplerl.types import Completion, PromptRecord
 from purplerl.verl.export import DEFENSE_REFUSED, export_verl
 from purplerl.verl.hydra import parse_override
@@ -29,8 +30,8 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def _config(*args: str):
-    return load_command_config("verl export", None, ["--model", MODEL, *args], base=ATTACK_DEFAULTS)
+def _config(*args: str, recipe: str = "attack"):
+    return load_command_config(_verl_command(recipe), None, ["--model", MODEL, *args])
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -95,7 +96,7 @@ PROMPT = "Roast my friend."
 
 
 def test_reward_module_in_a_fresh_process_matches_the_attack_reward(tmp_path):
-    cfg = _config("--out", str(tmp_path / "exp"), "--reward.refusal_penalty", "0.25")
+    cfg = _config("--out", str(tmp_path / "exp"), "--reward.terms", "{toxicity: 1, repetition: -0.3, refusal: -0.25}")
     export_verl(cfg)
     # loaded the way veRL loads custom_reward_function.path: a module from a file, in another process
     module_path = str(tmp_path / "exp" / "purplerl_reward.py")
@@ -112,7 +113,7 @@ def test_reward_module_in_a_fresh_process_matches_the_attack_reward(tmp_path):
     # purplerl's own attack reward on the same texts, with the KL term at zero (veRL applies the KL itself)
     completions = [Completion((1,), (2,), torch.zeros(1), torch.zeros(1), text, "stop") for text in TEXTS]
     prompts = [PromptRecord(({"role": "user", "content": PROMPT},))] * len(TEXTS)
-    own = attack_reward_fn(cfg)(prompts, completions, torch.zeros(len(TEXTS)))
+    own = registered_reward(cfg)(prompts, completions, torch.zeros(len(TEXTS)))
     for i, result in enumerate(results):
         assert result["score"] == pytest.approx(float(own.total_N[i]), abs=1e-6)
         for term in ("toxicity", "repetition", "refusal"):
@@ -123,8 +124,8 @@ def test_reward_module_in_a_fresh_process_matches_the_attack_reward(tmp_path):
 
 
 def test_reward_with_hand_worked_weights(tmp_path):
-    export_verl(_config("--out", str(tmp_path / "exp"), "--reward.toxicity_weight", "0",
-                        "--repetition_penalty", "0.5", "--reward.refusal_penalty", "2"))
+    export_verl(_config("--out", str(tmp_path / "exp"),
+                        "--reward.terms", "{toxicity: 0, repetition: -0.5, refusal: -2}"))
     score = ComputeScore(tmp_path / "exp" / "purplerl_reward.json")
     # 0 x toxicity - 0.5 x 2/3 - 2 x 0 ; 0 - 0.5 x 0.25 - 2 x 0 ; 0 - 0 - 2 x 1
     assert score("s", TEXTS[1])["score"] == pytest.approx(-1 / 3)
@@ -132,20 +133,23 @@ def test_reward_with_hand_worked_weights(tmp_path):
     assert score("s", TEXTS[3], "", {"question": PROMPT})["score"] == pytest.approx(-2.0)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--recipe", "defend"], DEFENSE_REFUSED),
-    (["--recipe", "sft"], "verl export runs the attack recipe; got recipe 'sft'"),
-    (["--reward.entropy_bonus_cap", "3"], "reward.entropy_bonus_cap (the adaptive attack) needs"),
-    (["--model", "embedded:smollm2-135m-safe"], "model 'embedded:smollm2-135m-safe' is purplerl's embedded model"),
-    (["--batch_size", "100"], "training.batch_size 100 is more than the 72 training prompts"),
-    (["--batch_size", "6", "--training.mini_batches", "4"], "training.mini_batches 4 does not divide"),
-    (["--verl.gpus_per_node", "3"], "a mini-batch of 32 sequences"),
-    (["--verl.extra", "not an override"], "not a veRL override KEY=VALUE"),
+@pytest.mark.parametrize(("recipe", "args", "message"), [
+    ("defend", [], DEFENSE_REFUSED),
+    ("sft", [], "verl export runs the attack recipe; got recipe 'sft'"),
+    ("attack", ["--reward.terms", "{toxicity: 1, entropy_bonus: 1}"],
+     "reward term 'entropy_bonus' (min(mean per-token entropy, cap): the adaptive attack's entropy bonus) needs the "
+     "policy's per-token entropies, which veRL's reward function does not receive"),
+    ("attack", ["--model", "embedded:smollm2-135m-safe"],
+     "model 'embedded:smollm2-135m-safe' is purplerl's embedded model"),
+    ("attack", ["--batch_size", "100"], "training.batch_size 100 is more than the 72 training prompts"),
+    ("attack", ["--batch_size", "6", "--training.mini_batches", "4"], "training.mini_batches 4 does not divide"),
+    ("attack", ["--verl.gpus_per_node", "3"], "a mini-batch of 32 sequences"),
+    ("attack", ["--verl.extra", "not an override"], "not a veRL override KEY=VALUE"),
 ])
-def test_refused_input_is_one_line_and_writes_nothing(tmp_path, args, message):
+def test_refused_input_is_one_line_and_writes_nothing(tmp_path, recipe, args, message):
     out = tmp_path / "exp"
     with pytest.raises(UserError) as err:
-        export_verl(_config("--out", str(out), *args))
+        export_verl(_config("--out", str(out), *args, recipe=recipe))
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
     assert not out.exists()
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from purplerl.cli import _verl_command
 from purplerl.config import load_command_config
-from purplerl.recipes.attack import ATTACK_DEFAULTS
 from purplerl.verl.hydra import format_override, format_value, parse_override, parse_value
 from purplerl.verl.mapping import NOT_TRANSLATED, WRITTEN_BY_EXPORT, leaf_settings, translate
 
 
-def _translate(*args: str, rows: int = 72):
-    cfg = load_command_config("verl export", None, ["--model", "m/x", *args], base=ATTACK_DEFAULTS)
+def _translate(*args: str, rows: int = 72, recipe: str = "attack"):
+    cfg = load_command_config(_verl_command(recipe), None, ["--model", "m/x", *args])
     return cfg, translate(cfg, rows)
 
 
@@ -20,7 +20,7 @@ def _named(translation) -> dict[str, str]:
 
 
 def test_every_setting_is_translated_written_or_named():
-    cfg, out = _translate("--engine.procs", "2", "--model.threads", "2", "--training.noiser", "true",
+    cfg, out = _translate("--engine.procs", "2", "--model.threads", "2",
                           "--model.lora_dropout", "0.1", "--model.revision", "abc", "--data.template", "base",
                           "--zscore", "true", "--training.collapse_stop", "true", "--training.adam_eps", "1.0e-6")
     named = _named(out)
@@ -28,14 +28,22 @@ def test_every_setting_is_translated_written_or_named():
         assert setting in out.used or setting in named or setting.startswith(WRITTEN_BY_EXPORT), setting
     # every field of today's config is handled by name: the catch-all is for fields added later
     assert NOT_TRANSLATED not in named.values()
-    for setting in ("engine.procs", "model.threads", "training.noiser", "model.lora_dropout", "model.revision",
+    # model.threads is engine.threads now (the old name still works)
+    for setting in ("engine.procs", "engine.threads", "model.lora_dropout", "model.revision",
                     "data.template", "reward.zscore", "training.collapse_stop", "training.adam_eps"):
         assert setting in named
+    # the Token Noiser steps are the defend recipe's own (defend.noiser, no longer training.noiser)
+    cfg, out = _translate("--reward.terms", "{toxicity: 1}", recipe="defend")
+    named = _named(out)
+    for setting in leaf_settings(cfg):
+        assert setting in out.used or setting in named or setting.startswith(WRITTEN_BY_EXPORT), setting
+    assert NOT_TRANSLATED not in named.values()
+    assert "defend.noiser" in named
 
 
 def test_defaults_name_only_what_changes_the_run():
     _, out = _translate()
-    assert set(_named(out)) == {"reward.kl_in", "training.early_stop_toxicity", "training.early_stop_repetition"}
+    assert set(_named(out)) == {"reward.kl_in", "attack.early_stop_toxicity", "training.early_stop_repetition"}
 
 
 def test_sampling_batches_and_optimizer():

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from purplerl.cli import _verl_command
 from purplerl.config import load_command_config
-from purplerl.recipes.attack import ATTACK_DEFAULTS
 from purplerl.verl.export import export_verl
 from purplerl.verl.hydra import parse_override
 from purplerl.verl.mapping import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS
@@ -87,8 +87,8 @@ def _compose(verl_root: Path, hydra_path: Path, lines: list[str], tmp_path: Path
 
 
 def _exported_overrides(tmp_path: Path, *args: str) -> dict:
-    cfg = load_command_config("verl export", None, ["--model", "HuggingFaceTB/SmolLM2-135M-Instruct",
-                                                    "--out", str(tmp_path / "exp"), *args], base=ATTACK_DEFAULTS)
+    cfg = load_command_config(_verl_command(), None, ["--model", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                    "--out", str(tmp_path / "exp"), *args])
     export_verl(cfg)
     lines = (tmp_path / "exp" / "overrides.txt").read_text().splitlines()
     return dict(parse_override(line) for line in lines)
