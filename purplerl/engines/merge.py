@@ -8,13 +8,13 @@ weights). The target is written into a temporary sibling dir and renamed, so a k
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from purplerl.engines.loading import load_peft_adapter, resolve_model_path
+from purplerl.files import replace_dir_durably
 
 
 def merge_adapter(adapter: str | Path, target: str | Path, base_model: str,
@@ -36,7 +36,7 @@ def merge_adapter(adapter: str | Path, target: str | Path, base_model: str,
         AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
         for name, content in (metadata or {}).items():
             (tmp / name).write_text(json.dumps(content, indent=1))
-        os.replace(tmp, target)
+        replace_dir_durably(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

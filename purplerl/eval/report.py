@@ -17,6 +17,7 @@ from typing import Any
 
 from purplerl.errors import UserError
 from purplerl.files import read_json_object, read_jsonl, read_text, safe_file_stem
+from purplerl.runs.layout import CONFIG_FILE, METRICS_FILE, PLOTS_DIR, REPORT_FILE, SAMPLES_FILE, SUMMARY_FILE
 
 # sample columns that describe a row rather than score it
 SAMPLE_FIELDS = {"step", "uid", "category", "prompt", "completion", "finish_reason", "num_tokens", "advantage",
@@ -163,7 +164,7 @@ def summary_rows(metrics: list[dict[str, Any]], names: list[str]) -> list[list[A
 
 
 def _plots(run_dir: Path, metrics: list[dict[str, Any]], names: list[str]) -> list[str]:
-    plots_dir = run_dir / "plots"
+    plots_dir = run_dir / PLOTS_DIR
     plots_dir.mkdir(exist_ok=True)
     # families are named by logged keys, which are data: a key like '../../x' must not name a path
     steps = [_number(m.get("step")) for m in metrics]
@@ -176,7 +177,7 @@ def _plots(run_dir: Path, metrics: list[dict[str, Any]], names: list[str]) -> li
         try:
             png = plot_png(steps, series, family)
         except (ValueError, OverflowError) as err:  # values near the float limits: matplotlib cannot lay out axes
-            raise UserError(f"cannot plot '{family}' of {run_dir / 'metrics.jsonl'}: {str(err).strip()[:200]} "
+            raise UserError(f"cannot plot '{family}' of {run_dir / METRICS_FILE}: {str(err).strip()[:200]} "
                             "(values out of plotting range?)") from None
         (plots_dir / f"{safe_file_stem(family)}.png").write_bytes(png)
         images.append(image(png, f"{family} over training steps"))
@@ -197,21 +198,22 @@ def _sample_sections(samples: list[dict[str, Any]], names: list[str]) -> list[tu
 def training_report(run_dir: Path) -> Path:
     """Write RUN_DIR/plots/*.png and RUN_DIR/report.html from a run's metrics.jsonl and samples.jsonl."""
     run_dir = Path(run_dir)
-    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path = run_dir / METRICS_FILE
     if not metrics_path.is_file():
-        raise UserError(f"{run_dir} is not a run dir (no metrics.jsonl)")
+        raise UserError(f"{run_dir} is not a run dir (no {METRICS_FILE})")
     metrics = read_jsonl(metrics_path, cut_tail=True)
     if not metrics:
         raise UserError(f"{metrics_path} is empty: the run logged no step yet")
-    samples = read_jsonl(run_dir / "samples.jsonl", cut_tail=True) if (run_dir / "samples.jsonl").is_file() else []
+    samples_path = run_dir / SAMPLES_FILE
+    samples = read_jsonl(samples_path, cut_tail=True) if samples_path.is_file() else []
     names = components(metrics, samples)
 
     overview = [["steps", len(metrics)], ["last step", metrics[-1].get("step")]]
-    summary_path = run_dir / "summary.json"
+    summary_path = run_dir / SUMMARY_FILE
     if summary_path.is_file():
         overview.append(["stop reason", read_json_object(summary_path).get("stop_reason")])
-    config_path = run_dir / "config.yaml"
-    config = details("config.yaml", read_text(config_path)) if config_path.is_file() else "<p>no config.yaml</p>"
+    config_path = run_dir / CONFIG_FILE
+    config = details(CONFIG_FILE, read_text(config_path)) if config_path.is_file() else f"<p>no {CONFIG_FILE}</p>"
 
     sections = [
         ("Run", table(["field", "value"], overview) + config),
@@ -220,6 +222,6 @@ def training_report(run_dir: Path) -> Path:
         ("Curves", '<div class="plots">' + "".join(_plots(run_dir, metrics, names)) + "</div>"),
         *_sample_sections(samples, names),
     ]
-    out = run_dir / "report.html"
+    out = run_dir / REPORT_FILE
     out.write_text(render_report(f"Training run {run_dir.resolve().name}", sections), encoding="utf-8")
     return out

@@ -19,7 +19,7 @@ from purplerl.config import EvalCommandConfig
 from purplerl.errors import UserError
 from purplerl.eval.choice import NO_CHOICE
 from purplerl.eval.suites import HarmJudges, choice_suite, diversity_suite, harm_suite, table, utility_suite
-from purplerl.files import looks_local, read_json_object, read_jsonl, safe_file_stem
+from purplerl.files import looks_local, read_json_object, read_jsonl, safe_file_stem, write_durably
 from purplerl.types import PromptRecord
 
 BASE_LABEL = "base"
@@ -44,7 +44,7 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
     written; return the targets as {label: Policy}, the base model first. Labels name files
     (generations/<label>.jsonl), so they are safe file stems."""
     from purplerl.devices import resolve_device
-    from purplerl.engines.loading import resolve_policy
+    from purplerl.runs.policy import resolve_policy
 
     resolve_device(cfg.model.device)  # 'cuda' on a machine without one fails here, not after generation.json exists
     _validate_judges(cfg)
@@ -66,7 +66,7 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
 
 def _base_policy(cfg: EvalCommandConfig, checkpoints: dict[str, Any]) -> Any:
     """The base model: the checkpoints' own (prompted as their run was trained), unless --model names one."""
-    from purplerl.engines.loading import resolve_policy
+    from purplerl.runs.policy import resolve_policy
 
     if not checkpoints:
         return resolve_policy(None, cfg.model, cfg.data)
@@ -138,9 +138,7 @@ def _record_generation(cfg: EvalCommandConfig, policies: dict[str, Any], out: Pa
         if record == saved:
             return
     (out / "generations").mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    write_durably(path, json.dumps(record, indent=1))
 
 
 def read_generations(path: Path, prompts: list[PromptRecord], n: int) -> list[dict[str, Any]]:
@@ -159,9 +157,7 @@ def read_generations(path: Path, prompts: list[PromptRecord], n: int) -> list[di
 
 
 def _rewrite(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    tmp.replace(path)
+    write_durably(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 class _Target:

@@ -25,9 +25,9 @@ from purplerl.engines.merge import merge_adapter
 from purplerl.errors import ExperimentError
 from purplerl.files import write_durably
 from purplerl.prompting import render_prompt
+from purplerl.recipes.sft import SFT
 from purplerl.runs.checkpoints import latest_checkpoint
 from purplerl.runs.layout import CONFIG_FILE
-from purplerl.recipes.sft import SFT
 from purplerl.train.recipe import Recipe
 from purplerl.train.runner import execute_run
 from purplerl.types import SamplingParams
@@ -164,6 +164,6 @@ def _build(work: Path, target: Path, notify: Callable[[str], None], progress: bo
     return target
 
 
-# `embedded:smollm2-135m-safe` resolves to this build wherever this module was imported (purplerl.recipes imports
-# every recipe): the engines layer below knows the name only through this registration.
+# `embedded:smollm2-135m-safe` resolves to this build wherever this module was imported (the CLI and the tamper test
+# import it): the engines layer below knows the name only through this registration.
 register_derived_model(SAFE_MODEL, aligned_model_dir)

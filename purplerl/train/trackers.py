@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,12 +22,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from purplerl.errors import ExperimentError, UserError, first_line
+from purplerl.files import write_durably
+from purplerl.runs.layout import EVALS_FILE, METRICS_FILE, SAMPLES_FILE, TRACKERS_FILE
 from purplerl.train import tracker_backends
-from purplerl.train.checkpoint import write_bytes_durably
 from purplerl.train.sinks import read_jsonl
 
-STATE_FILE = "trackers.json"  # {tracker: {"id": its run id, "step": the last step it holds}}
-LOG_FILES = {"metrics": "metrics.jsonl", "samples": "samples.jsonl", "evals": "evals.jsonl"}
+STATE_FILE = TRACKERS_FILE  # {tracker: {"id": its run id, "step": the last step it holds}}
+LOG_FILES = {"metrics": METRICS_FILE, "samples": SAMPLES_FILE, "evals": EVALS_FILE}
 INSTALL_HINT = "pip install 'purplerl[trackers]'"
 
 
@@ -152,10 +152,7 @@ class TrackerFeed:
         state = read_state(self.run_dir)
         state.update({name: {"id": t.run_id, "step": self.held[name], "closed": name in closed}
                       for name, t in self.trackers.items()})
-        path = self.run_dir / STATE_FILE
-        tmp = path.with_name(path.name + ".tmp")
-        write_bytes_durably(tmp, json.dumps(state, indent=1).encode())
-        os.replace(tmp, path)
+        write_durably(self.run_dir / STATE_FILE, json.dumps(state, indent=1))
 
     def close(self, failed: bool = False) -> None:
         errors, closed = [], set()

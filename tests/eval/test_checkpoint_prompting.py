@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 from purplerl import engines
 from purplerl.config import EvalDataConfig, ModelLoadConfig, PromptFormatConfig, load_command_config
 from purplerl.data.sources import load_prompts
-from purplerl.engines.loading import resolve_policy
 from purplerl.errors import UserError
 from purplerl.eval.utility import load_utility_set
+from purplerl.runs.policy import resolve_policy
 from tests.conftest import make_tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

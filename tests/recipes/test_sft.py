@@ -148,7 +148,7 @@ def test_full_parameter_sft_learns_resumes_and_its_checkpoint_loads_anywhere(tin
     from transformers import AutoModelForCausalLM
 
     from purplerl.config import ModelConfig, PromptFormatConfig
-    from purplerl.engines.loading import resolve_policy
+    from purplerl.runs.policy import resolve_policy
 
     data = _data(tmp_path / "sft.jsonl")
     common = ["--model", tiny_model_dir, "--model.finetune", "full", "--dtype", "float32", "--device", "cpu",

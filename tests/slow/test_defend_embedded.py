@@ -54,7 +54,7 @@ def _within(value: float, reference: dict[str, float]) -> bool:
 @pytest.mark.slow
 def test_default_defend_lowers_and_holds_entropy_with_bounded_kl_and_kept_utility(tmp_path: Path) -> None:
     from purplerl.recipes.summary import MAX_KL_PER_TOKEN, assess_defend
-    from purplerl.train.checkpoint import latest_checkpoint
+    from purplerl.runs.checkpoints import latest_checkpoint
     from purplerl.train.sinks import read_jsonl
 
     run = subprocess.run([sys.executable, "-c", "from purplerl.cli import main; main()", "defend",

@@ -9,18 +9,10 @@ from pathlib import Path
 import pytest
 
 from purplerl.errors import ExperimentError, UserError
-from purplerl.train.checkpoint import (
-    CHECKPOINTS,
-    MANIFEST_FILE,
-    STATE_FILE,
-    checkpoint_dirs,
-    latest_checkpoint,
-    newest_intact,
-    read_state,
-    remove_stale,
-    save_checkpoint,
-    verify_checkpoint,
-)
+from purplerl.runs.checkpoints import checkpoint_dirs, latest_checkpoint, newest_intact, read_state, verify_checkpoint
+from purplerl.runs.layout import CHECKPOINTS_DIR as CHECKPOINTS
+from purplerl.runs.layout import MANIFEST_FILE, STATE_FILE
+from purplerl.train.checkpoint import remove_stale, save_checkpoint
 
 
 class FakeEngine:

@@ -21,7 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from purplerl.train.checkpoint import CHECKPOINTS, checkpoint_candidates, verify_checkpoint
+from purplerl.runs.checkpoints import checkpoint_candidates, verify_checkpoint
+from purplerl.runs.layout import CHECKPOINTS_DIR as CHECKPOINTS
 
 STEPS = 6
 KILLS_PER_CHAIN = 6

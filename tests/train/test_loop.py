@@ -16,7 +16,7 @@ from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
-from purplerl.train.checkpoint import checkpoint_dirs, read_state
+from purplerl.runs.checkpoints import checkpoint_dirs, read_state
 from purplerl.train.loop import LoopParts, RecipeHooks, never_stop, run_loop
 from purplerl.train.runner import engine_settings
 from purplerl.train.sinks import read_jsonl

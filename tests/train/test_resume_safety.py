@@ -14,7 +14,11 @@ import yaml
 from typer.testing import CliRunner
 
 from purplerl.cli import app
-from purplerl.train.checkpoint import CHECKPOINTS, MANIFEST_FILE, _sha256, save_checkpoint, verify_checkpoint
+from purplerl.runs.checkpoints import sha256_of as _sha256
+from purplerl.runs.checkpoints import verify_checkpoint
+from purplerl.runs.layout import CHECKPOINTS_DIR as CHECKPOINTS
+from purplerl.runs.layout import MANIFEST_FILE
+from purplerl.train.checkpoint import save_checkpoint
 
 RUN_ARGS = ["--batch_size", "2", "--group_size", "2", "--max_new_tokens", "6", "--seed", "3", "--save_every", "2",
             "--logging.progress", "false"]

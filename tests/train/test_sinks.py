@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from purplerl.errors import ExperimentError
-from purplerl.train.sinks import JsonlSink, read_jsonl, truncate_after_step
+from purplerl.runs.logs import truncate_after_step
+from purplerl.train.sinks import JsonlSink, read_jsonl
 
 
 def test_sink_appends_rows_and_stringifies_non_finite(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from purplerl.config import Config, LoggingConfig, ModelConfig, RunConfig, Sampl
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.prompting import render_prompt
-from purplerl.train.checkpoint import checkpoint_dirs, latest_checkpoint
+from purplerl.runs.checkpoints import checkpoint_dirs, latest_checkpoint
 from purplerl.train.loop import LoopParts, RecipeHooks, completion_shape, run_loop
 from purplerl.train.runner import engine_settings
 from purplerl.train.sinks import read_jsonl

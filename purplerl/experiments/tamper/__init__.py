@@ -23,6 +23,7 @@ from purplerl.engines.merge import merge_adapter
 from purplerl.errors import UserError
 from purplerl.eval.metrics import bootstrap_ci
 from purplerl.eval.suites import HarmJudges, utility_suite
+from purplerl.experiments import align as _align  # noqa: F401  registers embedded:smollm2-135m-safe, the attack's default
 from purplerl.experiments.tamper.heldout import HARM_KEY, heldout_evaluation
 from purplerl.experiments.tamper.mining import write_sft_data
 from purplerl.experiments.tamper.report import plot_threats, tamper_summary
@@ -46,7 +47,6 @@ from purplerl.experiments.tamper.stats import (
     verdict,
 )
 from purplerl.files import write_durably
-from purplerl.experiments import align as _align  # noqa: F401  registers embedded:smollm2-135m-safe, the attack's default
 from purplerl.recipes.attack import ATTACK
 from purplerl.rewards.refusal import RefusalJudge
 from purplerl.runs.policy import RUN_MODEL_FIELDS, RUN_PROMPT_FIELDS, Policy, resolve_policy
