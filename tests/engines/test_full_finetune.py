@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM
 from purplerl.algorithms.registry import CrossEntropyParams, Loss
 from purplerl.config import ModelConfig, PromptFormatConfig
 from purplerl.engines import make_engine
-from purplerl.runs.policy import resolve_policy
 from purplerl.errors import UserError
+from purplerl.runs.policy import resolve_policy
 from purplerl.types import AdamParams, TrainBatch
 from tests.conftest import make_tiny_tokenizer
 
