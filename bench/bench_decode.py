@@ -1,5 +1,5 @@
 """Decode throughput of the local engine's sampler: the growing KV cache against the static cache replayed as a
-CUDA graph (`model.cuda_graphs`), at the GRPO bench's shape (8 prompts x 4 completions, 48 new tokens).
+CUDA graph (`engine.cuda_graphs`), at the GRPO bench's shape (8 prompts x 4 completions, 48 new tokens).
 
 Each variant samples the same prompts with the same seeds `--repeats` times after one warm-up call; the time per
 call includes the graph capture (done once per call, since batch and prompt width vary between RL steps). A greedy
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from purplerl.config import ModelConfig
+from purplerl.engines.base import EngineSettings
 from purplerl.engines.local import LocalEngine
 from purplerl.types import SamplingParams
 
@@ -40,7 +41,8 @@ def _sync(device: torch.device) -> None:
 
 
 def time_variant(model: str, device: str, dtype: str, graphs: bool, repeats: int, new_tokens: int) -> dict:
-    engine = LocalEngine(ModelConfig(name=model, device=device, dtype=dtype, cuda_graphs=graphs), seed=0)
+    engine = LocalEngine(ModelConfig(name=model, device=device, dtype=dtype), seed=0,
+                         settings=EngineSettings(cuda_graphs=graphs))
     prompts = _prompt_tokens(engine)
     engine.sample(prompts, 4, SamplingParams(max_new_tokens=new_tokens, seed=99))  # warm-up: kernels, allocator
     times, tokens = [], 0
@@ -53,7 +55,7 @@ def time_variant(model: str, device: str, dtype: str, graphs: bool, repeats: int
         tokens = max(len(c.tokens) for g in groups for c in g)
     greedy = engine.sample(prompts, 1, SamplingParams(max_new_tokens=new_tokens, seed=0, temperature=0.0))
     best = min(times)
-    return {"graphs": graphs, "graphs_used": graphs and engine._graphs_work and engine.device.type == "cuda",
+    return {"graphs": graphs, "graphs_used": graphs and engine.sampler.graphs_work and engine.device.type == "cuda",
             "seconds": times, "best_s": best, "decode_steps": tokens, "ms_per_step": 1000 * best / max(tokens, 1),
             "greedy": [g[0] for g in greedy]}
 

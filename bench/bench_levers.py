@@ -25,18 +25,18 @@ from purplerl.engines.local import LocalEngine
 from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.types import AdamParams, SamplingParams
 
-# name -> (ModelConfig overrides, engine attributes to set, EngineSettings overrides)
+# name -> (ModelConfig overrides, trainer attributes to set, EngineSettings overrides)
 VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "default": ({}, {}, {}),
     "fp32": ({"dtype": "float32"}, {}, {}),
-    "fp32_unmerged_sampler": ({"dtype": "float32", "merged_sampler": False}, {}, {}),
-    "fp32_autocast_bf16": ({"dtype": "float32", "autocast_bf16": True}, {}, {}),
-    "unmerged_sampler": ({"merged_sampler": False}, {}, {}),
-    "unfused_lora": ({"fused_lora": False}, {}, {}),
-    "full_logits": ({}, {"_head_only": False}, {}),
+    "fp32_unmerged_sampler": ({"dtype": "float32"}, {}, {"merged_sampler": False}),
+    "fp32_autocast_bf16": ({"dtype": "float32"}, {}, {"autocast_bf16": True}),
+    "unmerged_sampler": ({}, {}, {"merged_sampler": False}),
+    "unfused_lora": ({}, {}, {"fused_lora": False}),
+    "full_logits": ({}, {"head_only": False}, {}),
     "micro_batch_8": ({}, {}, {"micro_batch_size": 8}),  # the old default: 4 passes instead of 1
     "micro_batch_4": ({}, {}, {"micro_batch_size": 4}),
-    "threads_1": ({"threads": 1}, {}, {}),  # sets torch's thread count for the whole process: keep it last
+    "threads_1": ({}, {}, {"threads": 1}),  # sets torch's thread count for the whole process: keep it last
 }
 TEXTS = [f"Roast my friend number {i} who is always late." for i in range(8)]
 
@@ -45,7 +45,7 @@ def measure(name: str, repeats: int) -> dict[str, float]:
     model_kw, attrs, settings_kw = VARIANTS[name]
     engine = LocalEngine(ModelConfig(device="cpu", **model_kw), seed=0, settings=EngineSettings(**settings_kw))
     for key, value in attrs.items():
-        setattr(engine, key, value)
+        setattr(engine.trainer, key, value)
     prompts = [engine.tokenizer.encode(engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)) for t in TEXTS]
     loss = Loss("ppo_clip", PolicyGradientParams(kl_beta=0.1, kl_estimator="k3", old_logprobs="current"))

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from purplerl.algorithms.registry import CustomLoss, Loss
+from purplerl.engines.distributed import World
 from purplerl.errors import ExperimentError
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
@@ -23,6 +24,11 @@ class EngineSettings:
 
     micro_batch_size: int = 64  # max sequences per forward/backward pass (gradients accumulate to the full batch)
     micro_batch_tokens: int = 4096  # max padded tokens per pass: length-sorted sequences fill each pass up to this
+    threads: int = 0  # torch CPU threads; 0 keeps torch's default
+    autocast_bf16: bool = False  # bfloat16 matmuls under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs, GPUs)
+    merged_sampler: bool = True  # sample from a plain copy of the model with the LoRA update merged in (one more copy)
+    cuda_graphs: bool = True  # CUDA: decode over a static KV cache, each token's forward replayed as one CUDA graph
+    fused_lora: bool = True  # plain LoRA layers (no dropout) as one accumulating matmul, the scaling folded into B
 
 
 def check_prompts(prompt_tokens: list[list[int]], n: int) -> None:
@@ -46,6 +52,18 @@ def check_batch(batch: TrainBatch, loss: Loss | None = None) -> None:
 
 class Engine(Protocol):
     tokenizer: Any  # a transformers tokenizer: renders prompts, decodes completions
+
+    @property
+    def world(self) -> World:
+        """The processes this engine spans (engines.distributed): SINGLE for a one-process engine, the group of a
+        data-parallel one."""
+        ...
+
+    @property
+    def sample_metrics(self) -> dict[str, float]:
+        """The last `sample` call's report about its sampler (vLLM: `rollout/lp_diff_mean`, the gap between its
+        logprobs and the trainer's); empty for an engine with nothing to report."""
+        ...
 
     def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
         """Draw n completions for each prompt; result[b][g] answers prompt b."""

@@ -29,7 +29,8 @@ import torch
 
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.engines.distributed import World
-from purplerl.engines.local import LocalEngine, load_tensors
+from purplerl.engines.local import LocalEngine
+from purplerl.engines.local_training import load_tensors
 from purplerl.errors import UserError
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
@@ -64,6 +65,10 @@ class DataParallelEngine:
         self._broadcast_weights()  # equal by seeding already; made certain, as every later update relies on it
         if world.rank:
             torch.manual_seed(rank_seed(inner.seed, world.rank))
+
+    @property
+    def sample_metrics(self) -> dict[str, float]:
+        return self.inner.sample_metrics  # this rank's sampler's report
 
     def __getattr__(self, name: str) -> Any:  # adapters, active_adapter, device, cfg, ...: the local engine's
         if name == "inner":  # not set yet: no recursion through __getattr__

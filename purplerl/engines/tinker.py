@@ -46,6 +46,7 @@ from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines.base import check_batch, check_prompts
+from purplerl.engines.distributed import SINGLE, World
 from purplerl.engines.loading import load_tokenizer, stop_token_ids
 from purplerl.engines.tinker_data import (
     aggregation_coefficients,
@@ -116,6 +117,12 @@ class Remote:
 
 class TinkerEngine:
     """Tinker-shaped training primitives over the Tinker API (see the module docstring for what maps)."""
+
+    world: World = SINGLE  # one process: the service spreads the work
+
+    @property
+    def sample_metrics(self) -> dict[str, float]:
+        return {}  # the service reports nothing about its sampler
 
     def __init__(self, cfg: ModelConfig, engine: EngineConfig, seed: int = 0) -> None:
         _refuse_unmappable(cfg)

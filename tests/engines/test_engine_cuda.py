@@ -30,7 +30,7 @@ ADVANTAGES_N = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
 
 
 def _engine(model_dir: Path, device: str, settings: EngineSettings | None = None, **model_kw) -> LocalEngine:
-    kw = {"lora_rank": 4, "dtype": "float32", **model_kw}
+    kw = {**({"lora_rank": 4} if model_kw.get("finetune", "lora") == "lora" else {}), "dtype": "float32", **model_kw}
     return LocalEngine(ModelConfig(name=str(model_dir), device=device, **kw), seed=0, settings=settings)
 
 
@@ -79,7 +79,8 @@ def test_cuda_logprobs_gradients_and_updates_match_the_cpu(tiny_model_dir: Path,
 
 
 def test_cuda_sampling_is_seeded_and_scored_by_its_own_logprobs(tiny_model_dir: Path, tmp_path: Path) -> None:
-    merged, plain = _engine(tiny_model_dir, "cuda"), _engine(tiny_model_dir, "cuda", merged_sampler=False)
+    merged = _engine(tiny_model_dir, "cuda")
+    plain = _engine(tiny_model_dir, "cuda", EngineSettings(merged_sampler=False))
     _same_adapter(merged, plain, tmp_path / "init")
     for step in range(2):  # the merged sampler follows the optimizer step on the GPU too
         for engine in (merged, plain):
@@ -135,7 +136,7 @@ def test_attack_cli_runs_on_cuda(tiny_model_dir: Path, tmp_path: Path) -> None:
 
 def test_cuda_sampling_fails_loudly_on_nan_weights(tiny_model_dir: Path) -> None:
     engine = _engine(tiny_model_dir, "cuda")
-    assert engine.decode_sync_every > 1  # the GPU path reads its flags only every few tokens
+    assert engine.sampler.decode_sync_every > 1  # the GPU path reads its flags only every few tokens
     with torch.no_grad():
         for name, param in engine.model.named_parameters():
             if "lora_B" in name:
@@ -178,7 +179,7 @@ def test_cuda_graph_decoding_draws_what_eager_decoding_draws(tiny_model_dir: Pat
     from purplerl.engines.decoding import DynamicDecoder, StaticDecoder
 
     graphed = _engine(tiny_model_dir, "cuda")
-    eager = _engine(tiny_model_dir, "cuda", cuda_graphs=False)
+    eager = _engine(tiny_model_dir, "cuda", EngineSettings(cuda_graphs=False))
     for sampling in (SamplingParams(max_new_tokens=12, seed=3), SamplingParams(max_new_tokens=12, seed=0,
                                                                                temperature=0.0)):
         a = [c for g in graphed.sample(PROMPTS, 3, sampling) for c in g]
@@ -186,15 +187,15 @@ def test_cuda_graph_decoding_draws_what_eager_decoding_draws(tiny_model_dir: Pat
         assert [c.tokens for c in a] == [c.tokens for c in b]
         for x, y in zip(a, b, strict=True):
             assert torch.allclose(x.logprobs_C, y.logprobs_C, atol=1e-4)
-    assert graphed._graphs_work  # no capture failed (a failure falls back to eager decoding, with a warning)
+    assert graphed.sampler.graphs_work  # no capture failed (a failure falls back to eager decoding, with a warning)
     # the graph itself: captured at the second step, replayed after, same logits as the growing cache
-    model = graphed._sampling_model()
+    model = graphed.sampler.decoding_model()
     attn_NP = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]], device="cuda")
     ids_NP = torch.tensor([[2, 2, 10, 11], [1, 12, 13, 14]], device="cuda")
     position_N1 = torch.tensor([[1], [3]], device="cuda")
     with torch.no_grad():
-        static = StaticDecoder(model, graphed._cache_kwarg, attn_NP, max_new_tokens=4, graphed=True)
-        dynamic = DynamicDecoder(model, graphed._cache_kwarg, attn_NP)
+        static = StaticDecoder(model, graphed.sampler.cache_kwarg, attn_NP, max_new_tokens=4, graphed=True)
+        dynamic = DynamicDecoder(model, graphed.sampler.cache_kwarg, attn_NP)
         position_NP = (attn_NP.cumsum(-1) - 1).clamp(min=0)
         assert torch.allclose(static.prefill(ids_NP, position_NP), dynamic.prefill(ids_NP, position_NP), atol=1e-5)
         for k in range(4):

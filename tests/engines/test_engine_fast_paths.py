@@ -15,9 +15,12 @@ import pytest
 import torch
 
 from purplerl.algorithms.registry import Loss, PolicyGradientParams
-from purplerl.config import Config, ModelConfig, TrainingConfig
+from purplerl.config import ModelConfig, RLTrainingConfig
 from purplerl.engines import loading
-from purplerl.engines.local import LocalEngine, _draw
+from purplerl.engines.base import EngineSettings
+from purplerl.engines.local import LocalEngine
+from purplerl.engines.local_sampling import draw
+from purplerl.engines.local_scoring import EAGER_ATTENTION_MAX_WIDTH, attention_for, micro_batches
 from purplerl.errors import ExperimentError
 from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.train.loop import old_logprobs_mode
@@ -30,9 +33,9 @@ ADVANTAGES_N = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _engine(model_dir: Path, **model_kw) -> LocalEngine:
+def _engine(model_dir: Path, settings: EngineSettings | None = None, **model_kw) -> LocalEngine:
     kw = {"lora_rank": 4, "dtype": "float32", **model_kw}
-    return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", **kw), seed=0)
+    return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", **kw), seed=0, settings=settings)
 
 
 def _sample(engine: LocalEngine, seed: int, max_new_tokens: int = 8):
@@ -79,8 +82,8 @@ def _grads(engine: LocalEngine, batch: TrainBatch, loss: Loss, **settings: int) 
 
 
 def test_merged_sampler_draws_what_the_adapter_model_draws(tiny_model_dir: Path, tmp_path: Path) -> None:
-    merged, plain = _engine(tiny_model_dir), _engine(tiny_model_dir, merged_sampler=False)
-    assert merged._sampler is not None and plain._sampler is None
+    merged, plain = _engine(tiny_model_dir), _engine(tiny_model_dir, EngineSettings(merged_sampler=False))
+    assert merged.sampler.merged is not None and plain.sampler.merged is None
     for step in range(3):  # the sampler must follow every optimizer step
         # both train on one batch, so their adapters stay equal whatever either sampler draws
         _, tensors = _sample(plain, seed=step)
@@ -104,7 +107,7 @@ def test_merged_sampler_draws_what_the_adapter_model_draws(tiny_model_dir: Path,
     # the adapter changed the sampler's weights, and the PEFT base weights stayed untouched
     q_name = "model.layers.0.self_attn.q_proj"
     peft_q = merged.model.get_base_model().get_submodule(q_name)
-    assert not torch.equal(merged._sampler.get_submodule(q_name).weight, peft_q.get_base_layer().weight)
+    assert not torch.equal(merged.sampler.merged.get_submodule(q_name).weight, peft_q.get_base_layer().weight)
     # load() resyncs too: a fresh engine restoring the adapter samples the same tokens
     merged.save(tmp_path / "ckpt")
     fresh = _engine(tiny_model_dir)
@@ -125,12 +128,12 @@ def test_lora_on_a_tied_lm_head_unties_it_in_the_sampler_only(tmp_path: Path) ->
     LlamaForCausalLM(config).save_pretrained(str(tmp_path))
     tokenizer.save_pretrained(str(tmp_path))
     engine = _engine(tmp_path, lora_targets="lm_head")
-    embeddings_before = engine._sampler.get_input_embeddings().weight.clone()
+    embeddings_before = engine.sampler.merged.get_input_embeddings().weight.clone()
     _train(engine, seed=1, lr=0.2)
     comps, tensors = _sample(engine, seed=2)
     # the sampler's embeddings are still the base's; only its LM head carries the LoRA delta
-    assert torch.equal(engine._sampler.get_input_embeddings().weight, embeddings_before)
-    assert not torch.equal(engine._sampler.get_output_embeddings().weight, embeddings_before)
+    assert torch.equal(engine.sampler.merged.get_input_embeddings().weight, embeddings_before)
+    assert not torch.equal(engine.sampler.merged.get_output_embeddings().weight, embeddings_before)
     recomputed = engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"])
     mask = tensors["loss_mask_NT"]
     assert float(((recomputed - tensors["sampling_logprobs_NT"]) * mask).abs().max()) <= 1e-4
@@ -143,11 +146,11 @@ def test_head_only_scoring_equals_full_logits_in_values_and_gradients(tiny_model
     ids, attn, mask = tensors["input_ids_NT"], tensors["attention_mask_NT"], tensors["loss_mask_NT"]
     batch = build_train_batch(tensors, ADVANTAGES_N)
     loss = _pg("ppo_clip")
-    assert engine._head_only
+    assert engine.trainer.head_only
     fast_lp = engine.logprobs(ids, attn)
     fast_ref = engine.logprobs(ids, attn, reference=True, targets_NT=mask)
     fast_grad = _grads(engine, batch, loss, micro_batch_size=4)
-    engine._head_only = False
+    engine.trainer.head_only = False
     full_lp = engine.logprobs(ids, attn)
     full_ref = engine.logprobs(ids, attn, reference=True, targets_NT=mask)
     full_grad = _grads(engine, batch, loss, micro_batch_size=4)
@@ -180,8 +183,7 @@ def test_current_old_logprobs_give_the_exact_on_policy_gradient(tiny_model_dir: 
     ("auto", 1, 1, "current"), ("auto", 2, 1, "sampler"), ("auto", 1, 4, "sampler"),
     ("sampler", 1, 1, "sampler"), ("current", 2, 2, "current")])
 def test_old_logprobs_auto_is_current_only_for_one_update_per_batch(mode, epochs, minis, expected) -> None:
-    t = TrainingConfig(old_logprobs=mode, ppo_epochs=epochs, mini_batches=minis)
-    assert old_logprobs_mode(Config(training=t).training) == expected
+    assert old_logprobs_mode(RLTrainingConfig(old_logprobs=mode, ppo_epochs=epochs, mini_batches=minis)) == expected
 
 
 def test_auto_dtype_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,7 +227,7 @@ def test_bf16_base_stays_within_tolerance_of_fp32(tiny_model_dir: Path, tmp_path
 def test_inverse_cdf_draw_follows_the_distribution_and_never_picks_zero_mass() -> None:
     probs = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0], [0.1, 0.0, 0.0, 0.9, 0.0]])
     n = 20_000
-    draws_n3 = _draw(probs.repeat(n, 1), torch.Generator().manual_seed(0)).view(n, 3)
+    draws_n3 = draw(probs.repeat(n, 1), torch.Generator().manual_seed(0)).view(n, 3)
     freq = torch.bincount(draws_n3[:, 0], minlength=5) / n
     assert torch.allclose(freq, probs[0], atol=0.015)  # 3 sigma of a binomial frequency at n = 20k is ~0.01
     assert set(draws_n3[:, 1].tolist()) == {4}
@@ -243,7 +245,7 @@ def test_micro_batches_fill_a_token_budget_in_length_order() -> None:
         attn[i, :n] = 1
 
     def split(max_sequences: int, max_tokens: int) -> list[list[int]]:
-        return [b.tolist() for b in LocalEngine._micro_batches(attn, max_sequences, max_tokens)]
+        return [b.tolist() for b in micro_batches(attn, max_sequences, max_tokens)]
 
     # sorted by length: 1(2) 3(3) 4(3) 0(5) 5(7) 2(9); a micro-batch costs rows x its longest row
     assert split(64, 10) == [[1, 3, 4], [0], [5], [2]]  # 3x3=9 fits, 4x5=20 does not; 2x7, 2x9 do not
@@ -259,33 +261,31 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(tiny_model_dir:
     batch = build_train_batch(tensors, ADVANTAGES_N)
     full = _grads(engine, batch, _pg("ppo_clip"))
     budgeted = _grads(engine, batch, _pg("ppo_clip"), micro_batch_tokens=12)
-    assert len(LocalEngine._micro_batches(batch.attention_mask_NT, 64, 12)) >= 3
+    assert len(micro_batches(batch.attention_mask_NT, 64, 12)) >= 3
     assert _close(budgeted, full)
 
 
 def test_short_sequences_score_with_eager_attention_and_the_choice_is_restored() -> None:
     from transformers import LlamaConfig
 
-    from purplerl.engines.local import EAGER_ATTENTION_MAX_WIDTH, _attention_for
-
     config, cpu = LlamaConfig(), torch.device("cpu")
     config._attn_implementation = "sdpa"
-    with _attention_for(config, EAGER_ATTENTION_MAX_WIDTH, cpu):
+    with attention_for(config, EAGER_ATTENTION_MAX_WIDTH, cpu):
         assert config._attn_implementation == "eager"
     assert config._attn_implementation == "sdpa"
-    with _attention_for(config, EAGER_ATTENTION_MAX_WIDTH + 1, cpu):  # long: the T x T scores would cost memory
+    with attention_for(config, EAGER_ATTENTION_MAX_WIDTH + 1, cpu):  # long: the T x T scores would cost memory
         assert config._attn_implementation == "sdpa"
-    with _attention_for(config, 8, torch.device("cuda")):  # CUDA's fused SDPA kernels win at every width
+    with attention_for(config, 8, torch.device("cuda")):  # CUDA's fused SDPA kernels win at every width
         assert config._attn_implementation == "sdpa"
     config._attn_implementation = "flash_attention_2"  # a user's explicit choice is never overridden
-    with _attention_for(config, 8, cpu):
+    with attention_for(config, 8, cpu):
         assert config._attn_implementation == "flash_attention_2"
 
 
 def test_reading_decode_flags_every_few_tokens_changes_no_completion(tiny_model_dir: Path) -> None:
     """GPUs read the stop / non-finite flags every few tokens: the completions are the same as every token."""
     every, sparse = _engine(tiny_model_dir), _engine(tiny_model_dir)
-    sparse.decode_sync_every = 5
+    sparse.sampler.decode_sync_every = 5
     params = SamplingParams(max_new_tokens=23, seed=3)
     # a tiny random model rarely draws its EOS: stop on every 20th token id (some sequences stop, some run to
     # the limit), then on every 3rd (all stop early, so decoding ends before max_new_tokens)
@@ -302,6 +302,6 @@ def test_reading_decode_flags_every_few_tokens_changes_no_completion(tiny_model_
         for name, param in sparse.model.named_parameters():
             if "lora_B" in name:
                 param.fill_(float("nan"))
-    sparse._sampler_synced = False
+    sparse.trainer.touch()  # the LoRA weights changed by hand
     with pytest.raises(ExperimentError, match="sampling produced non-finite logits"):
         sparse.sample(PROMPTS, 1, params)

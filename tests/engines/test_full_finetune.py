@@ -29,8 +29,8 @@ TEXTS = ["Tell me a joke about cats and dogs", "hello world thanks please", "The
 
 
 def _engine(model_dir: Path, finetune: str = "full", dtype: str = "float32", **extra):
-    cfg = ModelConfig(name=str(model_dir), dtype=dtype, device="cpu", finetune=finetune, lora_rank=4,
-                      lora_targets="q_proj,v_proj", **extra)
+    lora = {"lora_rank": 4, "lora_targets": "q_proj,v_proj"} if finetune == "lora" else {}
+    cfg = ModelConfig(name=str(model_dir), dtype=dtype, device="cpu", finetune=finetune, **lora, **extra)
     return make_engine(cfg, seed=3)
 
 
@@ -104,13 +104,13 @@ def test_the_reference_is_the_initial_model_loaded_on_first_use(tiny_model_dir: 
     initial = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
     for _ in range(3):
         _sft_step(engine, batch)
-    assert engine._reference_lm is None  # training without KL (SFT) never holds a second copy
+    assert engine.trainer._reference_lm is None  # training without KL (SFT) never holds a second copy
     trained = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
     assert float((trained - initial).abs().max()) > 0.1
     reference = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, reference=True,
                                 targets_NT=batch.loss_mask_NT)
     torch.testing.assert_close(reference, initial, atol=0, rtol=0)
-    assert all(not p.requires_grad for p in engine._reference_lm.parameters())
+    assert all(not p.requires_grad for p in engine.trainer._reference_lm.parameters())
     # a resumed engine's reference is still the initial model, not the checkpoint it loaded
     engine.save(tmp_path)
     resumed = _engine(tiny_model_dir)
@@ -167,8 +167,11 @@ def test_a_checkpoint_of_the_other_kind_is_one_line(tiny_model_dir: Path, tmp_pa
     # a LoRA run cannot start from a full model as its adapter: it is loaded as the model itself
     with pytest.raises(UserError, match=r"is a full model .*not a LoRA adapter: load it as the model itself"):
         _engine(tiny_model_dir, finetune="lora", init_adapter=str(tmp_path / "full"))
+    # the settings refuse init_adapter without LoRA; the engine refuses a config that went around them too
+    lora_start = ModelConfig(name=str(tiny_model_dir), dtype="float32", device="cpu",
+                             init_adapter=str(tmp_path / "lora"))
     with pytest.raises(UserError, match="model.init_adapter is a LoRA adapter, model.finetune 'full'"):
-        _engine(tiny_model_dir, init_adapter=str(tmp_path / "lora"))
+        make_engine(lora_start.model_copy(update={"finetune": "full"}), seed=3)
 
 
 def test_named_adapters_are_refused_in_full_mode(tiny_model_dir: Path) -> None:

@@ -17,7 +17,8 @@ import torch
 from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import ModelConfig
 from purplerl.engines.loading import find_embedded_gguf, load_tokenizer, resolve_model_path
-from purplerl.engines.local import OPTIMIZER_FILE, LocalEngine
+from purplerl.engines.local import LocalEngine
+from purplerl.engines.local_training import OPTIMIZER_FILE
 from purplerl.errors import ExperimentError, UserError
 from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch

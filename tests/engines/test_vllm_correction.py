@@ -17,7 +17,7 @@ import purplerl.engines.vllm as vllm_engine
 from purplerl.algorithms.registry import CustomLoss, Loss, PolicyGradientParams
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines import make_engine
-from purplerl.engines.local import LocalEngine
+from purplerl.engines.local_sampling import LocalSampler
 from purplerl.engines.vllm import VLLMEngine, request_seed, vllm_lora_rank
 from purplerl.errors import ExperimentError, UserError
 from purplerl.train.batch import sequence_tensors
@@ -31,8 +31,9 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def _cfg(model_dir: Path, **kw) -> ModelConfig:
-    return ModelConfig(name=str(model_dir), dtype="float32", device="cpu", lora_rank=4, lora_alpha=8.0,
-                       lora_targets="q_proj,v_proj,down_proj", **kw)
+    lora = {"lora_rank": 4, "lora_alpha": 8.0, "lora_targets": "q_proj,v_proj,down_proj"}
+    return ModelConfig(name=str(model_dir), dtype="float32", device="cpu",
+                       **(lora if kw.get("finetune", "lora") == "lora" else {}), **kw)
 
 
 @pytest.fixture
@@ -45,8 +46,10 @@ def make_fake(monkeypatch, tiny_model_dir: Path, one_torch_thread):
         engine = VLLMEngine(_cfg(tiny_model_dir), EngineConfig(kind="vllm", vllm_is_correction=correction,
                                                                vllm_is_cap=CAP), seed=3)
 
+        local = LocalSampler(engine.trainer)  # the local decoder, through the engine's own trainer's model
+
         def draw(prompts, sampling):
-            groups = LocalEngine.sample(engine, prompts, 1, sampling)
+            groups = local.sample(prompts, 1, sampling)
             return [(g[0].tokens, g[0].logprobs_C - SHIFTS[i], g[0].finish_reason) for i, g in enumerate(groups)]
 
         monkeypatch.setattr(engine, "_draw", draw)

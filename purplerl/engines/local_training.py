@@ -1,0 +1,389 @@
+"""The local engine's trainer: a PEFT LoRA model (or, full-parameter, the model itself) held in this process, with
+its named adapters, scoring, gradients, optimizer steps and checkpoints. The local engine and the vLLM engine
+each hold one.
+
+The PEFT model serves as the LoRA policy (adapter on) and as the frozen base for KL (adapter disabled, never a
+second copy). Scoring (`logprobs`, `forward_backward`) runs through purplerl.engines.local_scoring: the decoder
+once, the LM head only at the scored positions.
+
+With `model.finetune: full` there is no PEFT wrapping: every weight of the model trains (fp32 masters and AdamW
+as for an adapter), and the KL reference is the initial model, loaded again from `model.name` the first time a
+reference logprob is asked for (SFT never asks, so never pays for that copy; a resumed run gets the initial
+model too, not the checkpoint it loaded).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import zlib
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from purplerl.algorithms.losses import aggregate_loss
+from purplerl.algorithms.registry import CustomLoss, Loss
+from purplerl.config import ModelConfig
+from purplerl.engines.adapters import AdapterSet, FullWeights, adapter_weights_file, lora_config
+from purplerl.engines.base import EngineSettings, check_batch
+from purplerl.engines.full_weights import copy_weights, read_weights, refuse_other_kind, save_model_dir
+from purplerl.engines.fused_lora import install_fused_lora
+from purplerl.engines.loading import (
+    load_causal_lm,
+    load_peft_adapter,
+    load_tokenizer,
+    read_adapter_config,
+    resolve_device,
+    resolve_dtype,
+    stop_token_ids,
+)
+from purplerl.engines.local_scoring import autocast, full_logits, micro_batches, target_logprobs
+from purplerl.errors import ExperimentError, UserError, first_line
+from purplerl.types import AdamParams, TrainBatch
+
+OPTIMIZER_FILE = "optimizer.pt"
+RNG_FILE = "rng_state.pt"
+
+
+def load_base(cfg: ModelConfig, settings: EngineSettings):
+    """(tokenizer, base causal LM) of `cfg`, the base frozen and not yet wrapped by PEFT: a caller that needs a
+    plain copy of it (the merged sampler) takes one before handing it to `LocalTrainer`."""
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    full = cfg.finetune == "full"
+    if cfg.init_adapter:
+        if full:
+            raise UserError("model.init_adapter is a LoRA adapter, model.finetune 'full' trains the model "
+                            "itself: start from a model dir with --model, or use --model.finetune lora")
+        read_adapter_config(cfg.init_adapter, "init_adapter")  # a malformed one fails before the model loads
+    tokenizer = load_tokenizer(cfg.name, cfg.revision)
+    # full: loaded in fp32 so the fp32 masters start from the exact weights, then cast to the compute dtype
+    return tokenizer, load_causal_lm(cfg.name, cfg.revision, "float32" if full else cfg.dtype, cfg.device)
+
+
+class LocalTrainer:
+    """Tinker-shaped training primitives (all but `sample`) over a model held in this process."""
+
+    def __init__(self, cfg: ModelConfig, tokenizer, base, seed: int = 0,
+                 settings: EngineSettings | None = None) -> None:
+        self.cfg, self.seed = cfg, seed
+        self.settings = settings or EngineSettings()
+        self.device = resolve_device(cfg.device)
+        self.full = cfg.finetune == "full"
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer, base)
+        self.causal_lm = base  # PEFT injects its LoRA layers into this very model
+        self._reference_lm = None  # full: the initial model, loaded on first use
+        # final-logit transforms (softcapping, scaling) live in the model's forward: score through it then
+        self.head_only = not any(getattr(base.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
+        self.version = 0  # counts changes of what the active adapter computes: a sampler holding a copy re-reads
+        compute_dtype = resolve_dtype(cfg.dtype, self.device)
+        if self.full:
+            torch.manual_seed(self.seed)  # the global RNG drives dropout, if the model has any
+            self.model = base
+            self._adapters = FullWeights(self.model, compute_dtype)
+        else:
+            self._wrap_lora(base, compute_dtype)
+
+    def _wrap_lora(self, base, compute_dtype: torch.dtype) -> None:
+        from peft import get_peft_model
+
+        cfg = self.cfg
+        torch.manual_seed(self.seed)  # LoRA A matrices are drawn from torch's default generator by PEFT
+        if cfg.init_adapter:
+            self.model = load_peft_adapter(base, cfg.init_adapter)
+        else:
+            try:
+                self.model = get_peft_model(base, lora_config(cfg))
+            except ValueError as err:
+                raise UserError(f"cannot apply LoRA: {str(err).splitlines()[0]}") from None
+        self.model.to(self.device)
+        if self.settings.fused_lora:
+            install_fused_lora(self.model)
+        # Mixed precision: over a bf16 base the adapters run in bf16 too (PEFT would otherwise cast every
+        # activation to fp32 and back around each of the ~200 adapted layers), while each adapter's optimizer
+        # updates fp32 master copies; gradients are accumulated into the masters after every micro-batch.
+        self._adapters = AdapterSet(self.model, compute_dtype)
+        self._adapters.register("default")
+
+    def touch(self) -> None:
+        """Mark the active adapter as changed: a sampler's copy of it is stale."""
+        self.version += 1
+
+    def autocast(self):
+        return autocast(self.device, self.settings.autocast_bf16)
+
+    # ----- named adapters (one frozen base; the reference is the base with every adapter off) -------
+
+    @property
+    def adapters(self) -> list[str]:
+        return self._adapters.names
+
+    @property
+    def active_adapter(self) -> str:
+        return self._adapters.active
+
+    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
+        """Add a LoRA adapter `name` on the same base: fresh (LoRA B = 0, so it starts as the base; shaped by the
+        model config) or loaded from a PEFT dir `init`. It does not become active: see `use_adapter`."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + zlib.crc32(name.encode()))  # its own A matrices, global RNG untouched
+            self._adapters.create(name, self.cfg, init)
+        if self.settings.fused_lora and not self.full:
+            install_fused_lora(self.model)
+
+    def use_adapter(self, name: str) -> None:
+        """Make `name` the adapter that samples, scores and trains."""
+        self._adapters.activate(name)
+        self.touch()
+
+    @property
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return self._adapters.current.params
+
+    @property
+    def master(self) -> list[torch.Tensor]:
+        return self._adapters.current.master
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._adapters.current.optimizer
+
+    def fp32_adapter(self):
+        """Point every adapter's weights at its fp32 masters (for exact save/load/export), then back."""
+        return self._adapters.fp32_weights()
+
+    # ----- scoring ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def scorer(self, reference: bool):
+        """The causal LM that scores: the policy, or the frozen reference (LoRA: the base with every adapter
+        off; full: the initial model, loaded again from model.name on first use)."""
+        if not reference:
+            yield self.causal_lm
+        elif not self.full:
+            with self.model.disable_adapter():
+                yield self.causal_lm
+        else:
+            if self._reference_lm is None:
+                c = self.cfg
+                self._reference_lm = load_causal_lm(c.name, c.revision, c.dtype, c.device)
+            yield self._reference_lm
+
+    def _target_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor, temperature: float,
+                         causal_lm=None) -> torch.Tensor:
+        return target_logprobs(self.causal_lm if causal_lm is None else causal_lm, ids, attn, targets, temperature,
+                               head_only=self.head_only, bf16=self.settings.autocast_bf16)
+
+    def micro_batches(self, attention_mask_NT: torch.Tensor) -> list[torch.Tensor]:
+        return micro_batches(attention_mask_NT, self.settings.micro_batch_size, self.settings.micro_batch_tokens)
+
+    @torch.no_grad()
+    def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
+                 reference: bool = False, temperature: float = 1.0,
+                 targets_NT: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-token logprobs [N, T]; only the `targets_NT` positions are computed (default: every token
+        after the first), the rest are 0."""
+        self.model.eval()
+        ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
+        if targets_NT is None:
+            targets_NT = F.pad(attention_mask_NT[:, 1:], (1, 0))
+        targets = targets_NT.to(self.device)
+        out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
+        for rows in self.micro_batches(attn):
+            width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
+            with self.scorer(reference) as causal_lm:
+                out[rows, :width] = self._target_logprobs(ids[rows, :width], attn[rows, :width],
+                                                          targets[rows, :width], temperature, causal_lm)
+        out = out.cpu()
+        if not torch.isfinite(out).all():
+            raise ExperimentError(f"non-finite {'reference' if reference else 'policy'} logprobs")
+        return out
+
+    # ----- training ---------------------------------------------------------------------------------
+
+    def _parts(self, batch: TrainBatch):
+        """(rows, width, inputs) per micro-batch: the batch's tensors cut to the rows and trimmed of padding."""
+        tensors = {"input_ids_NT": batch.input_ids_NT, "attention_mask_NT": batch.attention_mask_NT,
+                   **{k: v for k, v in batch.inputs().items() if k != "pairs_P2"}}
+        for rows in self.micro_batches(batch.attention_mask_NT):
+            width = int(batch.attention_mask_NT[rows].sum(-1).max())  # right padding: trim unused columns
+            yield rows, width, {name: t[rows, :width].to(self.device) for name, t in tensors.items()}
+
+    def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
+        """Accumulate the gradient of a registered loss on the batch into the active adapter."""
+        definition = loss.definition
+        check_batch(batch, loss)
+        if definition.consumes == "sequences":
+            return self._linearized_backward(batch, lambda lp, inputs: definition.fn(lp, inputs, loss.params),
+                                             loss.temperature)
+        self.model.train()
+        generator = torch.Generator(device=self.device).manual_seed(loss.seed)
+        totals: dict[str, float] = {}
+        normalizer = batch.num_loss_tokens
+        for rows, _, part in self._parts(batch):
+            ids, attn, mask = part["input_ids_NT"], part["attention_mask_NT"], part["loss_mask_NT"]
+            if definition.consumes == "logits":
+                # per-token tensors start at position 1, where the logits of position 0 predict the first target
+                shifted = {k: v[:, 1:] for k, v in part.items()}
+                logits = full_logits(self.causal_lm, ids, attn, self.settings.autocast_bf16)
+                loss_nt, metrics = definition.fn(logits, shifted, loss.params, targets_NT=ids[:, 1:],
+                                                 temperature=loss.temperature, generator=generator)
+                loss_NT = F.pad(loss_nt, (1, 0))
+            else:
+                logp_NT = self._target_logprobs(ids, attn, mask, loss.temperature)
+                loss_NT, metrics = definition.fn(logp_NT, part, loss.params)
+            total = aggregate_loss(loss_NT, mask, loss.aggregation, total_tokens=normalizer,
+                                   total_sequences=batch.num_sequences, length_norm=loss.length_norm)
+            if not torch.isfinite(total):
+                raise ExperimentError(f"non-finite loss in the micro-batch with sequence {int(rows[0])}")
+            total.backward()
+            self._adapters.current.accumulate_master_grads()
+            weight = float(mask.sum()) / normalizer
+            totals["loss"] = totals.get("loss", 0.0) + float(total.detach())
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + weight * float(value)
+        totals["tokens"] = float(normalizer)
+        return totals
+
+    def forward_backward_custom(self, batch: TrainBatch, loss: CustomLoss) -> dict[str, float]:
+        """Accumulate the gradient of a user-supplied loss of the batch's logprobs (Tinker's
+        forward_backward_custom)."""
+        check_batch(batch)
+        return self._linearized_backward(batch, loss.fn, loss.temperature)
+
+    def _linearized_backward(self, batch: TrainBatch, fn, temperature: float) -> dict[str, float]:
+        """The gradient of fn(logprobs of the whole batch) in one micro-batch of memory: logprobs without
+        gradient, the loss and dloss/dlogprobs from them, then per micro-batch the backward pass of
+        sum(dloss/dlogprobs * logprobs), whose gradient is exactly the chain rule's. (Exact when the forward
+        pass is deterministic: LoRA dropout would draw other masks in the two passes.)"""
+        targets_NT = (batch.loss_mask_NT != 0).long()
+        logp_NT = self.logprobs(batch.input_ids_NT, batch.attention_mask_NT, temperature=temperature,
+                                targets_NT=targets_NT).requires_grad_(True)
+        out = fn(logp_NT, batch.inputs())
+        value, metrics = (out, {}) if isinstance(out, torch.Tensor) else out  # the metrics dict is optional
+        if not isinstance(value, torch.Tensor) or value.numel() != 1 or not torch.isfinite(value):
+            raise ExperimentError(f"the loss must be one finite number, got {value!r}"[:200])
+        value.backward()
+        if logp_NT.grad is None:
+            raise ExperimentError("the loss does not depend on the logprobs it was given")
+        grad_NT = logp_NT.grad
+        self.model.train()
+        for rows, width, part in self._parts(batch):
+            lp = self._target_logprobs(part["input_ids_NT"], part["attention_mask_NT"],
+                                       targets_NT[rows, :width].to(self.device), temperature)
+            (lp * grad_NT[rows, :width].to(self.device)).sum().backward()
+            self._adapters.current.accumulate_master_grads()
+        return {"loss": float(value.detach()), **{k: float(v) for k, v in metrics.items()},
+                "tokens": float(batch.num_loss_tokens)}
+
+    def optim_step(self, adam: AdamParams) -> dict[str, float]:
+        for group in self.optimizer.param_groups:
+            group.update(lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay)
+        max_norm = adam.max_grad_norm if adam.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.master, max_norm)
+        if not torch.isfinite(grad_norm):
+            raise ExperimentError(f"non-finite gradient norm ({float(grad_norm)})")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.master is not self.trainable:
+            with torch.no_grad():
+                for p, m in zip(self.trainable, self.master, strict=True):
+                    p.copy_(m)
+        self.touch()
+        return {"grad_norm": float(grad_norm), "lr": adam.lr}
+
+    # ----- state ------------------------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        """Every adapter (a standard PEFT dir: `default` at the top, others in subdirs by name), each adapter's
+        optimizer state, which one is active, and the global RNG. Full-parameter: the model as a standard
+        Hugging Face model dir (fp32 weights + tokenizer, loadable on its own) instead of the adapters."""
+        path = Path(path)
+        with self.fp32_adapter():  # the exported weights are the exact fp32 masters
+            if self.full:
+                save_model_dir(self.model, self.tokenizer, path)
+            else:
+                self.model.save_pretrained(path, selected_adapters=self.adapters)
+        # sampling draws from its own seeded generator; the global RNG still drives LoRA dropout
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        optimizers = {"adapters": {name: self._adapters.get(name).optimizer.state_dict() for name in self.adapters},
+                      "active": self.active_adapter}
+        # serialized in memory and written by Python: a full disk then raises OSError(ENOSPC), where torch's
+        # own file writer reports only "unexpected pos"
+        for name, obj in ((OPTIMIZER_FILE, optimizers), (RNG_FILE, rng)):
+            buffer = io.BytesIO()
+            torch.save(obj, buffer)
+            with open(path / name, "wb") as f:
+                f.write(buffer.getbuffer())
+
+    def load(self, path: Path) -> None:
+        """Restore what save() wrote; adapters the checkpoint has and this engine lacks are created."""
+        path = Path(path)
+        refuse_other_kind(path, self.cfg.finetune)
+        if self.full:
+            state = read_weights(path, self.device)
+            with self.fp32_adapter():  # copied into the masters; the compute-dtype weights follow on exit
+                copy_weights(self.model, state, path)
+        else:
+            names = ["default", *sorted(d.name for d in path.iterdir() if (d / "adapter_config.json").is_file())]
+            for name in names:
+                if name not in self.adapters:
+                    self.create_adapter(name)
+                self._load_weights(name, adapter_weights_file(path, name))
+        state = load_tensors(path / OPTIMIZER_FILE, self.device)
+        # a checkpoint of one unnamed adapter (purplerl before named adapters) holds a plain state dict
+        optimizers = state.get("adapters") if isinstance(state, dict) and "adapters" in state else {"default": state}
+        for name, optimizer_state in optimizers.items():
+            try:
+                self._adapters.get(name).optimizer.load_state_dict(optimizer_state)
+            except (KeyError, ValueError, TypeError) as err:
+                raise UserError(f"optimizer state of adapter '{name}' in {path} does not match it: "
+                                f"{first_line(err)}") from None
+        self.use_adapter(str(state.get("active", "default")) if isinstance(state, dict) else "default")
+        if (path / RNG_FILE).is_file():
+            rng = load_tensors(path / RNG_FILE, torch.device("cpu"))
+            if not isinstance(rng, dict) or not isinstance(rng.get("cpu"), torch.Tensor):
+                raise UserError(f"{path / RNG_FILE} does not hold an RNG state")
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _load_weights(self, name: str, weights: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        if not weights.is_file():
+            raise UserError(f"{weights.parent} holds no adapter_model.safetensors")
+        try:
+            state = load_file(str(weights), device=str(self.device))
+        except (SafetensorError, OSError) as err:
+            raise UserError(f"cannot read {weights}: {first_line(err)}") from None
+        with self.fp32_adapter():  # loads in place into the masters; the bf16 copies follow on exit
+            try:
+                result = set_peft_model_state_dict(self.model, state, adapter_name=name)
+            except RuntimeError as err:  # a tensor of another shape: another LoRA rank or model
+                raise UserError(f"adapter in {weights.parent} does not match the model: {first_line(err)}") from None
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise UserError(f"adapter in {weights.parent} does not match the model ({len(unexpected)} unexpected keys)")
+        self.touch()
+
+
+def load_tensors(path: Path, device: torch.device):
+    """torch.load restricted to tensors and plain containers: a pickle that would run code is refused, unrun."""
+    import pickle
+
+    if not path.is_file():
+        raise UserError(f"{path} is missing")
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise UserError(f"{path} holds objects other than tensors and plain values: refused without "
+                        "unpickling them (only tensors are ever loaded from a checkpoint)") from None
+    except (RuntimeError, OSError, EOFError) as err:
+        raise UserError(f"cannot read {path}: {first_line(err)}") from None
