@@ -396,9 +396,17 @@ def _server_option_name(field: str) -> str:
     return f"{name} (or env {API_KEY_ENV})" if field == "api_key" else name
 
 
-@app.command(name="serve-reward")
+def _serve_command() -> Command:
+    from purplerl.config.commands import SERVE_REWARD
+
+    return SERVE_REWARD
+
+
+@app.command(name="serve-reward", context_settings=OVERRIDES, cls=config_command(_serve_command))
 @reports_errors
 def serve_reward(
+    ctx: typer.Context,
+    config: ConfigFile = None,
     model: Annotated[str, _server_option("model")] = _server_default("model"),
     label: Annotated[str | None, _server_option("label")] = None,
     host: Annotated[str, _server_option("host")] = _server_default("host"),
@@ -420,15 +428,25 @@ def serve_reward(
     batch_size: Annotated[int, _server_option("batch_size")] = _server_default("batch_size"),
     max_length: Annotated[int, _server_option("max_length")] = _server_default("max_length"),
 ) -> None:
-    """Serve a toxicity scorer over HTTP (POST /score) for runs with --reward.toxicity.url URL."""
+    """Serve a toxicity scorer over HTTP (POST /score) for runs with --reward.toxicity.url URL, or any registered
+    text reward term (--term NAME --params '{...}'). Settings: the options below, or --server.FIELD / --serve.FIELD
+    and --config FILE as for every command."""
     options = {k: v for k, v in locals().items() if k in RewardServerConfig.model_fields and v is not None}
     settings = build_server_config(options, _server_option_name)  # before the server's imports: a typo fails fast
+    served = None
+    if ctx.args or config is not None:
+        given = {k: v for k, v in options.items() if k == "api_key" or ctx.get_parameter_source(k).name != "DEFAULT"}
+        cfg = load_command_config(_serve_command(), config, ctx.args, base={"server": given})
+        settings, served = cfg.server, cfg.serve
     from purplerl.rewards.server import exposure_warning, serve
 
     warning = exposure_warning(settings)
     if warning:
         typer.echo(warning, err=True)
     _quiet_libraries()
+    if served is not None and served.term is not None:
+        serve(settings, term=served.term, params=served.params, announce=lambda line: typer.echo(line, err=True))
+        return
     serve(settings, announce=lambda line: typer.echo(line, err=True))
 
 

@@ -14,7 +14,13 @@ from pydantic import Field, field_validator, model_validator
 
 from purplerl.config.base import Section, Template, read_when
 from purplerl.config.base import comma_list as _comma_list
-from purplerl.config.sections import EvalDataConfig, GenerationConfig, ModelLoadConfig, PromptFormatConfig
+from purplerl.config.sections import (
+    EvalDataConfig,
+    GenerationConfig,
+    ModelLoadConfig,
+    PromptFormatConfig,
+    RewardServerConfig,
+)
 
 # The names each of these fields may hold live here, with the settings: the modules that implement them
 # (purplerl.eval.run's suites, purplerl.data.prepare's datasets) sit above config and check that they cover them.
@@ -275,3 +281,20 @@ class ReportCommandConfig(Section):
 
 EXPORT = Command(ExportCommandConfig, {name: f"export.{name}" for name in ExportConfig.model_fields})
 REPORT = Command(ReportCommandConfig, {"run_dir": "report.run_dir"}, positional="report.run_dir")
+
+
+class ServedTermConfig(Section):
+    """What `purplerl serve-reward` serves instead of a classifier: any registered text reward term."""
+
+    term: str | None = Field(None, description="a registered text reward term to serve (a judge, refusal, repetition...) instead of the classifier model/label name")
+    params: dict[str, Any] = Field(default_factory=dict, description="the term's parameters, e.g. {model: ORG/GUARD, unsafe_token: unsafe}")
+
+
+class ServeRewardCommandConfig(Section):
+    """`purplerl serve-reward`: the scorer and the HTTP server's limits."""
+
+    server: RewardServerConfig = Field(default_factory=RewardServerConfig, description="the classifier served and the server's address and limits; the API key is best given by env PURPLERL_REWARD_API_KEY")
+    serve: ServedTermConfig = Field(default_factory=ServedTermConfig, description="a registered reward term to serve instead")
+
+
+SERVE_REWARD = Command(ServeRewardCommandConfig, {"term": "serve.term", "params": "serve.params"})
