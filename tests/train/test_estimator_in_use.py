@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from purplerl.config import Config, LoggingConfig, ModelConfig, RewardConfig, RunConfig, SamplingConfig, TrainingConfig
+from purplerl.config import EngineConfig, LoggingConfig, ModelConfig, RLTrainingConfig, RunConfig, SamplingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.prompting import render_prompt
-from purplerl.recipes.defend import defend_update
+from purplerl.recipes.attack import AttackSettings
+from purplerl.recipes.defend import DefendConfig, DefendSettings, defend_update
 from purplerl.rewards import combine
 from purplerl.train.loop import LoopParts, RecipeHooks, UpdateFn, old_logprobs_mode, rl_step, rl_update
 from purplerl.train.runner import engine_settings
@@ -60,13 +61,17 @@ class RecordingEngine:
 
 
 def _step(model_dir: Path, sampling: dict | None = None, reward: dict | None = None, adapter: Path | None = None,
-          rewards: list[float] = REWARDS, update: UpdateFn = rl_update, **training: object):
-    config = Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32",
+          rewards: list[float] = REWARDS, update: UpdateFn = rl_update, defend: dict | None = None,
+          **training: object):
+    sections = dict(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32",
                                       init_adapter=str(adapter) if adapter else None),
                     sampling=SamplingConfig(**{"group_size": 3, "max_new_tokens": 4, **(sampling or {})}),
-                    training=TrainingConfig(steps=1, batch_size=2, lr=1e-2, micro_batch_size=8, **training),
-                    reward=RewardConfig(**{"kl_beta": 0.0, **(reward or {})}),
+                    training=RLTrainingConfig(steps=1, batch_size=2, lr=1e-2, **training),
+                    engine=EngineConfig(micro_batch_size=8), reward={"kl_beta": 0.0, **(reward or {})},
                     run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
+    # the defend tree when `defend` sets its Token Noiser fields, else the attack's
+    config = DefendSettings(defend=DefendConfig(**defend), **sections) if defend is not None \
+        else AttackSettings(**sections)
     engine = RecordingEngine(LocalEngine(config.model, seed=0, settings=engine_settings(config)))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
 
@@ -155,7 +160,7 @@ def test_reinforce_pp_token_kl_only_when_the_kl_is_in_the_reward(tiny_model_dir:
 def test_noiser_step_trains_on_every_response_with_advantage_at_least_zero(tiny_model_dir: Path) -> None:
     # group 0: advantages [-2, -1, 3] -> one response >= 0; group 1 is flat -> three zeros, all kept
     metrics, samples, batch = _step(tiny_model_dir, rewards=[0.0, 1.0, 5.0, 2.0, 2.0, 2.0], update=defend_update,
-                                    noiser=True, noiser_warmup=0, noiser_every=1)
+                                    defend={"noiser": True, "noiser_warmup": 0, "noiser_every": 1})
     assert metrics["train/noiser_step"] == 1.0 and metrics["train/noiser_sequences"] == 4
     assert [s["advantage"] for s in samples] == pytest.approx([-2.0, -1.0, 3.0, 0.0, 0.0, 0.0])
     # the noiser batch holds exactly those four responses, in order
@@ -176,7 +181,7 @@ def test_temperature_reaches_the_reference_pass_and_the_loss(tiny_model_dir: Pat
 
 
 def test_old_logprobs_auto_is_current_only_for_one_update_per_batch() -> None:
-    assert old_logprobs_mode(TrainingConfig()) == "current"
-    assert old_logprobs_mode(TrainingConfig(ppo_epochs=2)) == "sampler"
-    assert old_logprobs_mode(TrainingConfig(mini_batches=2)) == "sampler"
-    assert old_logprobs_mode(TrainingConfig(old_logprobs="sampler")) == "sampler"
+    assert old_logprobs_mode(RLTrainingConfig()) == "current"
+    assert old_logprobs_mode(RLTrainingConfig(ppo_epochs=2)) == "sampler"
+    assert old_logprobs_mode(RLTrainingConfig(mini_batches=2)) == "sampler"
+    assert old_logprobs_mode(RLTrainingConfig(old_logprobs="sampler")) == "sampler"

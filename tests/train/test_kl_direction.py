@@ -17,12 +17,13 @@ import pytest
 import torch
 
 from purplerl.algorithms.registry import Loss, PolicyGradientParams
-from purplerl.config import Config, LoggingConfig, ModelConfig, RewardConfig, RunConfig, SamplingConfig, TrainingConfig
+from purplerl.config import EngineConfig, LoggingConfig, ModelConfig, RLTrainingConfig, RunConfig, SamplingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.prompting import render_prompt
-from purplerl.recipes.attack import attack_reward_fn
+from purplerl.recipes.attack import AttackSettings
 from purplerl.train.loop import LoopParts, RecipeHooks, rl_step
+from purplerl.train.rl import registered_reward
 from purplerl.train.runner import engine_settings
 from purplerl.types import AdamParams, PromptRecord, TrainBatch
 
@@ -54,20 +55,22 @@ class BaseScorer:
         return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
-def _config(model_dir: Path, adapter: Path, reward: dict) -> Config:
-    return Config(model=ModelConfig(name=str(model_dir), device="cpu", dtype="float32", init_adapter=str(adapter)),
-                  sampling=SamplingConfig(group_size=2, max_new_tokens=MAX_NEW),
-                  training=TrainingConfig(steps=1, batch_size=2, lr=1e-3, micro_batch_size=4),
-                  reward=RewardConfig(**reward), run=RunConfig(save_every=100, keep_last=1),
-                  logging=LoggingConfig(progress=False))
+def _config(model_dir: Path, adapter: Path, reward: dict) -> AttackSettings:
+    return AttackSettings(model=ModelConfig(name=str(model_dir), device="cpu", dtype="float32",
+                                            init_adapter=str(adapter)),
+                          sampling=SamplingConfig(group_size=2, max_new_tokens=MAX_NEW),
+                          training=RLTrainingConfig(steps=1, batch_size=2, lr=1e-3),
+                          engine=EngineConfig(micro_batch_size=4),
+                          reward=reward, run=RunConfig(save_every=100, keep_last=1),
+                          logging=LoggingConfig(progress=False))
 
 
-def _step(config: Config):
+def _step(config: AttackSettings):
     """One loop step with the attack recipe's reward; returns (metrics, samples, completions, kl_N seen)."""
     engine = LocalEngine(config.model, seed=config.training.seed, settings=engine_settings(config))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
     seen = {}
-    inner = attack_reward_fn(config)
+    inner = registered_reward(config)
 
     def reward_fn(prompts, completions, kl_N):
         seen.update(completions=completions, kl_N=kl_N.clone())
@@ -91,7 +94,7 @@ def test_loop_kl_and_reward_at_a_trained_policy(tiny_model_dir: Path, trained_ad
     assert kl_N.tolist() == pytest.approx(expected.tolist(), abs=1e-3)
     assert [s["kl"] for s in samples] == pytest.approx(expected.tolist(), abs=1e-3)
     assert metrics["kl/mean"] == pytest.approx(float(expected.mean()), abs=1e-3)
-    # the attack reward subtracts the KL: toxicity_weight 1, repetition_penalty 0.3, kl_beta 0.1
+    # the attack reward subtracts the KL: reward.terms toxicity 1, repetition -0.3; kl_beta 0.1
     for s, kl in zip(samples, expected.tolist(), strict=True):
         assert s["reward"] == pytest.approx(s["toxicity"] - 0.3 * s["repetition"] - 0.1 * kl, abs=1e-4)
 

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from purplerl.config import Config, LoggingConfig, ModelConfig, RunConfig, SamplingConfig, TrainingConfig
+from purplerl.config import EngineConfig, LoggingConfig, ModelConfig, RLTrainingConfig, RunConfig, SamplingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
+from purplerl.recipes.attack import AttackSettings
 from purplerl.runs.checkpoints import checkpoint_dirs, read_state
 from purplerl.train.loop import LoopParts, RecipeHooks, never_stop, run_loop
 from purplerl.train.runner import engine_settings
@@ -31,14 +32,15 @@ B, G = 2, 2
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _config(model_dir: Path, steps: int = 3, **training: object) -> Config:
-    return Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
-                  sampling=SamplingConfig(group_size=G, max_new_tokens=5),
-                  training=TrainingConfig(steps=steps, batch_size=B, lr=1e-2, micro_batch_size=4, **training),
-                  run=RunConfig(save_every=2, keep_last=5), logging=LoggingConfig(progress=False))
+def _config(model_dir: Path, steps: int = 3, **training: object) -> AttackSettings:
+    return AttackSettings(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
+                          sampling=SamplingConfig(group_size=G, max_new_tokens=5),
+                          training=RLTrainingConfig(steps=steps, batch_size=B, lr=1e-2, **training),
+                          engine=EngineConfig(micro_batch_size=4),
+                          run=RunConfig(save_every=2, keep_last=5), logging=LoggingConfig(progress=False))
 
 
-def _parts(config: Config, reward_fn, early_stop: Callable[[dict[str, float]], str | None] = never_stop):
+def _parts(config: AttackSettings, reward_fn, early_stop: Callable[[dict[str, float]], str | None] = never_stop):
     engine = LocalEngine(config.model, seed=config.training.seed, settings=engine_settings(config))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
     sampler = PromptSampler(RECORDS, config.training.batch_size, config.training.seed)
@@ -163,11 +165,12 @@ def test_policy_learns_to_emit_rewarded_tokens(tiny_model_dir: Path, tmp_path: P
         count = torch.tensor([float(sum(t in targets for t in c.tokens)) for c in completions])
         return RewardBreakdown(total_N=count, components={"toxicity": count, "kl": kl_N})
 
-    config = Config(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4, lora_targets="lm_head",
-                                      dtype="float32"),
-                    sampling=SamplingConfig(group_size=8, max_new_tokens=8),
-                    training=TrainingConfig(steps=20, batch_size=2, lr=5e-2, micro_batch_size=16),
-                    run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
+    config = AttackSettings(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4,
+                                              lora_targets="lm_head", dtype="float32"),
+                            sampling=SamplingConfig(group_size=8, max_new_tokens=8),
+                            training=RLTrainingConfig(steps=20, batch_size=2, lr=5e-2),
+                            engine=EngineConfig(micro_batch_size=16),
+                            run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
     run_loop(config, _parts(config, reward_fn), tmp_path)
     rewards = [m["reward/mean"] for m in read_jsonl(tmp_path / "metrics.jsonl")]
     assert len(rewards) == 20

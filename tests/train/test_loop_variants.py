@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from purplerl.config import Config, LoggingConfig, ModelConfig, RewardConfig, RunConfig, SamplingConfig, TrainingConfig
+from purplerl.config import EngineConfig, LoggingConfig, ModelConfig, RLTrainingConfig, RunConfig, SamplingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
-from purplerl.recipes.defend import defend_update, is_noiser_step
+from purplerl.recipes.attack import AttackSettings
+from purplerl.recipes.defend import DefendConfig, DefendSettings, defend_update, is_noiser_step
 from purplerl.rewards import combine
 from purplerl.train.loop import (
     KLPlacement,
@@ -39,15 +40,20 @@ RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _config(model_dir: Path, steps: int = 2, reward: dict | None = None, **training: object) -> Config:
-    return Config(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
-                  sampling=SamplingConfig(group_size=2, max_new_tokens=5),
-                  training=TrainingConfig(steps=steps, batch_size=2, lr=1e-2, micro_batch_size=4, **training),
-                  reward=RewardConfig(**(reward or {})),
-                  run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
+def _config(model_dir: Path, steps: int = 2, reward: dict | None = None, defend: dict | None = None,
+            **training: object) -> AttackSettings | DefendSettings:
+    """The attack's settings tree; the defend tree when `defend` sets its Token Noiser fields."""
+    sections = dict(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
+                    sampling=SamplingConfig(group_size=2, max_new_tokens=5),
+                    training=RLTrainingConfig(steps=steps, batch_size=2, lr=1e-2, **training),
+                    engine=EngineConfig(micro_batch_size=4), reward=reward or {},
+                    run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
+    if defend is not None:
+        return DefendSettings(defend=DefendConfig(**defend), **sections)
+    return AttackSettings(**sections)
 
 
-def _reward_fn(config: Config):
+def _reward_fn(config: AttackSettings | DefendSettings):
     def reward_fn(prompts, completions, kl_N):
         # any reward that differs within a group: a pseudo-random function of the sampled tokens
         score = torch.tensor([float(sum(c.tokens) % 11) / 11 for c in completions])
@@ -55,7 +61,7 @@ def _reward_fn(config: Config):
     return reward_fn
 
 
-def _run(config: Config, tmp_path: Path, update: UpdateFn = rl_update) -> list[dict]:
+def _run(config: AttackSettings | DefendSettings, tmp_path: Path, update: UpdateFn = rl_update) -> list[dict]:
     engine = LocalEngine(config.model, seed=config.training.seed, settings=engine_settings(config))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
     hooks = RecipeHooks(reward=_reward_fn(config), update=update)
@@ -108,13 +114,13 @@ def test_too_many_minibatches_is_an_experiment_error(tiny_model_dir: Path, tmp_p
 
 
 def test_noiser_schedule() -> None:
-    config = Config(training=TrainingConfig(noiser=True, noiser_warmup=3, noiser_every=2))
+    config = DefendSettings(defend=DefendConfig(noiser=True, noiser_warmup=3, noiser_every=2))
     assert [s for s in range(1, 10) if is_noiser_step(s, config)] == [5, 7, 9]
-    assert not any(is_noiser_step(s, Config(training=TrainingConfig(noiser=False))) for s in range(1, 50))
+    assert not any(is_noiser_step(s, DefendSettings(defend=DefendConfig(noiser=False))) for s in range(1, 50))
 
 
 def test_noiser_steps_run_supervised_updates(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = _config(tiny_model_dir, steps=4, noiser=True, noiser_warmup=1, noiser_every=2)
+    config = _config(tiny_model_dir, steps=4, defend={"noiser": True, "noiser_warmup": 1, "noiser_every": 2})
     metrics = _run(config, tmp_path, update=defend_update)
     assert [m.get("train/noiser_step", 0.0) for m in metrics] == [0.0, 0.0, 1.0, 0.0]
     noiser = metrics[2]

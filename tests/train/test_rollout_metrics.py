@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from purplerl.config import Config, LoggingConfig, ModelConfig, RunConfig, SamplingConfig, TrainingConfig
+from purplerl.config import LoggingConfig, ModelConfig, RLTrainingConfig, RunConfig, SamplingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.prompting import render_prompt
+from purplerl.recipes.attack import AttackSettings
 from purplerl.train.loop import LoopParts, RecipeHooks, run_loop
 from purplerl.train.sinks import read_jsonl
 from purplerl.types import PromptRecord, RewardBreakdown
@@ -38,10 +39,10 @@ def _reward(prompts, completions, kl_N: torch.Tensor) -> RewardBreakdown:
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_engines_sampler_metrics_are_logged_per_step(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = Config(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4, dtype="float32"),
-                    sampling=SamplingConfig(group_size=2, max_new_tokens=4),
-                    training=TrainingConfig(steps=2, batch_size=2, lr=1e-2),
-                    run=RunConfig(save_every=5), logging=LoggingConfig(progress=False))
+    config = AttackSettings(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4, dtype="float32"),
+                            sampling=SamplingConfig(group_size=2, max_new_tokens=4),
+                            training=RLTrainingConfig(steps=2, batch_size=2, lr=1e-2),
+                            run=RunConfig(save_every=5), logging=LoggingConfig(progress=False))
     engine = ReportingEngine(config.model, seed=0)
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
     parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, RecipeHooks(reward=_reward))
@@ -51,10 +52,10 @@ def test_the_engines_sampler_metrics_are_logged_per_step(tiny_model_dir: Path, t
 
 
 def test_an_engine_without_a_report_adds_nothing(tiny_model_dir: Path, tmp_path: Path) -> None:
-    config = Config(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4, dtype="float32"),
-                    sampling=SamplingConfig(group_size=2, max_new_tokens=4),
-                    training=TrainingConfig(steps=1, batch_size=2, lr=1e-2),
-                    run=RunConfig(save_every=5), logging=LoggingConfig(progress=False))
+    config = AttackSettings(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4, dtype="float32"),
+                            sampling=SamplingConfig(group_size=2, max_new_tokens=4),
+                            training=RLTrainingConfig(steps=1, batch_size=2, lr=1e-2),
+                            run=RunConfig(save_every=5), logging=LoggingConfig(progress=False))
     engine = LocalEngine(config.model, seed=0)
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
     run_loop(config, LoopParts(engine, PromptSampler(RECORDS, 2, 0), render, RecipeHooks(reward=_reward)), tmp_path)

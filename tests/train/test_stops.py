@@ -8,22 +8,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from purplerl.config import Config, LoggingConfig, ModelConfig, RunConfig, SamplingConfig, TrainingConfig, load_config
+from purplerl.config import (
+    EngineConfig,
+    LoggingConfig,
+    ModelConfig,
+    RLTrainingConfig,
+    RunConfig,
+    SamplingConfig,
+)
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.prompting import render_prompt
+from purplerl.recipes import load_config
+from purplerl.recipes.attack import AttackSettings, attack_stops
 from purplerl.runs.checkpoints import checkpoint_dirs, latest_checkpoint
+from purplerl.runs.layout import COLLAPSED_DIR
 from purplerl.train.loop import LoopParts, RecipeHooks, completion_shape, run_loop
 from purplerl.train.runner import engine_settings
 from purplerl.train.sinks import read_jsonl
-from purplerl.train.stops import (
-    COLLAPSED_DIR,
-    Collapse,
-    CollapseBounds,
-    collapse_early_stop,
-    collapse_reason,
-    run_early_stop,
-)
+from purplerl.train.stops import Collapse, CollapseBounds, collapse_early_stop, collapse_reason
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
 
 BOUNDS = CollapseBounds(max_empty_frac=0.25, max_top_share=0.9, max_entropy_swing=2.0)
@@ -79,8 +82,8 @@ def test_completion_shape_counts_empty_and_identical_texts() -> None:
 
 
 def test_config_turns_collapse_detection_on() -> None:
-    off = run_early_stop(load_config(None, []))
-    on = run_early_stop(load_config(None, ["--training.collapse_stop", "true",
+    off = attack_stops(load_config(None, []))
+    on = attack_stops(load_config(None, ["--training.collapse_stop", "true",
                                            "--training.collapse_empty_frac", "0.5"]))
     empty = {**HEALTHY, "completion/empty_frac": 0.75}
     assert off(empty) is None
@@ -100,15 +103,16 @@ def test_a_run_rewarded_for_silence_stops_at_the_collapse(tiny_model_dir: Path, 
         total = torch.tensor([1.0 if not c.text.strip() else -0.1 * len(c.tokens) for c in completions])
         return RewardBreakdown(total_N=total, components={"kl": kl_N})
 
-    config = Config(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4, lora_targets="lm_head",
-                                      dtype="float32"),
-                    sampling=SamplingConfig(group_size=8, max_new_tokens=4),
-                    training=TrainingConfig(steps=40, batch_size=2, lr=5e-2, micro_batch_size=16, collapse_stop=True),
-                    run=RunConfig(save_every=1, keep_last=40), logging=LoggingConfig(progress=False))
+    config = AttackSettings(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4,
+                                              lora_targets="lm_head", dtype="float32"),
+                            sampling=SamplingConfig(group_size=8, max_new_tokens=4),
+                            training=RLTrainingConfig(steps=40, batch_size=2, lr=5e-2, collapse_stop=True),
+                            engine=EngineConfig(micro_batch_size=16),
+                            run=RunConfig(save_every=1, keep_last=40), logging=LoggingConfig(progress=False))
     engine = LocalEngine(config.model, seed=0, settings=engine_settings(config))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)
     parts = LoopParts(engine, PromptSampler(RECORDS, 2, 0), render,
-                      RecipeHooks(reward=reward_fn, early_stop=run_early_stop(config)))
+                      RecipeHooks(reward=reward_fn, early_stop=attack_stops(config)))
     summary = run_loop(config, parts, tmp_path)
 
     step = summary["last_step"]

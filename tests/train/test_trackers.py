@@ -12,11 +12,12 @@ from tracker_files import mlflow_client, tensorboard_events, wandb_history
 from typer.testing import CliRunner
 
 from purplerl.cli import app
-from purplerl.config import load_config
 from purplerl.errors import ExperimentError, UserError
-from purplerl.recipes.attack import run_attack
+from purplerl.recipes import load_config
+from purplerl.recipes.attack import ATTACK
 from purplerl.train import tracker_backends, trackers
 from purplerl.train.loop import Evaluation
+from purplerl.train.runner import run_recipe
 from purplerl.train.sinks import read_jsonl
 from purplerl.train.trackers import TrackerFeed, TrackerKind, open_trackers
 
@@ -29,7 +30,7 @@ def _config(model: Path, out: Path, *extra: str):
                               "--lora_rank", "4", "--steps", "6", "--batch_size", "2", "--group_size", "2",
                               "--max_new_tokens", "4", "--logging.progress", "false", "--output_dir", str(out),
                               "--name", "run", "--save_every", "2", "--seed", "7",
-                              "--training.early_stop_toxicity", "null", "--training.early_stop_repetition", "null",
+                              "--attack.early_stop_toxicity", "null", "--training.early_stop_repetition", "null",
                               *extra])
 
 
@@ -60,12 +61,12 @@ def resumed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(TrackerFeed, "commit", killed_on_second)
             with pytest.raises(KeyboardInterrupt):
-                run_attack(config, evaluation=Evaluation(held_out, every=3))
+                run_recipe(ATTACK, config, evaluation=Evaluation(held_out, every=3))
         run_dir = Path(config.run.output_dir) / "run"
         assert json.loads((run_dir / "trackers.json").read_text())["mlflow"]["step"] == 2
-        run_attack(config, resume_dir=run_dir, evaluation=Evaluation(held_out, every=3))
+        run_recipe(ATTACK, config, resume_dir=run_dir, evaluation=Evaluation(held_out, every=3))
         longer = config.model_copy(update={"training": config.training.model_copy(update={"steps": STEPS})})
-        run_attack(longer, resume_dir=run_dir, evaluation=Evaluation(held_out, every=3))
+        run_recipe(ATTACK, longer, resume_dir=run_dir, evaluation=Evaluation(held_out, every=3))
     finally:
         torch.set_num_threads(threads)
     return run_dir
@@ -152,7 +153,8 @@ def test_tracker_names_are_checked_and_comma_split() -> None:
     assert load_config(None, ["--logging.trackers", "wandb,mlflow"]).logging.trackers == ["wandb", "mlflow"]
     assert load_config(None, []).logging.trackers == []
     assert load_config(None, ["--logging.trackers", "[]"]).logging.trackers == []  # a resume drops them so
-    with pytest.raises(UserError, match=r"unknown tracker 'neptune' \(choose from wandb, tensorboard, mlflow\)"):
+    with pytest.raises(UserError, match=r"'logging\.trackers\.0': Input should be 'wandb', 'tensorboard' or 'mlflow' "
+                                        r"\(got 'neptune'\)"):
         load_config(None, ["--logging.trackers", "neptune"])
     with pytest.raises(UserError, match="repeats a tracker"):
         load_config(None, ["--logging.trackers", "mlflow,mlflow"])
@@ -166,7 +168,7 @@ def test_a_tracker_that_raises_stops_the_run_with_one_line(tiny_model_dir: Path,
 
     monkeypatch.setattr(tracker_backends.TensorBoardTracker, "log_metrics", broken)
     with pytest.raises(ExperimentError) as caught:
-        run_attack(_config(tiny_model_dir, tmp_path, "--logging.trackers", "tensorboard", "--steps", "2"))
+        run_recipe(ATTACK, _config(tiny_model_dir, tmp_path, "--logging.trackers", "tensorboard", "--steps", "2"))
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith("tracker tensorboard failed at step 1: OSError: No space left on device")
