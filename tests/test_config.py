@@ -263,8 +263,6 @@ def test_wrong_type(args: list[str], field: str):
     assert args[1] in msg  # the offending value is shown
 
 
-@pytest.mark.xfail(strict=True, reason="package: 454f15f dropped the config-time check (the old Config's "
-                   "_check_cross_fields); only building the reward (rewards/toxicity.make_classifier) asks for it")
 def test_hf_toxicity_model_needs_label():
     assert "reward.toxicity.label" in _error(None, ["--toxicity_model", "some/classifier"])
 
@@ -358,8 +356,6 @@ def test_field_help_covers_every_leaf_field():
     assert ("reward.kl_beta", "0.1") in [(n, d) for n, d, _ in rows]
 
 
-@pytest.mark.xfail(strict=True, reason="examples/configs/attack.yaml predates 454f15f (training.noiser, model.threads, "
-                   "flat reward weights, ...): regenerate it from the attack's defaults")
 def test_example_config_shows_the_defaults():
     if not EXAMPLE_CONFIG.is_file():
         pytest.skip(f"{EXAMPLE_CONFIG} does not exist yet")
@@ -575,8 +571,6 @@ def test_list_fields_take_one_item_per_repeat_or_a_yaml_list():
     assert load_command_config(SAMPLE, None, ["--prompt", "[hi, there]"]).sample.prompts == ["hi", "there"]
 
 
-@pytest.mark.xfail(strict=True, reason="package: since 454f15f eval.suites and prepare.dataset are Literal fields, "
-                   "not registries, and field_help(with_choices=True) lists no choices for them (--help lost them)")
 def test_registry_choices_come_from_the_registries():
     from purplerl.data.prepare import DATASETS
     from purplerl.eval.suites import SUITES

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -220,6 +221,18 @@ def section_descriptions(schema: type[BaseModel], prefix: str = "") -> dict[str,
     return found
 
 
+def literal_choices(annotation: Any) -> tuple[Any, ...]:
+    """The values of a Literal field (or of a list of them, or an optional one), else ()."""
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    inner = item_type(annotation)
+    if inner is not None:
+        return literal_choices(inner)
+    if get_origin(annotation) in (Union, UnionType):
+        return next((c for arg in get_args(annotation) if (c := literal_choices(arg))), ())
+    return ()
+
+
 def field_help(schema: type[BaseModel], defaults: dict[str, Any] | None = None,
                with_choices: bool = False, settings: Section | None = None) -> list[tuple[str, str, str]]:
     """(dotted name, default as JSON, description) for every leaf field of `schema`: the --help table.
@@ -248,8 +261,9 @@ def field_help(schema: type[BaseModel], defaults: dict[str, Any] | None = None,
                     info.get_default(call_default_factory=True))
             desc = info.description or ""
             registry = registry_of(info.annotation, tuple(info.metadata)) if with_choices else None
-            if registry is not None:
-                desc += f" (choices: {', '.join(registry.names())})"
+            choices = registry.names() if registry is not None else literal_choices(info.annotation)
+            if with_choices and choices and "choices:" not in desc:
+                desc += f" (choices: {', '.join(map(str, choices))})"
             rows.append((f"{prefix}{name}", default, desc))
 
     walk(schema, "", defaults or {}, settings)

@@ -205,6 +205,12 @@ class ToxicityConfig(ClassifierConfig):
             raise ValueError("must start with http:// or https://")
         return url.rstrip("/") if url is not None else None
 
+    def incomplete(self) -> str | None:
+        """What this scorer still lacks as a reward term: an HF classifier's label."""
+        if self.model != "embedded" and self.label is None:
+            return "label is required for an HF classifier (a label name or index)"
+        return None
+
     @model_validator(mode="after")
     def _check_server_exclusive(self) -> ToxicityConfig:
         # the server decides what is scored; a model named here as well would be silently ignored

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, create_model, field_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from purplerl.config.base import Section, read_when
 from purplerl.config.commands import Command
@@ -127,7 +127,17 @@ def reward_section(name: str, terms: Mapping[str, float]) -> type[RewardBase]:
             raise ValueError("name at least one reward term")
         return value
 
-    validators = {"_check_terms": field_validator("terms")(classmethod(check_terms))}
+    def check_params(self: Any) -> Any:
+        # what a term's parameters lack only as a reward (a classifier without its label): `incomplete()`
+        for term in self.terms:
+            section = getattr(self, term, None)
+            problem = section.incomplete() if hasattr(section, "incomplete") else None
+            if problem:
+                raise ValueError(f"reward.{term}.{problem}")
+        return self
+
+    validators = {"_check_terms": field_validator("terms")(classmethod(check_terms)),
+                  "_check_params": model_validator(mode="after")(check_params)}
     return create_model(f"{name.capitalize()}RewardConfig", __base__=RewardBase, __validators__=validators,
                         **fields)
 
