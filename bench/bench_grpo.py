@@ -12,7 +12,7 @@ timings. Writes bench/results/grpo-<date>-<host>.json and .png (toxicity per ste
 FLOPs and MFU follow the convention in grpo_flops.py (useful FLOPs of real tokens; padding counts as waste).
 
 Run: .venv/bin/python bench/bench_grpo.py [--steps 20] [--systems purplerl,trl] [--trl-bf16]
-                                          [--purplerl-set model.autocast_bf16=true ...]
+                                          [--purplerl-set engine.autocast_bf16=true ...]
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--systems", default="purplerl,trl", help=f"comma-separated, from {', '.join(SYSTEMS)}")
     parser.add_argument("--trl-bf16", action="store_true", help="also run TRL with bf16=True (autocast) as trl-bf16")
     parser.add_argument("--purplerl-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="purplerl config override for a variant, e.g. model.autocast_bf16=true (repeatable)")
+                        help="purplerl config override for a variant, e.g. engine.autocast_bf16=true (repeatable)")
     parser.add_argument("--model", default=EMBEDDED_MODEL,
                         help="policy model for both systems: a local model dir or hub id (default: the embedded "
                              "SmolLM2); bench/random_twin.py makes a random-weight twin of its shapes")

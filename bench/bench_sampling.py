@@ -70,7 +70,7 @@ def measure(variant: str, model: str, dtype: str, repeats: int, group: int, toke
         params = SamplingParams(max_new_tokens=tokens, seed=seed)
         if variant in ("local", "vllm-engine"):
             groups = engine.sample(prompts, group, params)
-            return sum(len(c.tokens) for g in groups for c in g), dict(getattr(engine, "sample_metrics", {}))
+            return sum(len(c.tokens) for g in groups for c in g), dict(engine.sample_metrics)
         if variant == "vllm-lora":
             drawn = engine._draw([p for p in prompts for _ in range(group)], params)
             return sum(len(d[0]) for d in drawn), {}

@@ -21,16 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import EMBEDDED_MODEL, FLAT_NAMES, Config, load_config
+from purplerl.config import EMBEDDED_MODEL
 from purplerl.data import PromptSampler, load_prompts
 from purplerl.engines.loading import load_tokenizer
 from purplerl.prompting import render_prompt
+from purplerl.recipes import load_config
+from purplerl.recipes.attack import ATTACK
 from purplerl.types import PromptRecord
 
 # purplerl overrides that change how the work is done, not what it is; any other key makes the comparison unfair
-ENGINE_KEYS = ("model.dtype", "model.autocast_bf16", "model.threads", "model.device", "model.merged_sampler",
-               "model.fused_lora",
-               "training.micro_batch_size", "training.micro_batch_tokens", "training.old_logprobs")
+ENGINE_KEYS = ("model.dtype", "model.device", "engine.autocast_bf16", "engine.threads", "engine.fast_paths",
+               "engine.micro_batch_size", "engine.micro_batch_tokens", "training.old_logprobs")
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Work:
     model: str = EMBEDDED_MODEL
 
 
-def purplerl_config(work: Work, output_dir: Path, sets: list[str]) -> Config:
+def purplerl_config(work: Work, output_dir: Path, sets: list[str]) -> Any:
     """The attack config that does `work`, with `sets` (KEY=VALUE, dotted or flat names) applied last."""
     base = {
         # dtype, micro-batching and the sampler copy stay purplerl's defaults: they are the engine under test
@@ -65,9 +66,9 @@ def purplerl_config(work: Work, output_dir: Path, sets: list[str]) -> Config:
         "training": {"steps": work.steps, "batch_size": work.prompts_per_step, "lr": work.lr, "weight_decay": 0.0,
                      "max_grad_norm": work.max_grad_norm, "loss": "ppo_clip", "clip_low": work.clip,
                      "clip_high": work.clip, "advantage": "grpo", "advantage_std": True, "loss_agg": "token_mean",
-                     "ppo_epochs": 1, "mini_batches": 1, "seed": work.seed, "early_stop_toxicity": None,
-                     "early_stop_repetition": None},
-        "reward": {"toxicity_weight": 1.0, "repetition_penalty": 0.0, "kl_beta": work.kl_beta,
+                     "ppo_epochs": 1, "mini_batches": 1, "seed": work.seed, "early_stop_repetition": None},
+        "attack": {"early_stop_toxicity": None},
+        "reward": {"terms": {"toxicity": 1.0, "repetition": 0.0, "refusal": 0.0}, "kl_beta": work.kl_beta,
                    "kl_estimator": "k3", "kl_in": "loss"},
         "logging": {"progress": False},
         # one checkpoint, after the last step (outside every step's timing)
@@ -79,17 +80,17 @@ def purplerl_config(work: Work, output_dir: Path, sets: list[str]) -> Config:
 def unfair_sets(sets: list[str]) -> list[str]:
     """The --purplerl-set overrides that change the work itself (not only the engine's numerics)."""
     keys = [s.partition("=")[0].lstrip("-").replace("-", "_") for s in sets]
-    return [s for s, key in zip(sets, keys, strict=True) if FLAT_NAMES.get(key, key) not in ENGINE_KEYS]
+    return [s for s, key in zip(sets, keys, strict=True) if ATTACK.flat.get(key, key) not in ENGINE_KEYS]
 
 
-def prompt_batches(config: Config) -> list[list[PromptRecord]]:
+def prompt_batches(config: Any) -> list[list[PromptRecord]]:
     """The prompts of steps 1..steps, in the order purplerl's loop draws them."""
     sampler = PromptSampler(load_prompts(config.data), config.training.batch_size, config.training.seed,
                             shuffle=config.data.shuffle)
     return [sampler.batch(k) for k in range(config.training.steps)]
 
 
-def rendered_prompts(config: Config, batches: list[list[PromptRecord]]) -> list[list[list[int]]]:
+def rendered_prompts(config: Any, batches: list[list[PromptRecord]]) -> list[list[list[int]]]:
     """Token ids of each step's B·G sequences' prompts (each prompt repeated G times), as purplerl renders them."""
     d, group = config.data, config.sampling.group_size
     tokenizer = load_tokenizer(config.model.name, config.model.revision)
@@ -139,11 +140,11 @@ def _purplerl_step(row: dict[str, Any], samples: list[dict[str, Any]], batch: li
 
 def run_purplerl(work: Work, sets: list[str], out: Path) -> None:
     """Run purplerl's attack recipe (the real CLI code path) on `work` and write the child JSON to `out`."""
-    from purplerl.recipes.attack import run_attack
+    from purplerl.train.runner import run_recipe
 
     with tempfile.TemporaryDirectory(prefix="bench-grpo-purplerl-") as tmp:
         config = purplerl_config(work, Path(tmp), sets)
-        summary = run_attack(config)
+        summary = run_recipe(ATTACK, config)
         if summary["last_step"] != work.steps:
             raise SystemExit(f"purplerl stopped after step {summary['last_step']}: {summary['stop_reason']}")
         run_dir = Path(summary["run_dir"])
@@ -152,6 +153,6 @@ def run_purplerl(work: Work, sets: list[str], out: Path) -> None:
     prompt_ids = rendered_prompts(config, batches)
     steps = [_purplerl_step(row, [s for s in samples if s["step"] == row["step"]], batches[row["step"] - 1],
                             prompt_ids[row["step"] - 1], work.group_size) for row in metrics]
-    settings = {"overrides": sets, "config": config.model_dump(mode="json")}
+    settings = {"overrides": sets, "config": config.settings()}
     out.write_text(json.dumps({"system": "purplerl", "settings": settings, "peak_rss_mib": peak_rss_mib(),
                                "peak_gpu_mib": peak_gpu_mib(), "steps": steps}))

@@ -91,11 +91,6 @@ def _cause(err: BaseException) -> str:
     return re.sub(r"^\[[^\]]*\]\s*", "", first_line(err))[:100]
 
 
-def world_of(engine: Any) -> World:
-    """The processes an engine spans: only a data-parallel engine has more than this one."""
-    return getattr(engine, "world", SINGLE)
-
-
 def under_torchrun() -> bool:
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
