@@ -13,6 +13,7 @@ import pytest
 from conftest import ChatCompletionsStub, serve_on_loopback
 
 from purplerl.config import load_command_config
+from purplerl.config.commands import EVAL
 from purplerl.errors import UserError
 from purplerl.eval.run import validate
 
@@ -134,7 +135,7 @@ def test_judge_mistakes_are_one_line_errors_with_exit_2(tiny_model_dir: Path, tm
 def _validate(**judges: object) -> dict:
     """validate() on an eval config with these judge (or other) settings given as options."""
     args = [str(a) for name, value in judges.items() for a in (f"--{name}", value)]
-    return validate(load_command_config("eval", None, ["--model", "m", *args]), announce=lambda _: None)
+    return validate(load_command_config(EVAL, None, ["--model", "m", *args]), announce=lambda _: None)
 
 
 def test_validate_checks_the_judges(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

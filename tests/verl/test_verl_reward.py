@@ -1,0 +1,102 @@
+"""The veRL reward hook builds its terms through the reward-term registry; the settings file from weights + params."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from purplerl.config import ToxicityConfig
+from purplerl.errors import UserError
+from purplerl.rewards.judges import StrongRejectJudge
+from purplerl.rewards.refusal import RefusalJudge
+from purplerl.rewards.registry import REWARD_TERMS, text_term
+from purplerl.rewards.repetition import RepetitionScorer
+from purplerl.rewards.toxicity import EmbeddedToxicityScorer
+from purplerl.verl.export import reward_spec_from
+from purplerl.verl.reward import ComputeScore, check_term, load_terms, write_reward_module
+
+
+def _write(tmp_path: Path, terms: list[dict]) -> Path:
+    path = tmp_path / "reward.json"
+    path.write_text(json.dumps({"recipe": "attack", "terms": terms}))
+    return path
+
+
+def test_load_terms_builds_each_term_through_the_registry(tmp_path: Path) -> None:
+    terms = load_terms(_write(tmp_path, [
+        {"name": "toxicity", "weight": 1.0, "settings": {}},
+        {"name": "repetition", "weight": -0.5, "settings": {"ngram": 2}},
+        {"name": "refusal", "weight": 0.0},
+        {"name": "strongreject", "weight": 1.0, "settings": {"url": "http://127.0.0.1:1/v1", "model": "judge"}}]))
+    assert [(t.name, t.weight) for t in terms] == [("toxicity", 1.0), ("repetition", -0.5), ("refusal", 0.0),
+                                                    ("strongreject", 1.0)]
+    assert isinstance(terms[0].scorer, EmbeddedToxicityScorer)
+    assert isinstance(terms[1].scorer, RepetitionScorer) and terms[1].scorer.n == 2
+    assert isinstance(terms[2].scorer, RefusalJudge)
+    assert isinstance(terms[3].scorer, StrongRejectJudge) and terms[3].scorer.model == "judge"
+
+
+class _Shouting:
+    name = "shouting"
+
+    def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
+        return [sum(c.isupper() for c in t) / max(len(t), 1) for t in texts]
+
+
+def test_a_newly_registered_text_term_runs_in_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new term needs no change to the export: its registration is all the hook reads."""
+    monkeypatch.setitem(REWARD_TERMS, "shouting", text_term("shouting", "share of upper-case characters", None,
+                                                            lambda _: _Shouting()))
+    spec = reward_spec_from({"shouting": 2.0, "repetition": -1.0}, {"repetition": {"ngram": 1}})
+    write_reward_module(tmp_path, "purplerl_reward.py", spec)
+    score = ComputeScore(tmp_path / "purplerl_reward.json")
+    # "ABCD ABCD": 8 upper-case of 9 characters; unigrams abcd, abcd -> 1 - 1/2; 2 x 8/9 - 1 x 0.5
+    result = score("s", "ABCD ABCD")
+    assert result == pytest.approx({"score": 2 * 8 / 9 - 0.5, "shouting": 8 / 9, "repetition": 0.5})
+
+
+@pytest.mark.parametrize(("name", "says"), [
+    ("response_entropy", "reward term 'response_entropy' (mean per-token entropy of the response (the defense "
+                         "rewards its negative)) needs the policy's per-token entropies, which veRL's reward function "
+                         "does not receive"),
+    ("entropy_bonus", "reward term 'entropy_bonus' (min(mean per-token entropy, cap): the adaptive attack's entropy "
+                      "bonus) needs the policy's per-token entropies, which veRL's reward function does not receive"),
+    ("kl", "reward term 'kl' (KL(policy || base) of each completion, as the loop estimates it (KL_N)) is applied by "
+           "veRL itself"),
+    ("nope", "unknown reward term 'nope' (known: "),
+])
+def test_terms_the_hook_cannot_compute_are_one_line(tmp_path: Path, name: str, says: str) -> None:
+    for call in (lambda: check_term(name), lambda: load_terms(_write(tmp_path, [{"name": name, "weight": 1.0}]))):
+        with pytest.raises(UserError) as err:
+            call()
+        assert str(err.value).startswith(says) and "\n" not in str(err.value)
+
+
+def test_reward_spec_from_weights_and_params() -> None:
+    cfg = ToxicityConfig()
+    spec = reward_spec_from({"toxicity": 1.0, "repetition": -0.3, "kl": -0.1, "refusal": 0.0},
+                            {"toxicity": cfg, "repetition": {"ngram": 4}}, recipe="attack")
+    assert spec["recipe"] == "attack"
+    # kl is left out: veRL applies it; a weight-0 term is kept (logged)
+    assert [(t["name"], t["weight"]) for t in spec["terms"]] == [("toxicity", 1.0), ("repetition", -0.3),
+                                                                 ("refusal", 0.0)]
+    assert spec["terms"][0]["settings"] == cfg.model_dump(mode="json")
+    assert spec["terms"][1]["settings"] == {"ngram": 4}
+    assert spec["terms"][2]["settings"] == {}
+    assert "recipe" not in reward_spec_from({"refusal": -1.0}, {})
+    json.dumps(spec)  # plain data
+
+
+@pytest.mark.parametrize(("weights", "params", "says"), [
+    ({"toxicity": 1.0, "response_entropy": -1.0}, {}, "reward term 'response_entropy' ("),
+    ({"kl": -0.1}, {}, "the reward has no term for veRL's reward hook to compute"),
+    ({"refusal": -1.0}, {"repetition": {"ngram": 2}}, "parameters given for reward term 'repetition', which has no"),
+    ({"repetition": -1.0}, {"repetition": {"ngram": 0}}, "reward term 'repetition' parameter ngram:"),
+    ({"toxic": 1.0}, {}, "unknown reward term 'toxic'"),
+])
+def test_reward_spec_from_refuses_in_one_line(weights: dict, params: dict, says: str) -> None:
+    with pytest.raises(UserError) as err:
+        reward_spec_from(weights, params)
+    assert str(err.value).startswith(says) and "\n" not in str(err.value)
