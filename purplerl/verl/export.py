@@ -97,7 +97,8 @@ def reward_spec(cfg: VerlExportConfig) -> dict[str, Any]:
     """The recipe's reward without its KL term (veRL applies the KL: algorithm.use_kl_in_reward / use_kl_loss)."""
     r = cfg.reward
     params = {name: getattr(r, name) for name in r.terms if name in type(r).model_fields}
-    return reward_spec_from(r.terms, params, recipe=cfg.recipe)
+    weights = {name: weight + 0.0 for name, weight in r.terms.items()}  # an old penalty of 0 is written 0.0, not -0.0
+    return reward_spec_from(weights, params, recipe=cfg.recipe)
 
 
 def _extra_overrides(extra: list[str]) -> dict[str, Any]:

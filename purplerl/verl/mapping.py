@@ -14,12 +14,16 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from typing import Any as VerlExportConfig  # a recipe's settings plus the verl section (purplerl.cli)
+from purplerl.config import RLSettings, Section
+from purplerl.config.base import read_condition
 from purplerl.errors import UserError
+
+VerlExportConfig = Any  # a recipe's settings plus the verl section (purplerl.cli)
 
 EXPORT_DIR = "@EXPORT_DIR@"  # replaced by run_verl.sh with the export dir's absolute path on the cluster
 REWARD_MODULE = "purplerl_reward.py"
 NOT_TRANSLATED = "not translated by the veRL export"
+WHY_STOP = "veRL has no early stop on reward components: watch the logged reward terms"
 
 ADVANTAGES = {"grpo": "grpo", "dr_grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus"}
 LOSS_AGGREGATIONS = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean",
@@ -30,11 +34,11 @@ ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 MODEL = "actor_rollout_ref.model"
 
-# Settings that the export itself carries out (parquet rows, reward settings) or that are the veRL run's own.
+# Settings that the export itself carries out (parquet rows, reward settings) or that are the veRL run's own. The
+# parameters of the reward's terms (reward.<term>.*) are written with the reward settings too (see `_reward`).
 WRITTEN_BY_EXPORT = (
     "recipe", "data.source", "data.split", "data.prompt_field", "data.category_field", "data.hf_config",
-    "data.filters", "data.limit", "data.system_prompt", "reward.toxicity.", "reward.toxicity_weight",
-    "reward.repetition_penalty", "reward.repetition_ngram", "reward.refusal_penalty", "verl.",
+    "data.filters", "data.limit", "data.system_prompt", "reward.terms", "verl.",
 )
 
 
@@ -64,9 +68,13 @@ class Translation:
 
 
 def leaf_settings(config: BaseModel, prefix: str = "") -> dict[str, Any]:
-    """{dotted path: value} of every leaf setting of a config."""
+    """{dotted path: value} of every leaf setting of a config that is read (a field its section's values make unread,
+    such as the vLLM fields of a local engine, is no setting in force)."""
     out: dict[str, Any] = {}
+    unread = config.unread_fields() if isinstance(config, Section) else set()
     for name in type(config).model_fields:
+        if name in unread:
+            continue
         value = getattr(config, name)
         if isinstance(value, BaseModel):
             out.update(leaf_settings(value, f"{prefix}{name}."))
@@ -84,8 +92,10 @@ def translate(cfg: VerlExportConfig, train_rows: int) -> Translation:
     _optimization(cfg, out)
     _algorithm(cfg, out)
     _kl(cfg, out)
+    _reward(cfg, out)
     _run(cfg, out)
     _engine_only(cfg, out)
+    _recipe_own(cfg, out)
     named = {u.setting for u in out.unmapped}
     for setting, value in leaf_settings(cfg).items():
         done = setting in out.used or setting in named or setting.startswith(WRITTEN_BY_EXPORT)
@@ -166,16 +176,16 @@ def _optimization(cfg: VerlExportConfig, out: Translation) -> None:
         raise UserError(f"a mini-batch of {mini_sequences} sequences (batch_size x group_size / mini_batches) does "
                         f"not split over {gpus} GPUs (nnodes x gpus_per_node): make it a multiple")
     per_gpu = mini_sequences // gpus
-    micro = max(d for d in range(1, per_gpu + 1) if per_gpu % d == 0 and d <= t.micro_batch_size)
-    out.set(("training.mini_batches", "training.micro_batch_size"),
+    micro = max(d for d in range(1, per_gpu + 1) if per_gpu % d == 0 and d <= cfg.engine.micro_batch_size)
+    out.set(("training.mini_batches", "engine.micro_batch_size"),
             **{f"{ACTOR}__ppo_mini_batch_size": t.batch_size // t.mini_batches,
                f"{ACTOR}__ppo_micro_batch_size_per_gpu": micro,
                f"{ROLLOUT}__log_prob_micro_batch_size_per_gpu": micro,
                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro})
     out.set("training.ppo_epochs", **{f"{ACTOR}__ppo_epochs": t.ppo_epochs})
-    out.set(("training.lr", "training.weight_decay", "training.adam_beta1", "training.adam_beta2"),
+    out.set(("training.lr", "training.weight_decay", "training.adam_betas"),
             **{f"{ACTOR}__optim__lr": t.lr, f"{ACTOR}__optim__weight_decay": t.weight_decay,
-               f"{ACTOR}__optim__betas": [t.adam_beta1, t.adam_beta2]})
+               f"{ACTOR}__optim__betas": list(t.adam_betas)})
     if t.adam_eps != 1e-8:
         out.name("training.adam_eps", t.adam_eps, "veRL's FSDP optimizer config has no epsilon (torch's AdamW "
                                                   "default 1e-08 applies)")
@@ -186,7 +196,7 @@ def _optimization(cfg: VerlExportConfig, out: Translation) -> None:
         out.name("training.max_grad_norm", t.max_grad_norm, "veRL always clips gradients (optim.clip_grad keeps "
                                                             "its default 1.0)")
     # a memory knob, not part of the maths: veRL's micro batches count sequences per GPU instead
-    out.used.add("training.micro_batch_tokens")
+    out.used.add("engine.micro_batch_tokens")
     out.set("training.seed", data__seed=t.seed, **{f"{ROLLOUT}__seed": t.seed})
 
 
@@ -236,7 +246,17 @@ def _kl(cfg: VerlExportConfig, out: Translation) -> None:
                                               "stronger)")
     if r.zscore:
         out.name("reward.zscore", r.zscore, "veRL scores each response alone: no batch z-score of the reward")
-    out.used.update(("reward.zscore", "reward.entropy_bonus_cap"))  # the bonus is refused when set
+    out.used.add("reward.zscore")
+
+
+def _reward(cfg: VerlExportConfig, out: Translation) -> None:
+    """The reward's terms and their parameters are written into the reward settings (purplerl.verl.export); a term
+    veRL's reward hook cannot compute is refused there."""
+    out.used.add("reward.terms")
+    for term in cfg.reward.terms:
+        params = getattr(cfg.reward, term, None)
+        if isinstance(params, BaseModel):
+            out.used.update(leaf_settings(params, f"reward.{term}."))
 
 
 def _run(cfg: VerlExportConfig, out: Translation) -> None:
@@ -260,22 +280,39 @@ def _engine_only(cfg: VerlExportConfig, out: Translation) -> None:
     change what the run does (an active early stop) or differ from their defaults."""
     t = cfg.training
     why_engine = "purplerl engine knob; veRL's FSDP workers and rollout engine decide this"
-    model_knobs = ("model.dtype", "model.device", "model.autocast_bf16", "model.threads", "model.merged_sampler",
-                   "model.fused_lora", "model.cuda_graphs")
-    for setting in (*model_knobs, *(f"engine.{name}" for name in type(cfg.engine).model_fields)):
+    unread = cfg.engine.unread_fields()  # e.g. the vLLM fields of a local engine: they hold their defaults
+    engine = [f"engine.{name}" for name in type(cfg.engine).model_fields if name not in unread]
+    # engine.micro_batch_size is translated (_optimization); the rest are purplerl's own
+    for setting in ("model.dtype", "model.device", *(s for s in engine if s not in out.used)):
         section, _, name = setting.partition(".")
         part = getattr(cfg, section)
-        if getattr(part, name) != type(part).model_fields[name].default:
+        if getattr(part, name) != type(part).model_fields[name].get_default(call_default_factory=True):
             out.name(setting, getattr(part, name), why_engine)
         out.used.add(setting)
-    why_stop = "veRL has no early stop on reward components: watch the logged reward terms"
-    for name in ("early_stop_toxicity", "early_stop_repetition"):
-        if getattr(t, name) is not None:
-            out.name(f"training.{name}", getattr(t, name), why_stop)
+    for name in type(t).model_fields:
+        if name.startswith("early_stop_") and getattr(t, name) is not None:
+            out.name(f"training.{name}", getattr(t, name), WHY_STOP)
     if t.collapse_stop:
-        out.name("training.collapse_stop", t.collapse_stop, why_stop)
-    if t.noiser:
-        out.name("training.noiser", t.noiser, "Token Noiser steps belong to the defend recipe (see README)")
+        out.name("training.collapse_stop", t.collapse_stop, WHY_STOP)
     out.used.update(f"training.{name}" for name in type(t).model_fields
-                    if name.startswith(("early_stop_", "collapse_", "noiser")))
+                    if name.startswith(("early_stop_", "collapse_")))
     out.used.update(("logging.progress", "logging.print_samples"))  # purplerl's console; veRL has trainer.logger
+
+
+def _recipe_own(cfg: VerlExportConfig, out: Translation) -> None:
+    """The recipe's own sections (those every RL recipe's settings lack, e.g. its own stop rule or extra steps) are
+    hooks of purplerl's loop, which veRL's trainer does not run. Each setting of them that asks something of the
+    run is named: an early stop with a threshold, a switch that is on, any other value that is not null. Fields read
+    only because of another (a switch's parameters) go with that one and are not named again."""
+    for section in type(cfg).model_fields:
+        if section in RLSettings.model_fields or section == "verl":
+            continue
+        part = getattr(cfg, section)
+        for setting, value in leaf_settings(part, f"{section}.").items():
+            out.used.add(setting)
+            name = setting.removeprefix(f"{section}.")
+            info = type(part).model_fields.get(name)
+            if value is None or value is False or info is None or read_condition(info.metadata) is not None:
+                continue
+            out.name(setting, value, WHY_STOP if name.startswith("early_stop_") else
+                     "a step of the recipe's own in purplerl's loop; veRL's trainer has no such step")

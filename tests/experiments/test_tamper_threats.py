@@ -13,12 +13,13 @@ import purplerl.experiments.tamper as tamper
 from purplerl.config import load_command_config, read_config_file
 from purplerl.experiments.tamper.heldout import HARM_KEY
 from purplerl.experiments.tamper.report import tamper_summary
+from purplerl.experiments.tamper.settings import TAMPER
 from purplerl.experiments.tamper.stats import curve_stats
 from purplerl.files import read_jsonl
 
 
 def _config(model: Path, adapter: Path, out: Path, threats: str, *extra: str):
-    return load_command_config("tamper-test", None, [
+    return load_command_config(TAMPER, None, [
         "--model", str(model), "--model.device", "cpu", "--model.dtype", "float32", "--lora_rank", "4",
         "--steps", "3", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "6", "--save_every", "2",
         "--logging.progress", "false", "--adapter", str(adapter), "--out", str(out), "--utility_limit", "2",
@@ -63,8 +64,10 @@ def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir
     assert cfg("rl_adapter_s1")["model"]["init_adapter"] == str(trained_adapter_dir)
     assert (cfg("rl_merged_s1")["model"]["name"], cfg("rl_merged_s1")["model"]["init_adapter"]) == (merged, None)
     assert cfg("rl_base_s1")["model"]["name"] == str(tiny_model_dir) and cfg("rl_base_s1")["training"]["seed"] == 1
-    assert cfg("adaptive_merged_s0")["reward"]["entropy_bonus_cap"] == 3.0
-    assert cfg("rl_merged_s0")["reward"]["entropy_bonus_cap"] is None
+    # the adaptive attack adds the entropy_bonus term (weight 1) with its cap; the plain attack has none
+    assert cfg("adaptive_merged_s0")["reward"]["terms"]["entropy_bonus"] == 1.0
+    assert cfg("adaptive_merged_s0")["reward"]["entropy_bonus"]["cap"] == 3.0
+    assert "entropy_bonus" not in cfg("rl_merged_s0")["reward"]["terms"]
     assert (cfg("sft_merged_s0")["recipe"], cfg("sft_merged_s0")["model"]["name"]) == ("sft", merged)
     assert cfg("sft_base_s0")["data"]["source"] == str(out / "sft_data.jsonl")
     mined = read_jsonl(out / "sft_data.jsonl")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from purplerl.config import load_config
 from purplerl.errors import UserError
 from purplerl.experiments.tamper import harm_curve_stats
-from purplerl.recipes.attack import ATTACK_DEFAULTS, attack_reward_fn
-from purplerl.recipes.defend import DEFEND_DEFAULTS, defend_reward_fn, noiser_targets
+from purplerl.recipes import load_config
+from purplerl.recipes.defend import noiser_targets
 from purplerl.recipes.summary import assess_defend
 from purplerl.rewards.entropy import mean_entropy
+from purplerl.train.rl import registered_reward
 from purplerl.types import Completion, PromptRecord, TrainBatch
 
 
@@ -21,26 +21,28 @@ def _completion(text: str, entropies: list[float]) -> Completion:
                       entropies_C=torch.tensor(entropies), text=text, finish_reason="length")
 
 
+DEFEND_BASE = {"recipe": "defend"}
 PROMPTS = [PromptRecord(messages=({"role": "user", "content": "hi"},))] * 2
 
 
 def test_defend_reward_is_negative_mean_entropy_minus_kl() -> None:
-    config = load_config(None, ["--kl_beta", "0.5"], base=DEFEND_DEFAULTS)
+    config = load_config(None, ["--kl_beta", "0.5"], base=DEFEND_BASE)
     completions = [_completion("you are an idiot", [1.0, 3.0]), _completion("hello friend", [0.5, 0.5, 0.5])]
-    out = defend_reward_fn(config)(PROMPTS, completions, torch.tensor([0.2, 0.0]))
+    out = registered_reward(config)(PROMPTS, completions, torch.tensor([0.2, 0.0]))
     assert out.total_N.tolist() == pytest.approx([-2.0 - 0.1, -0.5])
     assert out.components["response_entropy"].tolist() == pytest.approx([2.0, 0.5])
     assert out.components["toxicity"][0] > 0.5 > out.components["toxicity"][1]  # monitored, weight 0
 
 
 def test_defend_defaults() -> None:
-    config = load_config(None, [], base=DEFEND_DEFAULTS)
-    assert (config.recipe, config.training.noiser, config.reward.kl_beta) == ("defend", True, 0.001)
-    assert (config.training.noiser_warmup, config.training.noiser_every, config.training.noiser_epsilon) == (25, 2, 0.1)
-    assert config.training.noiser_noise_weight == "reference" and config.training.collapse_stop
-    assert config.sampling.group_size == 4 and config.training.early_stop_toxicity is None
+    config = load_config(None, [], base=DEFEND_BASE)
+    assert (config.recipe, config.defend.noiser, config.reward.kl_beta) == ("defend", True, 0.001)
+    assert (config.defend.noiser_warmup, config.defend.noiser_every, config.defend.noiser_epsilon) == (25, 2, 0.1)
+    assert config.defend.noiser_noise_weight == "reference" and config.training.collapse_stop
+    # the defense has no toxicity stop (early_stop_toxicity is the attack's own setting now)
+    assert config.sampling.group_size == 4 and not hasattr(config, "attack")
     # the model the attack and tamper-test target by default: align -> defend -> attack is one story
-    assert config.model.name == load_config(None, [], base=ATTACK_DEFAULTS).model.name == "embedded:smollm2-135m-safe"
+    assert config.model.name == load_config(None, []).model.name == "embedded:smollm2-135m-safe"
 
 
 def test_noiser_targets_are_response_tokens_with_nonnegative_advantage() -> None:
@@ -79,7 +81,7 @@ def test_defend_objective_by_hand() -> None:
 def test_adaptive_attack_adds_capped_entropy() -> None:
     config = load_config(None, ["--reward.entropy_bonus_cap", "3.0", "--repetition_penalty", "0", "--kl_beta", "0"])
     completions = [_completion("hello friend", [4.0, 5.0]), _completion("hello there", [1.0, 2.0])]
-    out = attack_reward_fn(config)(PROMPTS, completions, torch.zeros(2))
+    out = registered_reward(config)(PROMPTS, completions, torch.zeros(2))
     tox = out.components["toxicity"]
     assert out.components["entropy_bonus"].tolist() == pytest.approx([3.0, 1.5])
     assert out.total_N.tolist() == pytest.approx([tox[0].item() + 3.0, tox[1].item() + 1.5])

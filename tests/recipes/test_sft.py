@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from purplerl.cli import app
-from purplerl.config import SFTConfig
-from purplerl.data.sft import Conversation, LengthBuckets, encode, held_out, to_conversation
+from purplerl.data.sft import Conversation, LengthBuckets, SFTConfig, encode, held_out, to_conversation
 from purplerl.errors import UserError
 
 ANSWER = "again and again"

@@ -132,12 +132,14 @@ def test_summary_names_the_utility_loss_and_never_says_held() -> None:
 def test_an_attack_rewarded_against_the_refusal_judge_needs_another_held_out_judge() -> None:
     from purplerl.config import load_command_config
     from purplerl.errors import UserError
+    from purplerl.experiments.tamper.settings import TAMPER
 
     with pytest.raises(UserError, match="held-out judge here"):
-        load_command_config("tamper-test", None, ["--reward.refusal_penalty", "1.0"])
-    judged = load_command_config("tamper-test", None, ["--reward.refusal_penalty", "1.0", "--guard_model", "g"])
-    assert judged.reward.refusal_penalty == 1.0 and judged.judges.model_judged()
-    assert load_command_config("tamper-test", None, []).reward.refusal_penalty == 0.0
+        load_command_config(TAMPER, None, ["--reward.refusal_penalty", "1.0"])
+    judged = load_command_config(TAMPER, None, ["--reward.refusal_penalty", "1.0", "--guard_model", "g"])
+    # a refusal penalty p is the refusal term's weight -p
+    assert judged.reward.terms["refusal"] == -1.0 and judged.judges.model_judged()
+    assert load_command_config(TAMPER, None, []).reward.terms["refusal"] == 0.0
 
 
 def test_refusal_kept_means_benign_refusals_not_above_the_base_interval() -> None:

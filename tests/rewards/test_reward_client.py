@@ -9,8 +9,9 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from purplerl.config import ToxicityConfig, load_config
+from purplerl.config import ToxicityConfig
 from purplerl.errors import ExperimentError, UserError
+from purplerl.recipes import load_config
 from purplerl.rewards.client import HTTPScorer, encode_string, record_server, score_body, split_ranges
 from purplerl.rewards.schema import ServerInfo
 from purplerl.rewards.toxicity import make_toxicity_scorer

@@ -14,13 +14,14 @@ import torch
 from conftest import save_tiny_bert_classifier
 from reward_servers import BlockingScorer, ThreadServer
 
-from purplerl.config import Config, RewardServerConfig
+from purplerl.config import RewardServerConfig, build_server_config
 from purplerl.errors import ExperimentError, UserError
-from purplerl.recipes.attack import attack_reward_fn
+from purplerl.recipes.attack import AttackSettings
 from purplerl.rewards.client import HTTPScorer
 from purplerl.rewards.schema import ScoreResponse
 from purplerl.rewards.server import create_app, exposure_warning, settings_from_env
 from purplerl.rewards.toxicity import EmbeddedToxicityScorer, HFClassifierScorer
+from purplerl.train.rl import registered_reward
 from purplerl.types import Completion, PromptRecord
 
 KEY = "s3cret-key"
@@ -250,8 +251,9 @@ def test_exposure_warning(host: str, key: str | None, warns: bool) -> None:
 
 
 def test_settings_from_env() -> None:
+    # a label is read only with an HF classifier (the embedded scorer has one output)
     settings = settings_from_env({"PURPLERL_REWARD_MAX_TEXTS": "7", "PURPLERL_REWARD_API_KEY": KEY,
-                                  "PURPLERL_REWARD_LABEL": "1", "OTHER": "x"})
+                                  "PURPLERL_REWARD_MODEL": "org/clf", "PURPLERL_REWARD_LABEL": "1", "OTHER": "x"})
     assert settings.max_texts == 7 and settings.label == "1" and settings.api_key.get_secret_value() == KEY
     with pytest.raises(UserError, match="PURPLERL_REWARD_MAX_CHARS"):
         settings_from_env({"PURPLERL_REWARD_MAX_CHARS": "zero"})
@@ -270,8 +272,9 @@ def test_module_app_is_built_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_label_for_embedded_is_refused() -> None:
-    with pytest.raises(UserError, match="--label toxic is for HF classifiers"):
-        create_app(RewardServerConfig(label="toxic"))
+    # refused with the settings, before any scorer loads (a field nothing would read)
+    with pytest.raises(UserError, match="label is read only when model is an HF classifier: leave it out"):
+        build_server_config({"label": "toxic"}, lambda field: "--" + field)
 
 
 # ----------------------------------------------------------------------------------- the attack recipe
@@ -283,8 +286,8 @@ def _completion(text: str) -> Completion:
 
 
 def test_attack_records_server_and_logs_truncation(embedded: ThreadServer) -> None:
-    config = Config.model_validate({"reward": {"toxicity": {"url": embedded.url + "/", "retries": 0}}})
-    reward_fn = attack_reward_fn(config)
+    config = AttackSettings.model_validate({"reward": {"toxicity": {"url": embedded.url + "/", "retries": 0}}})
+    reward_fn = registered_reward(config)
     assert config.reward.toxicity.url == embedded.url
     assert (config.reward.toxicity.server_model, config.reward.toxicity.server_label) == ("embedded", "toxic")
     prompts = [PromptRecord(messages=({"role": "user", "content": "hi"},))] * 2
@@ -294,16 +297,16 @@ def test_attack_records_server_and_logs_truncation(embedded: ThreadServer) -> No
 
 
 def test_attack_refuses_a_server_with_another_model(embedded: ThreadServer) -> None:
-    config = Config.model_validate({"reward": {"toxicity": {
+    config = AttackSettings.model_validate({"reward": {"toxicity": {
         "url": embedded.url, "server_model": "org/deberta", "server_label": "unsafe"}}})
     with pytest.raises(ExperimentError, match="serves model 'embedded'.*scored by model 'org/deberta'"):
-        attack_reward_fn(config)
+        registered_reward(config)
 
 
 def test_attack_without_a_server_fails_before_training() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    config = Config.model_validate({"reward": {"toxicity": {"url": url, "retries": 1, "backoff_s": 0.01}}})
+    config = AttackSettings.model_validate({"reward": {"toxicity": {"url": url, "retries": 1, "backoff_s": 0.01}}})
     with pytest.raises(ExperimentError, match=f"reward server {url} did not answer GET /info after 2 attempts"):
-        attack_reward_fn(config)
+        registered_reward(config)

@@ -17,7 +17,7 @@ from purplerl.config import load_command_config
 from purplerl.errors import UserError
 from purplerl.train.rl import registered_reward
 from purplerl.types import Completion, PromptRecord
-from purplerl.verl.export import DEFENSE_REFUSED, export_verl
+from purplerl.verl.export import export_verl
 from purplerl.verl.hydra import parse_override
 from purplerl.verl.reward import ComputeScore
 
@@ -64,7 +64,7 @@ def test_export_writes_what_verl_reads(tmp_path):
     assert overrides["algorithm.kl_ctrl.kl_coef"] == 0.05
     assert overrides["reward.custom_reward_function.path"] == "@EXPORT_DIR@/purplerl_reward.py"
     # the unmapped settings are printed and written, one line each
-    for line in ("engine.procs=2: purplerl engine knob", "training.early_stop_toxicity=0.8: veRL has no early stop",
+    for line in ("engine.procs=2: purplerl engine knob", "attack.early_stop_toxicity=0.8: veRL has no early stop",
                  "reward.kl_in='reward': purplerl subtracts kl_beta x the MEAN"):
         assert line in done.stdout
     readme = (out / "README.md").read_text()
@@ -134,8 +134,10 @@ def test_reward_with_hand_worked_weights(tmp_path):
 
 
 @pytest.mark.parametrize(("recipe", "args", "message"), [
-    ("defend", [], DEFENSE_REFUSED),
-    ("sft", [], "verl export runs the attack recipe; got recipe 'sft'"),
+    # the defense's reward is its policy's token entropies: refused by its term, not by the recipe's name
+    ("defend", [], "reward term 'response_entropy' (mean per-token entropy of the response (the defense rewards its "
+                   "negative)) needs the policy's per-token entropies, which veRL's reward function does not receive"),
+    ("sft", [], "verl export runs an RL recipe (one with rollouts and a reward); got recipe 'sft'"),
     ("attack", ["--reward.terms", "{toxicity: 1, entropy_bonus: 1}"],
      "reward term 'entropy_bonus' (min(mean per-token entropy, cap): the adaptive attack's entropy bonus) needs the "
      "policy's per-token entropies, which veRL's reward function does not receive"),
