@@ -377,9 +377,23 @@ def verl_export(ctx: typer.Context, config: ConfigFile = None) -> None:
     veRL's reward hook sees only the decoded response."""
     from purplerl.verl.export import export_verl
 
-    recipe = read_config_file(config).get("recipe", "attack") if config is not None else "attack"
-    cfg = load_command_config(_verl_command(recipe if isinstance(recipe, str) else "attack"), config, ctx.args)
+    recipe = _export_recipe(ctx.args, config)
+    cfg = load_command_config(_verl_command(recipe), config, ctx.args)
+    if cfg.recipe != recipe:
+        raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe}'")
     typer.echo(export_verl(cfg, announce=_say).describe())
+
+
+def _export_recipe(args: list[str], config: Path | None) -> str:
+    """The recipe whose settings a veRL export reads: --recipe NAME, else the config file's, else attack (the
+    settings tree is the recipe's own, so it is chosen before the settings are read)."""
+    for i, arg in enumerate(args):
+        if arg == "--recipe" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--recipe="):
+            return arg.partition("=")[2]
+    recipe = read_config_file(config).get("recipe", "attack") if config is not None else "attack"
+    return recipe if isinstance(recipe, str) else "attack"
 
 
 def _server_option(field: str, **kwargs: Any) -> Any:

@@ -164,3 +164,12 @@ def test_cli_refuses_a_non_empty_out_dir_in_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: --out {out} already exists and is not an empty dir: choose a new one"
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_cli_reads_the_settings_of_the_recipe_it_names(tmp_path):
+    # --recipe defend on the command line is the defend tree (its entropy term refused), not the attack's renamed
+    out = tmp_path / "exp"
+    done = _cli("--recipe", "defend", "--model", MODEL, "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("error: reward term 'response_entropy' (")
+    assert not out.exists()
