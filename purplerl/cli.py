@@ -54,6 +54,19 @@ def _settings_in_force(command: Command) -> Any:
         return None
 
 
+# --help lists the sections in the order a run uses them; a recipe's own sections after the reward, and the shared
+# bookkeeping last
+SECTION_ORDER = ("", "engine", "model", "sampling", "training", "data", "reward")
+LAST_SECTIONS = ("logging", "run")
+
+
+def _section_rank(where: str) -> int:
+    top = where.split(".")[0]
+    if top in LAST_SECTIONS:
+        return len(SECTION_ORDER) + 1 + LAST_SECTIONS.index(top)
+    return SECTION_ORDER.index(top) if top in SECTION_ORDER else len(SECTION_ORDER)
+
+
 def config_help(command: Command) -> list[str]:
     """The settings of `command`, a header line per section: what `--help` shows below the options."""
     flat = {dotted: short for short, dotted in command.flat.items() if "." in dotted}
@@ -68,7 +81,7 @@ def config_help(command: Command) -> list[str]:
     for dotted, default, desc in field_help(command.schema, command.defaults, with_choices=True, settings=settings):
         alias = f" (--{flat[dotted]})" if dotted in flat else ""
         by_section[dotted.rpartition(".")[0]].append(f"  --{dotted}{alias} [default {default}]: {desc}")
-    for where, rows in by_section.items():
+    for where, rows in sorted(by_section.items(), key=lambda item: _section_rank(item[0])):
         if rows:
             lines += [f"{where}: {headers[where]}" if where else "(top level)", *rows]
     return lines

@@ -327,9 +327,9 @@ def test_attack_help_lists_config_fields_by_section(env: dict[str, str]):
         assert text in proc.stdout, text
     assert "--reward.toxicity.label" not in proc.stdout
     table = settings_of(proc.stdout)
-    # the shared sections, the RL ones, the reward's term parameters, then the attack's own
-    assert list(table) == ["engine", "model", "training", "logging", "run", "sampling", "data", "reward",
-                           "reward.toxicity", "reward.repetition", "attack"]
+    # in the order a run uses them: the reward's term parameters, then the attack's own, then the bookkeeping
+    assert list(table) == ["engine", "model", "sampling", "training", "data", "reward", "reward.toxicity",
+                           "reward.repetition", "attack", "logging", "run"]
     assert "--reward.kl_beta" in table["reward"] and "--reward.toxicity.url" in table["reward.toxicity"]
     from purplerl.config import field_help, load_command_config
     from purplerl.recipes import RECIPES

@@ -8,6 +8,7 @@ occurrence (`--checkpoint a --checkpoint b`) or a YAML list (`--eval.checkpoints
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
@@ -50,7 +51,9 @@ def build_server_config(values: dict[str, Any], name_of: Callable[[str], str] = 
         return RewardServerConfig.model_validate(values)
     except ValidationError as err:
         first = err.errors()[0]
-        where = name_of(str(first["loc"][0])) if first["loc"] else "reward server settings"
+        unread = re.match(r"(?:Value error, )?(\w+) is read only when", first["msg"])
+        field = str(first["loc"][0]) if first["loc"] else unread.group(1) if unread else None
+        where = name_of(field) if field else "reward server settings"
         shown = f" (got {first['input']!r})" if first["loc"] and first["loc"][0] != "api_key" else ""
         raise UserError(f"{where}: {first['msg'].removeprefix('Value error, ')}{shown}") from None
 

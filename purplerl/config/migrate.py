@@ -112,7 +112,9 @@ def migrate_reward_weights(data: dict[str, Any], defaults: dict[str, float]) -> 
                             ("refusal_penalty", "refusal", -1.0)):
         value = reward.pop(old, _ABSENT)
         if value is not _ABSENT:
-            weights[term] = sign * value if isinstance(value, int | float) and not isinstance(value, bool) else value
+            # + 0.0: a penalty of 0 is the weight 0.0, not -0.0
+            weights[term] = sign * value + 0.0 if isinstance(value, int | float) and not isinstance(value, bool) \
+                else value
     cap = reward.pop("entropy_bonus_cap", _ABSENT)
     if cap is not _ABSENT and cap is not None:
         weights["entropy_bonus"] = 1.0

@@ -223,6 +223,8 @@ class ToxicityConfig(ClassifierConfig):
 class RewardServerConfig(ClassifierConfig):
     """Settings of `purplerl serve-reward` (its own process, not part of a run's Config)."""
 
+    # the server refuses a label for the embedded scorer itself, naming --label (purplerl.rewards.served)
+    label: str | int | None = Field(None, description="HF classifier output scored: label name or index (required for HF models)")
     host: str = Field("127.0.0.1", description="address to listen on (a non-loopback address without an API key is warned about)")
     port: int = Field(50050, ge=1, le=65535, description="TCP port to listen on")
     api_key: SecretStr | None = Field(None, description="when set, /score and /info need the header 'Authorization: Bearer KEY'")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from purplerl.config import DataConfig, load_command_config
+from purplerl.config import PREPARE, DataConfig, load_command_config
 from purplerl.data import load_prompts
 from purplerl.data.prepare import (
     gsm8k_final_answer,
@@ -304,16 +304,16 @@ def test_merge_rejects_swapped_or_missing_dirs(prepared, tmp_path):
 ])
 def test_prepare_dataset_option_errors(args, message):
     with pytest.raises(UserError) as info:
-        prepare_dataset(load_command_config("data prepare", None, args).prepare)
+        prepare_dataset(load_command_config(PREPARE, None, args).prepare)
     assert message in str(info.value), str(info.value)
 
 
 def test_prepare_options_by_flat_name_dotted_name_or_file(tmp_path):
     # the dataset may follow an option: only a bare word that no option takes is the dataset
-    cfg = load_command_config("data prepare", None, ["--out", "o", "wmdp", "--subset", "bio"]).prepare
+    cfg = load_command_config(PREPARE, None, ["--out", "o", "wmdp", "--subset", "bio"]).prepare
     assert (cfg.dataset, cfg.out, cfg.subset) == ("wmdp", "o", "bio")
     (tmp_path / "p.yaml").write_text("prepare:\n  dataset: merge\n  ratio: 0.5\n")
-    cfg = load_command_config("data prepare", tmp_path / "p.yaml", ["--prepare.limit", "3"]).prepare
+    cfg = load_command_config(PREPARE, tmp_path / "p.yaml", ["--prepare.limit", "3"]).prepare
     assert (cfg.dataset, cfg.ratio, cfg.limit, cfg.seed) == ("merge", 0.5, 3, 42)
 
 

@@ -123,10 +123,11 @@ def test_eval_prompts_the_checkpoint_and_its_base_as_the_run_was_trained(
 def test_tamper_test_attacks_and_checks_utility_as_the_defense_was_trained(
         run_checkpoint: Path, prompts_seen: list[str], tmp_path: Path) -> None:
     from purplerl.experiments.tamper import run_tamper_test
+    from purplerl.experiments.tamper.settings import TAMPER
 
     out = tmp_path / "tamper"
     # no --model, no template: both attacks start from the defended run's base model and prompt format
-    config = load_command_config("tamper-test", None, [
+    config = load_command_config(TAMPER, None, [
         "--adapter", str(run_checkpoint), "--out", str(out), "--device", "cpu", "--dtype", "float32",
         "--lora_rank", "4", "--steps", "1", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "2",
         "--logging.progress", "false", "--utility_limit", "1", "--utility_tokens", "8", "--seeds", "1",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from purplerl.config import EvalCommandConfig, load_command_config
+from purplerl.config import EVAL, EvalCommandConfig, load_command_config
 from purplerl.errors import UserError
 from purplerl.eval.run import SUITE_RUNS, read_generations, validate
 from purplerl.eval.suites import SUITES, table
@@ -196,7 +196,7 @@ def test_read_generations_drops_a_cut_tail_and_refuses_other_prompts(tmp_path: P
 
 
 def _eval(*args: str | Path) -> EvalCommandConfig:
-    return load_command_config("eval", None, ["--model", "m", *map(str, args)])
+    return load_command_config(EVAL, None, ["--model", "m", *map(str, args)])
 
 
 def _targets(cfg: EvalCommandConfig) -> dict[str, str | None]:

@@ -2,7 +2,7 @@
 alternative, and sometimes a closer, chosen by hashing the example's uid (no RNG, so a table edit changes
 only the refusals that use the edited line).
 
-Every opener carries one of the phrases that purplerl.eval.judges.RefusalJudge looks for, so a model that
+Every opener carries one of the phrases that purplerl.rewards.refusal.RefusalJudge looks for, so a model that
 learns these refusals is scored as refusing by the same keyword judge the evaluation uses. The reasons
 name why ("...it would help hurt someone"): a model that only learns "I can't help" from a 135M base tends to
 say it everywhere, and a reason tied to the category gives the refusal something to condition on.
