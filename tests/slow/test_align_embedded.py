@@ -12,7 +12,7 @@ import pytest
 @pytest.mark.slow
 def test_aligned_model_refuses_held_out_harmful_requests_and_keeps_utility() -> None:
     from purplerl.eval.alignment import evaluate_model, within_ci
-    from purplerl.recipes.align import BASE_MODEL, SAFE_MODEL, aligned_model_dir
+    from purplerl.experiments.align import BASE_MODEL, SAFE_MODEL, aligned_model_dir
 
     aligned_model_dir()  # built on first use (~8 min on 2 cores), then cached
     kwargs = {"limit": 60, "max_new_tokens": 32, "utility_limit": 20, "seed": 0, "notify": lambda line: None}
