@@ -66,7 +66,7 @@ def test_default_defend_lowers_and_holds_entropy_with_bounded_kl_and_kept_utilit
     run_dir = tmp_path / "defend"
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    objective = assess_defend(metrics, warmup=config["training"]["noiser_warmup"], collapsed=False)
+    objective = assess_defend(metrics, warmup=config["defend"]["noiser_warmup"], collapsed=False)
     assert objective.end < objective.start, objective
     assert objective.rose_at == (), objective
     assert objective.max_kl < MAX_KL_PER_TOKEN, objective
