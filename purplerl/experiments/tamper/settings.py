@@ -37,6 +37,8 @@ TamperTestSettings = create_model(
     utility=(UtilityConfig, Field(default_factory=UtilityConfig, description="utility of the base and the defended model before any attack")),  # noqa: E501
     judges=(JudgesConfig, Field(default_factory=JudgesConfig, description="optional model judges of the held-out answers (beside the refusal keywords)")))  # noqa: E501
 
+# The attack's defaults but its target: the model and prompt format are the defended run's (shared_attack), unless
+# the command line names them. Greedy utility passes of the base and the defended model on a laptop: a sample.
 TAMPER = Command(TamperTestSettings, {**ATTACK.flat, **UTILITY_FLAT, **TAMPER_FLAT, **JUDGES_FLAT},
-                 # greedy utility passes of the base and the defended model on a laptop: a sample, not the whole set
-                 defaults={**ATTACK.command().defaults, "utility": {"limit": 40}}, migrate=ATTACK.migrated)
+                 defaults={**{k: v for k, v in ATTACK.command().defaults.items() if k != "model"},
+                           "utility": {"limit": 40}}, migrate=ATTACK.migrated)
