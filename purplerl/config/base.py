@@ -127,6 +127,22 @@ class Registry:
         return Annotated[str, AfterValidator(self.check), self]
 
 
+@dataclass(frozen=True)
+class Choices(Registry):
+    """The names a text field may hold, listed here (where the settings are) because the module that implements
+    them sits above config and checks that it covers them (eval's suites, data's datasets)."""
+
+    listed: tuple[str, ...] = ()
+
+    def names(self) -> tuple[str, ...]:
+        return self.listed
+
+
+def choices(names: tuple[str, ...], what: str) -> Any:
+    """The annotation of a field holding one of `names`; another value is "unknown WHAT 'x' (choose from ...)"."""
+    return Choices("", what, names).field()
+
+
 def registry_of(annotation: Any, metadata: tuple[Any, ...] = ()) -> Registry | None:
     """The Registry behind a field (`registered` metadata, or inside `list[...]` / `... | None`), or None."""
     found = next((m for m in (*metadata, *getattr(annotation, "__metadata__", ())) if isinstance(m, Registry)), None)

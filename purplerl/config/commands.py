@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from purplerl.config.base import Section, Template, read_when
+from purplerl.config.base import Section, Template, choices, read_when
 from purplerl.config.base import comma_list as _comma_list
 from purplerl.config.sections import (
     EvalDataConfig,
@@ -27,9 +27,9 @@ from purplerl.config.sections import (
 SUITE_NAMES = ("harm", "utility", "diversity")
 DATASET_NAMES = ("beavertails", "wmdp", "gsm8k", "merge")
 WMDP_SUBSETS = ("bio", "chem", "cyber")
-SUITE = Literal["harm", "utility", "diversity"]
-DATASET = Literal["beavertails", "wmdp", "gsm8k", "merge"]
-WMDP_SUBSET = Literal["bio", "chem", "cyber"]
+SUITE = choices(SUITE_NAMES, "suite")
+DATASET = choices(DATASET_NAMES, "dataset")
+WMDP_SUBSET = choices(WMDP_SUBSETS, "WMDP subset")
 
 
 class UtilityConfig(Section):

@@ -272,9 +272,8 @@ def test_module_app_is_built_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_label_for_embedded_is_refused() -> None:
-    # refused with the settings, before any scorer loads (a field nothing would read)
-    with pytest.raises(UserError, match="label is read only when model is an HF classifier: leave it out"):
-        build_server_config({"label": "toxic"}, lambda field: "--" + field)
+    with pytest.raises(UserError, match="--label toxic is for HF classifiers"):
+        create_app(RewardServerConfig(label="toxic"))
 
 
 # ----------------------------------------------------------------------------------- the attack recipe
