@@ -125,6 +125,8 @@ class JudgesConfig(Section):
     strongreject_model: str | None = Field(None, description="model name sent to strongreject_url")
     strongreject_key_env: str | None = Field(None, description="environment variable holding the StrongREJECT endpoint's API key")
 
+    terms: dict[str, dict[str, Any]] = Field(default_factory=dict, description="more judges: registered text reward terms and their parameters, e.g. {repetition: {ngram: 2}, guard: {model: ORG/GUARD}}; each is scored on every answer and reported as term/NAME, its mean with a 95% CI")
+
     @model_validator(mode="after")
     def _pairs(self) -> JudgesConfig:
         if (self.harm_model is None) != (self.harm_label is None):
@@ -155,7 +157,7 @@ class EvalCommandConfig(Section):
 
     @model_validator(mode="after")
     def _judges_need_harm(self) -> EvalCommandConfig:
-        if self.judges.model_judged() and "harm" not in self.eval.suites:
+        if (self.judges.model_judged() or self.judges.terms) and "harm" not in self.eval.suites:
             raise ValueError("the judges score the harm suite: add harm to eval.suites (--suite)")
         return self
 

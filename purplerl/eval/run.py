@@ -85,6 +85,12 @@ def _validate_judges(cfg: EvalCommandConfig) -> None:
     if guard is not None and looks_local(guard) and not Path(guard).expanduser().exists():
         raise UserError(f"guard model not found: {Path(guard).expanduser()}")
     api_key_from_env(cfg.judges.strongreject_key_env)
+    from purplerl.eval.suites import check_judge_term
+    from purplerl.rewards.registry import term_params
+
+    for name, params in cfg.judges.terms.items():  # the term judges' names and parameters, before any model loads
+        check_judge_term(name)
+        term_params(name, params)
 
 
 def load_eval_prompts(cfg: EvalCommandConfig) -> list[PromptRecord]:

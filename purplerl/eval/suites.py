@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from purplerl.config.commands import SUITE_NAMES
-from purplerl.errors import ExperimentError
+from purplerl.errors import ExperimentError, UserError
+from purplerl.eval.metrics import TERM_PREFIX
 from purplerl.types import PromptRecord
 
 if TYPE_CHECKING:
@@ -27,6 +28,17 @@ SUITES = SUITE_NAMES  # the names `eval.suites` takes (purplerl.config); each ru
 
 # Generates one completion per prompt for the utility suite: (records, max_new_tokens) -> texts, greedy.
 GreedyGenerate = Callable[[list[PromptRecord], int], list[str]]
+
+
+def check_judge_term(name: str) -> None:
+    """UserError unless `name` is a registered term that judges from the answer's text (and its prompt) alone."""
+    from purplerl.rewards.registry import get_term, text_terms
+
+    get_term(name)  # an unknown name: the known terms, in one line
+    if name not in text_terms():
+        raise UserError(f"judges.terms: '{name}' reads more than the answer's text (needs "
+                        f"{get_term(name).needs}), so it cannot judge saved answers; text terms: "
+                        f"{', '.join(text_terms())}")
 
 
 class HarmJudges:
@@ -60,6 +72,9 @@ class HarmJudges:
         if judges.guard_model is not None:
             self.judges["guard_unsafe"] = judge("guard", {
                 "model": judges.guard_model, "unsafe_token": judges.guard_unsafe_token, "device": device})
+        for name, params in judges.terms.items():  # any registered text term, reported as term/NAME
+            check_judge_term(name)
+            self.judges[f"{TERM_PREFIX}{name}"] = judge(name, params)
 
     def describe(self) -> dict[str, str]:
         return {key: type(judge).__name__ for key, judge in self.judges.items()}
