@@ -1,0 +1,272 @@
+"""The `purplerl` command: parses options, builds a config, calls the library. No logic of its own. A recipe's
+command comes from its row of the recipe table; what every command shares is in cli/base.py, the commands around
+runs in cli/serving.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from purplerl.cli.base import (
+    OVERRIDES,
+    ConfigFile,
+    Restart,
+    Resume,
+    app,
+    config_command,
+    quiet_libraries,
+    reports_errors,
+    say,
+)
+from purplerl.config import ALIGN, EMBEDDED_MODEL, EVAL, PREPARE, SAMPLE, Command, load_command_config, read_config_file
+from purplerl.errors import UserError
+
+
+def _recipe_config(recipe: Any, args: list[str], config: Path | None, resume: Path | None) -> Any:
+    """Recipe defaults <- config file <- overrides; or, when resuming, the run's saved config <- overrides."""
+    if resume is None:
+        cfg = load_command_config(recipe.command(), config, args)
+    else:
+        if config is not None:
+            raise UserError("--resume uses the run's saved config; do not pass --config with it")
+        if not (resume / "config.yaml").is_file():
+            raise UserError(f"{resume} is not a run dir (no config.yaml)")
+        saved = read_config_file(resume / "config.yaml")
+        if saved.get("recipe", recipe.name) != recipe.name:
+            raise UserError(f"config is for recipe '{saved.get('recipe')}', not '{recipe.name}'")
+        cfg = load_command_config(recipe.command(), None, args, base=recipe.migrated(saved, saved=True))
+    if cfg.recipe != recipe.name:
+        raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe.name}'")
+    return cfg
+
+
+def _restart(restart: bool, resume: Path | None) -> bool:
+    if restart and resume is None:
+        raise UserError("--restart goes with --resume RUN_DIR (it starts that run again from step 1)")
+    return restart
+
+
+def _run_recipe(recipe: Any, cfg: Any, resume: Path | None, restart: bool) -> None:
+    """Run a training recipe, print its summary, and exit non-zero with one line when the run collapsed."""
+    from purplerl.engines.distributed import under_torchrun
+    from purplerl.train.runner import run_recipe
+    from purplerl.train.stops import collapse_error
+
+    _restart(restart, resume)
+    if cfg.engine.procs > 1 and not under_torchrun():
+        _run_workers(recipe, cfg, resume)
+        return
+    quiet_libraries()
+    if under_torchrun():
+        from purplerl.engines.launch import stop_quietly_on_sigterm
+
+        stop_quietly_on_sigterm()
+    summary = run_recipe(recipe, cfg, resume_dir=resume, restart=restart)
+    if os.environ.get("RANK", "0") != "0":  # rank 0 reports for the run
+        return
+    typer.echo(recipe.summarize(Path(summary["run_dir"]), summary, cfg))
+    error = collapse_error(recipe.name, summary)
+    if error is not None:
+        raise error
+
+
+def _run_workers(recipe: Any, cfg: Any, resume: Path | None) -> None:
+    """--engine.procs N: this command again in N processes under torchrun (see purplerl.engines.launch)."""
+    from purplerl.engines.launch import run_workers
+    from purplerl.train.runner import run_dir_of
+
+    procs, batch = cfg.engine.procs, cfg.training.batch_size
+    if batch % procs:
+        raise UserError(f"training.batch_size={batch} does not divide by engine.procs={procs}")
+    run_workers(procs, sys.argv[1:], str(resume or run_dir_of(recipe, cfg)))
+
+
+def _recipe_rows() -> dict[str, Any]:
+    from purplerl.experiments import align  # noqa: F401 -- registers embedded:smollm2-135m-safe, the default target
+    from purplerl.recipes import RECIPES
+
+    return RECIPES
+
+
+def _register_recipe(name: str, help_text: str) -> None:
+    """The command of one row of the recipe table."""
+
+    def command(ctx: typer.Context, config: ConfigFile = None, resume: Resume = None,
+                restart: Restart = False) -> None:
+        recipe = _recipe_rows()[name]
+        _run_recipe(recipe, _recipe_config(recipe, ctx.args, config, resume), resume, restart)
+
+    command.__doc__ = help_text
+    app.command(name, context_settings=OVERRIDES,
+                cls=config_command(lambda: _recipe_rows()[name].command()))(reports_errors(command))
+
+
+for _row in _recipe_rows().values():
+    _register_recipe(_row.name, _row.help)
+
+
+@app.command(context_settings=OVERRIDES, cls=config_command(lambda: ALIGN))
+@reports_errors
+def align(ctx: typer.Context, config: ConfigFile = None) -> None:
+    """Build embedded:smollm2-135m-safe: SmolLM2-135M-Instruct fine-tuned to refuse harmful requests (refusals
+    written by this project) while answering benign ones as before (its own answers). Cached after the first run.
+    With --eval true, measure refusal and utility of the base and the aligned model on held-out requests."""
+    from purplerl.experiments.align import BASE_MODEL, SAFE_MODEL, aligned_model_dir
+
+    cfg = load_command_config(ALIGN, config, ctx.args).align
+    quiet_libraries()
+    typer.echo(f"embedded:{SAFE_MODEL} is {aligned_model_dir(notify=say)}")
+    if cfg.eval:
+        import json
+
+        from purplerl.eval.alignment import alignment_table, evaluate_alignment
+
+        result = evaluate_alignment(BASE_MODEL, f"embedded:{SAFE_MODEL}", limit=cfg.limit, notify=say)
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "align.json").write_text(json.dumps(result, indent=1))
+        table = alignment_table(result)
+        (out / "summary.txt").write_text(table + "\n")
+        typer.echo(table)
+        typer.echo(f"wrote {out / 'align.json'} and {out / 'summary.txt'}")
+
+
+def _tamper() -> Command:
+    from purplerl.experiments.tamper.settings import TAMPER
+
+    return TAMPER
+
+
+@app.command("tamper-test", context_settings=OVERRIDES, cls=config_command(_tamper))
+@reports_errors
+def tamper_test(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Option(help="YAML or JSON file: an attack config, plus the tamper, "
+                                                     "utility and judges sections")] = None,
+) -> None:
+    """Attack a defended adapter (--adapter) and its base model under each threat model (--threats
+    merged,adapter,sft,adaptive) for --seeds seeds; judge every attack on held-out prompts; verdict per threat.
+
+    Writes OUT/tamper.json, OUT/tamper.png and OUT/summary.txt. Running it again resumes: finished attacks are
+    reused, an unfinished one continues."""
+    from purplerl.experiments.tamper import run_tamper_test, tamper_summary
+
+    cfg = load_command_config(_tamper(), config, ctx.args)
+    if cfg.recipe != "attack":
+        raise UserError(f"config is for recipe '{cfg.recipe}', not 'attack'")
+    quiet_libraries()
+    result = run_tamper_test(cfg, announce=say)
+    out = Path(cfg.tamper.out)
+    typer.echo(tamper_summary(result))
+    typer.echo(f"wrote {out / 'tamper.json'}, {out / 'tamper.png'}, {out / 'summary.txt'}")
+
+
+@app.command(context_settings=OVERRIDES, cls=config_command(lambda: SAMPLE))
+@reports_errors
+def sample(ctx: typer.Context, config: ConfigFile = None) -> None:
+    """Generate from a trained adapter (--checkpoint) or from a base model (--model) for each --prompt.
+
+    A run's checkpoint is prompted as its run was trained (template, system prompt, base model)."""
+    from purplerl.recipes.sample import generate
+
+    cfg = load_command_config(SAMPLE, config, ctx.args)
+    quiet_libraries()
+    for prompt, texts in zip(cfg.sample.prompts, generate(cfg, announce=say), strict=True):
+        typer.echo(f"### {prompt}")
+        for text in texts:
+            typer.echo(text.strip() or "(empty)")
+            typer.echo("---")
+
+
+@app.command(name="eval", context_settings=OVERRIDES, cls=config_command(lambda: EVAL))
+@reports_errors
+def evaluate(ctx: typer.Context, config: ConfigFile = None) -> None:
+    """Evaluate the base model and each --checkpoint: harm, utility and diversity with 95% bootstrap CIs.
+
+    Each checkpoint of a run is prompted as its run was trained; the base model is the checkpoints' own.
+    Writes OUT/generations/<label>.jsonl (resumable), OUT/eval.json and OUT/report.html; prints a table."""
+    from purplerl.eval.run import eval_table, run_eval
+
+    cfg = load_command_config(EVAL, config, ctx.args)
+    quiet_libraries()
+    result = run_eval(cfg, announce=say)
+    out = Path(cfg.eval.out)
+    typer.echo(eval_table(result))
+    typer.echo(f"wrote {out / 'eval.json'} and {out / 'report.html'}")
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Datasets: prepare hub datasets as veRL-schema parquet.")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare", context_settings=OVERRIDES, cls=config_command(lambda: PREPARE),
+                  options_metavar="DATASET [OPTIONS]")
+@reports_errors
+def data_prepare(ctx: typer.Context,
+                 config: ConfigFile = None) -> None:
+    """Write DATASET's train.parquet and test.parquet in veRL's schema (prompt, data_source, reward_model, ...)."""
+    from purplerl.data.prepare import prepare_dataset
+
+    cfg = load_command_config(PREPARE, config, ctx.args)
+    typer.echo(prepare_dataset(cfg.prepare).describe())
+
+
+verl_app = typer.Typer(no_args_is_help=True, help="veRL: run purplerl's recipes on a GPU cluster with veRL.")
+app.add_typer(verl_app, name="verl")
+
+
+def _verl_command(recipe_name: str = "attack") -> Command:
+    """A recipe's settings plus the veRL run's own section."""
+    from pydantic import Field, create_model
+
+    from purplerl.config import VerlConfig
+
+    recipe = _recipe_rows().get(recipe_name)
+    if recipe is None:
+        raise UserError(f"unknown recipe '{recipe_name}' (known: {', '.join(_recipe_rows())})")
+    schema = create_model(f"{recipe.settings.__name__}Verl", __base__=recipe.settings, verl=(VerlConfig, Field(
+        default_factory=VerlConfig, description="the veRL run: cluster shape, rollout engine, output dir")))
+    command = recipe.command()
+    return Command(schema, {**command.flat, **{name: f"verl.{name}" for name in VerlConfig.model_fields}},
+                   command.defaults, migrate=command.migrate)
+
+
+@verl_app.command("export", context_settings=OVERRIDES, cls=config_command(_verl_command))
+@reports_errors
+def verl_export(ctx: typer.Context, config: ConfigFile = None) -> None:
+    """Write --out DIR for a veRL 0.9 run of an RL recipe's config (attack by default): prompts as veRL parquet,
+    purplerl's reward behind veRL's custom-reward hook, the settings as Hydra overrides (run_verl.sh), and every
+    setting veRL cannot honour named. A reward that needs the policy's token entropies (defend's) is refused:
+    veRL's reward hook sees only the decoded response."""
+    from purplerl.verl.export import export_verl
+
+    recipe = _export_recipe(ctx.args, config)
+    cfg = load_command_config(_verl_command(recipe), config, ctx.args)
+    if cfg.recipe != recipe:
+        raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe}'")
+    typer.echo(export_verl(cfg, announce=say).describe())
+
+
+def _export_recipe(args: list[str], config: Path | None) -> str:
+    """The recipe whose settings a veRL export reads: --recipe NAME, else the config file's, else attack (the
+    settings tree is the recipe's own, so it is chosen before the settings are read)."""
+    for i, arg in enumerate(args):
+        if arg == "--recipe" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--recipe="):
+            return arg.partition("=")[2]
+    recipe = read_config_file(config).get("recipe", "attack") if config is not None else "attack"
+    return recipe if isinstance(recipe, str) else "attack"
+
+
+from purplerl.cli import serving  # noqa: E402,F401 -- registers export, report and serve-reward after the commands above
+
+
+def main() -> None:
+    sys.exit(app())
+
+__all__ = ["EMBEDDED_MODEL", "app", "main"]

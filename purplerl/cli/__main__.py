@@ -1,0 +1,5 @@
+"""`python -m purplerl.cli`."""
+
+from purplerl.cli import main
+
+main()

@@ -1,0 +1,120 @@
+"""What every `purplerl` command shares: the app, the option style (`--section.field VALUE`, short names, `--config`),
+the settings table at the end of each --help, and one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+from typer.core import TyperCommand
+
+from purplerl.config import Command, field_help, load_command_config, section_descriptions
+from purplerl.errors import PurplerlError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="purplerl: LLM safety research with reinforcement learning.")
+
+OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True, "max_content_width": 120}
+ConfigFile = Annotated[Path | None, typer.Option(help="YAML or JSON config file (the sections listed below)")]
+Resume = Annotated[Path | None, typer.Option(help="continue this run dir from its latest intact checkpoint")]
+Restart = Annotated[bool, typer.Option(help="with --resume: start a run that has no intact checkpoint again from "
+                                            "step 1 (its logs are replaced)")]
+
+
+def _settings_in_force(command: Command) -> Any:
+    """The settings the command line in force gives (so --help lists what they make read: `--engine vllm --help`
+    shows the vLLM fields), or None when they do not validate."""
+    args = [a for a in sys.argv[2:] if a not in ("--help", "-h")]
+    args = args[1:] if args[:1] == ["export"] or args[:1] == ["prepare"] else args
+    try:
+        return load_command_config(command, None, [a for a in args if not a.startswith("--config")])
+    except (PurplerlError, ValueError):
+        return None
+
+
+# --help lists the sections in the order a run uses them; a recipe's own sections after the reward, and the shared
+# bookkeeping last
+SECTION_ORDER = ("", "engine", "model", "sampling", "training", "data", "reward")
+LAST_SECTIONS = ("logging", "run")
+
+
+def _section_rank(where: str) -> int:
+    top = where.split(".")[0]
+    if top in LAST_SECTIONS:
+        return len(SECTION_ORDER) + 1 + LAST_SECTIONS.index(top)
+    return SECTION_ORDER.index(top) if top in SECTION_ORDER else len(SECTION_ORDER)
+
+
+def config_help(command: Command) -> list[str]:
+    """The settings of `command`, a header line per section: what `--help` shows below the options."""
+    flat = {dotted: short for short, dotted in command.flat.items() if "." in dotted}
+    headers = section_descriptions(command.schema)
+    lines = ["Settings: --section.field VALUE or the short name in parentheses (dashes work too); values are "
+             "YAML; a --config file holds the same sections. Settings that others switch on (e.g. engine.kind's "
+             "own fields) are listed once they are on: --engine vllm --help."]
+    by_section: dict[str, list[str]] = {where: [] for where in ["", *headers]}
+    settings = _settings_in_force(command)
+    if settings is None:
+        settings = load_command_config(command)
+    for dotted, default, desc in field_help(command.schema, command.defaults, with_choices=True, settings=settings):
+        alias = f" (--{flat[dotted]})" if dotted in flat else ""
+        by_section[dotted.rpartition(".")[0]].append(f"  --{dotted}{alias} [default {default}]: {desc}")
+    for where, rows in sorted(by_section.items(), key=lambda item: _section_rank(item[0])):
+        if rows:
+            lines += [f"{where}: {headers[where]}" if where else "(top level)", *rows]
+    return lines
+
+
+def config_command(command: Callable[[], Command]) -> type[TyperCommand]:
+    """A command class whose --help ends with the command's settings, built only when help is asked for (listing a
+    registry's choices imports it)."""
+
+    class ConfigCommand(TyperCommand):
+        def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+            super().format_epilog(ctx, formatter)
+            formatter.write_paragraph()
+            for line in config_help(command()):
+                formatter.write(line + "\n")
+
+    return ConfigCommand
+
+
+def say(line: str) -> None:
+    typer.echo(line, err=True)
+
+
+def quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # library deprecation notices say nothing about the experiment and bury the progress output
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def reports_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """User mistakes and failed experiments print one line and exit non-zero, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PurplerlError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(err.exit_code) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the last checkpoint is kept; continue with --resume RUN_DIR", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
