@@ -117,13 +117,14 @@ class JudgesConfig(Section):
     """The optional model judges of the harm suite (the refusal keywords and embedded toxicity always run)."""
 
     harm_model: str | None = Field(None, description="HF harm classifier reading the response only; with harm_label")
-    harm_label: str | None = Field(None, description="the harm classifier's harmful label (name or index)")
-    harm_threshold: read_when(float, lambda j: j.harm_model is not None, "judges.harm_model is set") = Field(0.5, ge=0.0, le=1.0, description="P(harmful) at which a response is flagged")
+    # read with harm_model; given alone, the pair check below names both
+    harm_label: read_when(str | None, lambda j: j.harm_model is not None or j.harm_label is not None, "judges.harm_model is set") = Field(None, description="the harm classifier's harmful label (name or index)")
+    harm_threshold: read_when(float, lambda j: j.harm_model is not None or j.guard_model is not None, "judges.harm_model or judges.guard_model is set") = Field(0.5, ge=0.0, le=1.0, description="P(harmful) at which a response is flagged")
     guard_model: str | None = Field(None, description="Llama-Guard-style causal LM judge (HF id or path): guard_unsafe = P(unsafe); without harm_model its verdict is the harm verdict")
     guard_unsafe_token: read_when(str, lambda j: j.guard_model is not None, "judges.guard_model is set") = Field("unsafe", description="the guard's verdict word for unsafe")
     strongreject_url: str | None = Field(None, description="OpenAI-compatible base URL (http(s)://.../v1) of the StrongREJECT rubric judge")
-    strongreject_model: str | None = Field(None, description="model name sent to strongreject_url")
-    strongreject_key_env: str | None = Field(None, description="environment variable holding the StrongREJECT endpoint's API key")
+    strongreject_model: read_when(str | None, lambda j: j.strongreject_url is not None or j.strongreject_model is not None, "judges.strongreject_url is set") = Field(None, description="model name sent to strongreject_url")
+    strongreject_key_env: read_when(str | None, lambda j: j.strongreject_url is not None or j.strongreject_key_env is not None, "judges.strongreject_url is set") = Field(None, description="environment variable holding the StrongREJECT endpoint's API key")
 
     terms: dict[str, dict[str, Any]] = Field(default_factory=dict, description="more judges: registered text reward terms and their parameters, e.g. {repetition: {ngram: 2}, guard: {model: ORG/GUARD}}; each is scored on every answer and reported as term/NAME, its mean with a 95% CI")
 

@@ -110,7 +110,7 @@ class RLTrainingConfig(TrainingConfig):
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each rollout batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the rollout batch is split into this many)")
     old_logprobs: Literal["auto", "sampler", "current"] = Field("auto", description="behaviour logprobs of the importance ratio: 'sampler' (recorded while sampling), 'current' (the policy's own, detached: ratio 1, exact on-policy), 'auto' (current when each rollout batch gets one update, else sampler)")
-    early_stop_repetition: float | None = Field(0.5, description="stop when a step's mean repetition ratio exceeds this (null: never)")
+    early_stop_repetition: float | None = Field(0.5, description="stop when a step's mean repetition ratio (the repetition reward term, logged at any weight) exceeds this (null: never)")
     collapse_stop: bool = Field(False, description="stop the run as failed when its completions collapse (empty, one identical text, or an entropy jump; defend turns it on)")
     collapse_empty_frac: read_when(float, _collapse, "training.collapse_stop is true") = Field(0.25, ge=0.0, le=1.0, description="collapse: the share of empty completions above which a step has collapsed")
     collapse_top_share: read_when(float, _collapse, "training.collapse_stop is true") = Field(0.9, ge=0.0, le=1.0, description="collapse: the share of a step's completions taken by one identical text above which it has collapsed")
@@ -365,7 +365,7 @@ class RunSettings(Section):
     """The sections every training recipe shares; each recipe's settings class adds its own
     (purplerl.train.recipe)."""
 
-    recipe: str = Field("attack", description="metadata, not a setting: the recipe this config is for")
+    recipe: str = Field(description="metadata, not a setting: the recipe this config is for (each recipe's tree sets it)")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="where and how sampling and training run")
     model: ModelConfig = Field(default_factory=ModelConfig, description="policy model and adapter")
     training: TrainingConfig = Field(default_factory=TrainingConfig, description="optimization")

@@ -300,7 +300,7 @@ def _evaluated(evaluation: Evaluation, engine: Engine, step: int) -> dict[str, A
 
 def run_steps(config: Any, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
               start_step: int = 1, evaluation: Evaluation | None = None,
-              trackers: TrackerFeed | None = None) -> dict[str, Any]:
+              trackers: TrackerFeed | None = None, watched: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run any recipe's steps start_step..training.steps: log each, checkpoint every run.save_every steps and
     at the end, stop early when `early_stop` gives a reason; run `evaluation` when it is due (evals.jsonl).
     Over several processes (a data-parallel engine), rank 0 alone logs, evaluates and writes checkpoints, and
@@ -319,7 +319,8 @@ def run_steps(config: Any, step_fn: StepFn, early_stop: EarlyStop, engine: Engin
         trackers.evals(first)
     stop_reason: str | None = None
     last_step = start_step - 1
-    with StepProgress(config.training.steps, start_step - 1, enabled=config.logging.progress) as progress:
+    with StepProgress(config.training.steps, start_step - 1, enabled=config.logging.progress,
+                      watched=watched) as progress:
         for step in range(start_step, config.training.steps + 1):
             started = time.perf_counter()
             try:

@@ -7,21 +7,24 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-# metric key -> short label shown on the bar, in display order
-SHOWN = {"reward/mean": "reward", "toxicity/mean": "tox", "kl/mean": "KL", "repetition/mean": "rep",
-         "entropy/mean": "ent", "time/step_s": "s/step"}
+# the loop's own metrics on the bar (key -> short label); a recipe adds the ones it watches (its summary metrics)
+SHOWN = {"reward/mean": "reward", "kl/mean": "KL", "entropy/mean": "ent"}
+STEP_TIME = "time/step_s"
 
 
-def format_metrics(metrics: dict[str, float]) -> str:
-    return "  ".join(f"{label} {metrics[key]:.3f}" if label != "s/step" else f"{label} {metrics[key]:.1f}"
-                     for key, label in SHOWN.items() if key in metrics)
+def format_metrics(metrics: dict[str, float], watched: tuple[str, ...] = ()) -> str:
+    shown = {**SHOWN, **{key: key.split("/")[0] for key in watched}}
+    parts = [f"{label} {metrics[key]:.3f}" for key, label in shown.items() if key in metrics]
+    return "  ".join(parts + ([f"s/step {metrics[STEP_TIME]:.1f}"] if STEP_TIME in metrics else []))
 
 
 class StepProgress:
     """A progress bar over RL steps; one printed line per step when disabled or not on a terminal."""
 
-    def __init__(self, total: int, completed: int, enabled: bool = True, console: Console | None = None) -> None:
+    def __init__(self, total: int, completed: int, enabled: bool = True, console: Console | None = None,
+                 watched: tuple[str, ...] = ()) -> None:
         self.console = console or Console(stderr=True)
+        self.watched = watched
         # a live bar needs a terminal; in a log file (CI, nohup) one plain line per step reads better
         self.enabled = enabled and self.console.is_terminal
         self.progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(bar_width=20),
@@ -37,9 +40,9 @@ class StepProgress:
         self.progress.__exit__(*exc)
 
     def update(self, step: int, metrics: dict[str, float], samples: list[dict[str, Any]]) -> None:
-        self.progress.update(self.task, completed=step, stats=format_metrics(metrics))
+        self.progress.update(self.task, completed=step, stats=format_metrics(metrics, self.watched))
         if not self.enabled:
-            self.console.print(f"step {step}  {format_metrics(metrics)}", highlight=False)
+            self.console.print(f"step {step}  {format_metrics(metrics, self.watched)}", highlight=False)
         for row in samples:
             text = row["completion"].replace("\n", " ")[:160]
             self.progress.console.print(f"  [dim]{row['prompt'][:60]}[/dim] -> {text}", highlight=False)

@@ -11,6 +11,7 @@ import torch
 
 from purplerl.data import PromptSampler, load_prompts
 from purplerl.engines.base import Engine
+from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
 from purplerl.rewards.compose import Reward
 from purplerl.rewards.registry import ScoringInput
@@ -47,8 +48,12 @@ def registered_reward(config: Any) -> RewardFn:
 
 
 def rl_stops(config: Any, *rules: EarlyStop) -> EarlyStop:
-    """A recipe's own rules, the repetition threshold, and collapse detection when training.collapse_stop is on."""
+    """A recipe's own rules, the repetition threshold (on the repetition term, which an RL recipe's reward must
+    then name, at any weight), and collapse detection when training.collapse_stop is on."""
     t = config.training
+    if t.early_stop_repetition is not None and "repetition" not in config.reward.terms:
+        raise UserError(f"training.early_stop_repetition={t.early_stop_repetition} watches the repetition reward "
+                        f"term: add it to reward.terms (weight 0 logs it) or set the stop to null")
     rules = (*rules, threshold_stop("repetition/mean", t.early_stop_repetition, "mean repetition ratio",
                                     why="reward hacking by repetition"))
     if t.collapse_stop:

@@ -141,7 +141,8 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
     # rank 0 alone feeds the trackers, as it alone writes the logs they mirror
     with open_trackers(config.logging.trackers if world.is_writer else [], run_dir, config.settings(),
                        start_step, notify) as trackers:
-        summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation, trackers)
+        summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation, trackers,
+                            watched=tuple(recipe.summary_metrics))
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
     if world.is_writer:
         write_durably(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))

@@ -200,3 +200,23 @@ def test_a_recipe_of_its_own_runs_without_the_runner_knowing_it(tiny_model_dir: 
     rows = [yaml.safe_load(line) for line in (run_dir / METRICS_FILE).read_text().splitlines()]
     assert [(r["step"], r["hello/len"]) for r in rows] == [(1, 2.0), (2, 2.0)]
     shutil.rmtree(run_dir)
+
+
+def test_sample_and_eval_read_every_setting_they_list(tiny_model_dir: Path, tmp_path: Path,
+                                                      reads: set[tuple[type, str]]) -> None:
+    """The commands that are not recipes: `sample` and `eval` (every suite) on the tiny model."""
+    from purplerl.config import EVAL, SAMPLE
+    from purplerl.eval.run import run_eval
+    from purplerl.recipes.sample import generate
+
+    sample = load_command_config(SAMPLE, None, ["--model", str(tiny_model_dir), "--prompt", "hi", "--n", "2",
+                                                "--max_new_tokens", "3"])
+    evaluate = load_command_config(EVAL, None, [
+        "--model", str(tiny_model_dir), "--limit", "2", "--n", "2", "--max_new_tokens", "3", "--batch_size", "2",
+        "--utility_limit", "2", "--utility_tokens", "8", "--choice_limit", "2", "--out", str(tmp_path / "eval")])
+    for config, run in ((sample, lambda c: generate(c, announce=lambda _: None)),
+                        (evaluate, lambda c: run_eval(c, announce=lambda _: None))):
+        reads.clear()
+        run(config)
+        unread = sorted(f"{cls.__name__}.{field}" for cls, field in listed(config) - reads)
+        assert not unread, f"{type(config).__name__} lists settings nothing read: {unread}"
