@@ -539,9 +539,10 @@ def test_leaf_field_counts_per_command():
     # became reward.terms, reward.entropy_bonus.cap and reward.repetition.ngram (-2), and the registered judge terms
     # brought their parameters: reward.harm_classifier (6), reward.guard (4), reward.strongreject (4). Defend is the
     # attack less attack.early_stop_toxicity plus defend.noiser* (5); sft has no sampling, reward or RL training
-    # fields, nor a prompt format beyond its data's template and system prompt
+    # fields, nor a prompt format beyond its data's template and system prompt. judges.terms (+1) lets any text
+    # reward term judge eval and tamper-test
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 104, "defend": 108, "tamper-test": 131, "sft": 56, "eval": 37, "sample": 15,
+    assert counts == {"attack": 104, "defend": 108, "tamper-test": 132, "sft": 56, "eval": 38, "sample": 15,
                       "data prepare": 10, "align": 3, "verl export": 113}
 
 

@@ -42,7 +42,9 @@ class StepProgress:
     def update(self, step: int, metrics: dict[str, float], samples: list[dict[str, Any]]) -> None:
         self.progress.update(self.task, completed=step, stats=format_metrics(metrics, self.watched))
         if not self.enabled:
-            self.console.print(f"step {step}  {format_metrics(metrics, self.watched)}", highlight=False)
+            # one line a step, however wide: a log is read line by line
+            self.console.print(f"step {step}  {format_metrics(metrics, self.watched)}", highlight=False,
+                               soft_wrap=True)
         for row in samples:
             text = row["completion"].replace("\n", " ")[:160]
             self.progress.console.print(f"  [dim]{row['prompt'][:60]}[/dim] -> {text}", highlight=False)

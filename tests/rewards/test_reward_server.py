@@ -14,7 +14,7 @@ import torch
 from conftest import save_tiny_bert_classifier
 from reward_servers import BlockingScorer, ThreadServer
 
-from purplerl.config import RewardServerConfig, build_server_config
+from purplerl.config import RewardServerConfig
 from purplerl.errors import ExperimentError, UserError
 from purplerl.recipes.attack import AttackSettings
 from purplerl.rewards.client import HTTPScorer
