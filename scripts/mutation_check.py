@@ -57,18 +57,25 @@ LOOP = ("tests/train/test_estimator_in_use.py", "tests/train/test_kl_direction.p
         "tests/train/test_loop.py")
 ENGINE = ("tests/train/test_kl_direction.py", "tests/engines/test_local_engine.py",
           "tests/engines/test_engine_fast_paths.py", "tests/train/test_estimator_in_use.py",
-          "tests/eval/test_adapter_loaded.py", "tests/train/test_loop.py")
+          "tests/eval/test_adapter_loaded.py", "tests/train/test_loop.py", "tests/engines/test_engine_contract.py")
 ATTACK = ("tests/recipes/test_attack_reward.py", "tests/recipes/test_defend_tamper.py",
           "tests/train/test_kl_direction.py")
-TAMPER = ("tests/recipes/test_tamper_verdict.py", "tests/recipes/test_defend_tamper.py")
-REGISTERED = ("tests/engines/test_registered_losses.py",)
+TAMPER = ("tests/recipes/test_tamper_verdict.py", "tests/recipes/test_defend_tamper.py",
+          "tests/experiments/test_tamper_threats.py")
+DEFEND = ("tests/recipes/test_defend_tamper.py",)
+REGISTERED = ("tests/engines/test_registered_losses.py", "tests/engines/test_engine_contract.py")
 ADAPTER = ("tests/eval/test_adapter_loaded.py",)
 PROMPTING = ("tests/eval/test_checkpoint_prompting.py",)
 
 A, K, G, L = ("purplerl/algorithms/advantages.py", "purplerl/algorithms/kl.py", "purplerl/algorithms/logprobs.py",
               "purplerl/algorithms/losses.py")
-NZ, LP, EN = "purplerl/algorithms/noiser.py", "purplerl/train/loop.py", "purplerl/engines/local.py"
-RG, DF = "purplerl/algorithms/registry.py", "purplerl/recipes/defend.py"
+NZ, LP, RG = "purplerl/algorithms/noiser.py", "purplerl/train/loop.py", "purplerl/algorithms/registry.py"
+DF, RL = "purplerl/recipes/defend.py", "purplerl/train/rl.py"
+ET, ES, EM = ("purplerl/engines/local_training.py", "purplerl/engines/local_scoring.py",
+              "purplerl/engines/local_sampling.py")
+TI, TR, TS = ("purplerl/experiments/tamper/__init__.py", "purplerl/experiments/tamper/runs.py",
+              "purplerl/experiments/tamper/stats.py")
+PO = "purplerl/runs/policy.py"
 
 MUTATIONS = [
     # ---- advantages
@@ -97,7 +104,8 @@ MUTATIONS = [
     Mutation("whiten-mean-over-padding", A, "whitened_NT = (x_NT - values.mean())",
              "whitened_NT = (x_NT - x_NT.mean())", ADV),
     Mutation("zscore-std-unbiased", A, "(x_N - x_N.mean()) / (x_N.std(unbiased=False) + eps)",
-             "(x_N - x_N.mean()) / (x_N.std(unbiased=True) + eps)", ADV + ("tests/rewards/test_composite.py",)),
+             "(x_N - x_N.mean()) / (x_N.std(unbiased=True) + eps)",
+             ADV + ("tests/rewards/test_composite.py", "tests/rewards/test_reward.py")),
     # ---- KL estimators
     Mutation("k1-direction", K, "    return logp - logp_ref\n", "    return logp_ref - logp\n", KL),
     Mutation("k2-no-half", K, "return 0.5 * (logp - logp_ref) ** 2", "return (logp - logp_ref) ** 2", KL),
@@ -140,8 +148,8 @@ MUTATIONS = [
     Mutation("kl-penalty-direction", L, "return get_kl_estimator(estimator)(logp_NT, ref_NT.detach())",
              "return get_kl_estimator(estimator)(ref_NT.detach(), logp_NT)", LOSS + ENGINE),
     # ---- Token Noiser
-    Mutation("noiser-epsilon-swapped", NZ, "(1.0 - epsilon) * nll_C + epsilon * noise_ce_C",
-             "epsilon * nll_C + (1.0 - epsilon) * noise_ce_C", NOISER),
+    Mutation("noiser-epsilon-swapped", NZ, "return (1.0 - epsilon) * nll_C + weight * noise_ce_C, nll_C, noise_ce_C",
+             "return weight * nll_C + (1.0 - epsilon) * noise_ce_C, nll_C, noise_ce_C", NOISER),
     Mutation("noiser-noise-on-target", NZ, "noise_RV = raw_RV.float().scatter(1, targets_R.long()[:, None], 0.0)",
              "noise_RV = raw_RV.float()", NOISER),
     # ---- the loop
@@ -165,10 +173,10 @@ MUTATIONS = [
              "return Loss(t.loss, params, temperature=1.0,", LOOP),
     Mutation("loop-logged-advantage-summed", LP, "advantages_N = (advantages_NT * mask_NT).sum(-1) / mask_NT.sum(-1)",
              "advantages_N = (advantages_NT * mask_NT).sum(-1)", LOOP),
-    Mutation("noiser-step-drops-zero-advantage", DF, "torch.nonzero(advantages_N >= 0)",
-             "torch.nonzero(advantages_N > 0)", LOOP),
-    Mutation("noiser-step-schedule-off-by-one", DF, "(step - t.noiser_warmup) % t.noiser_every == 0",
-             "(step - t.noiser_warmup - 1) % t.noiser_every == 0", LOOP),
+    Mutation("noiser-step-drops-zero-advantage", DF, "mask_NT = batch.loss_mask_NT * (batch.advantages_NT >= 0)",
+             "mask_NT = batch.loss_mask_NT * (batch.advantages_NT > 0)", DEFEND + LOOP),
+    Mutation("noiser-step-schedule-off-by-one", DF, "(step - d.noiser_warmup) % d.noiser_every == 0",
+             "(step - d.noiser_warmup - 1) % d.noiser_every == 0", LOOP),
     Mutation("loop-old-logprobs-auto-or", LP, '"current" if t.ppo_epochs == 1 and t.mini_batches == 1 else "sampler"',
              '"current" if t.ppo_epochs == 1 or t.mini_batches == 1 else "sampler"', LOOP),
     Mutation("loop-minibatches-ignored", LP, "torch.tensor_split(order, t.mini_batches)",
@@ -207,61 +215,60 @@ MUTATIONS = [
              'margin_N = ((logprobs_NT - inputs["ref_logprobs_NT"].detach()) * mask_NT).sum(-1)',
              'margin_N = (logprobs_NT - inputs["ref_logprobs_NT"].detach()).sum(-1)', LOSS + REGISTERED),
     # ---- the engine's loss path (and where it loads and samples the adapter)
-    Mutation("engine-loss-temperature-ignored", EN,
+    Mutation("engine-loss-temperature-ignored", ET,
              "logp_NT = self._target_logprobs(ids, attn, mask, loss.temperature)",
              "logp_NT = self._target_logprobs(ids, attn, mask, 1.0)", ENGINE),
-    Mutation("engine-normalizer-per-micro-batch", EN, "loss.aggregation, total_tokens=normalizer,",
+    Mutation("engine-normalizer-per-micro-batch", ET, "loss.aggregation, total_tokens=normalizer,",
              "loss.aggregation, total_tokens=float(mask.sum()),", ENGINE),
-    Mutation("engine-targets-off-by-one", EN, "picked_NT = targets_NT[:, 1:].bool()",
+    Mutation("engine-targets-off-by-one", ES, "picked_NT = targets_NT[:, 1:].bool()",
              "picked_NT = targets_NT[:, :-1].bool()", ENGINE),
-    Mutation("engine-logprobs-shifted", EN, "return F.pad(logp_NT, (1, 0))", "return F.pad(logp_NT, (0, 1))", ENGINE),
-    Mutation("engine-reference-keeps-adapter", EN, "with self.model.disable_adapter():",
+    Mutation("engine-logprobs-shifted", ES, "return F.pad(logp_NT, (1, 0))", "return F.pad(logp_NT, (0, 1))", ENGINE),
+    Mutation("engine-reference-keeps-adapter", ET, "with self.model.disable_adapter():",
              "with contextlib.nullcontext():", ENGINE),
-    Mutation("engine-metric-weights-dropped", EN, "weight = float(mask.sum()) / normalizer", "weight = 1.0", ENGINE),
-    Mutation("engine-linearized-gradient-negated", EN, "(lp * grad_NT[rows, :width].to(self.device)).sum().backward()",
+    Mutation("engine-metric-weights-dropped", ET, "weight = float(mask.sum()) / normalizer", "weight = 1.0", ENGINE),
+    Mutation("engine-linearized-gradient-negated", ET, "(lp * grad_NT[rows, :width].to(self.device)).sum().backward()",
              "(-lp * grad_NT[rows, :width].to(self.device)).sum().backward()", REGISTERED),
-    Mutation("engine-linearized-rows-misaligned", EN,
+    Mutation("engine-linearized-rows-misaligned", ET,
              "(lp * grad_NT[rows, :width].to(self.device)).sum().backward()",
              "(lp * grad_NT[:len(rows), :width].to(self.device)).sum().backward()", REGISTERED),
-    Mutation("engine-linearized-temperature-ignored", EN,
+    Mutation("engine-linearized-temperature-ignored", ET,
              "targets_NT[rows, :width].to(self.device), temperature)", "targets_NT[rows, :width].to(self.device), 1.0)",
              REGISTERED),
-    Mutation("engine-linearized-first-pass-temperature-ignored", EN,
+    Mutation("engine-linearized-first-pass-temperature-ignored", ET,
              "self.logprobs(batch.input_ids_NT, batch.attention_mask_NT, temperature=temperature,",
              "self.logprobs(batch.input_ids_NT, batch.attention_mask_NT, temperature=1.0,", REGISTERED),
-    Mutation("engine-init-adapter-ignored", EN, "self.model = load_peft_adapter(base, cfg.init_adapter)",
+    Mutation("engine-init-adapter-ignored", ET, "self.model = load_peft_adapter(base, cfg.init_adapter)",
              "self.model = get_peft_model(base, lora_config(cfg))", ENGINE + TAMPER),
-    Mutation("engine-sampler-without-lora", EN,
+    Mutation("engine-sampler-without-lora", EM,
              "merged = module.get_base_layer().weight.float() + module.get_delta_weight(adapter).float()",
              "merged = module.get_base_layer().weight.float()", ENGINE),
-    Mutation("engine-sampling-temperature-ignored", EN, "scaled_NV = scaled_NV / sampling.temperature",
+    Mutation("engine-sampling-temperature-ignored", EM, "scaled_NV = scaled_NV / sampling.temperature",
              "scaled_NV = scaled_NV", ENGINE),
     # ---- recipes built on the loop
-    Mutation("attack-kl-added", "purplerl/recipes/attack.py", '"kl": (-kl_weight, kl_N)', '"kl": (kl_weight, kl_N)',
-             ATTACK),
-    Mutation("tamper-verdict-or", "purplerl/experiments/tamper.py",
-             'held = defended["auc"] < base["auc"] and defended["final_harm"] < base["final_harm"]',
-             'held = defended["auc"] < base["auc"] or defended["final_harm"] < base["final_harm"]', TAMPER),
-    Mutation("tamper-verdict-ties-hold", "purplerl/experiments/tamper.py",
-             'held = defended["auc"] < base["auc"] and defended["final_harm"] < base["final_harm"]',
-             'held = defended["auc"] <= base["auc"] and defended["final_harm"] <= base["final_harm"]', TAMPER),
-    Mutation("tamper-attack-ignores-adapter", "purplerl/experiments/tamper.py",
-             'data["model"]["init_adapter"] = adapter',
+    Mutation("attack-kl-added", RL, 'weights = {**r.terms, "kl": -reward_kl_beta(config)}',
+             'weights = {**r.terms, "kl": reward_kl_beta(config)}', ATTACK),
+    Mutation("tamper-verdict-or", TS, 'if all(rel == "below" for rel in relations.values()):',
+             'if any(rel == "below" for rel in relations.values()):', TAMPER),
+    Mutation("tamper-verdict-ties-hold", TS, 'if defended["high"] < base["low"]:',
+             'if defended["high"] <= base["low"]:', TAMPER),
+    Mutation("tamper-attack-ignores-adapter", TR,
+             'data["model"]["init_adapter"] = starts.defended.model.init_adapter if run.start == "adapter" else None',
              'data["model"]["init_adapter"] = None', TAMPER),
-    Mutation("tamper-utility-ignores-adapter", "purplerl/experiments/tamper.py",
-             '"utility_before": utility_accuracy(starts[name], config.utility)',
-             '"utility_before": utility_accuracy(starts[name].without_adapter(), config.utility)', TAMPER),
+    Mutation("tamper-utility-ignores-adapter", TI,
+             'for side, policy in (("base", defended.without_adapter()), ("defended", defended)):',
+             'for side, policy in (("base", defended.without_adapter()), ("defended", defended.without_adapter())):',
+             TAMPER),
     Mutation("sample-ignores-checkpoint", "purplerl/recipes/sample.py",
              "policy = resolve_policy(cfg.sample.checkpoint, cfg.model, cfg.data)",
              "policy = resolve_policy(None, cfg.model, cfg.data)", ADAPTER),
     Mutation("eval-ignores-checkpoint", "purplerl/eval/run.py",
              "policy = resolve_policy(checkpoint, cfg.model, cfg.data)",
              "policy = resolve_policy(None, cfg.model, cfg.data)", ADAPTER),
-    Mutation("policy-loads-without-adapter", "purplerl/engines/loading.py", "return make_engine(self.model)",
+    Mutation("policy-loads-without-adapter", PO, "return make_engine(self.model)",
              'return make_engine(self.model.model_copy(update={"init_adapter": None}))', ADAPTER),
-    Mutation("policy-ignores-run-prompt-format", "purplerl/engines/loading.py",
+    Mutation("policy-ignores-run-prompt-format", PO,
              "prompting = prompt.model_copy(update=_unset(prompt, run_prompt))", "prompting = prompt", PROMPTING),
-    Mutation("policy-run-overrides-user", "purplerl/engines/loading.py",
+    Mutation("policy-run-overrides-user", PO,
              "return {k: v for k, v in values.items() if k not in section.model_fields_set}", "return dict(values)",
              PROMPTING),
 ]
