@@ -52,6 +52,13 @@ def read_when(annotation: Any, holds: Callable[[Any], bool], says: str) -> Any:
     return Annotated[annotation, ReadWhen(holds, says)]
 
 
+def once_each(names: list[str], what: str) -> list[str]:
+    """A list field's names, none repeated ('wandb,wandb' names one tracker twice: a mistake, not a no-op)."""
+    if len(set(names)) != len(names):
+        raise ValueError(f"repeats a {what}: {','.join(names)}")
+    return names
+
+
 class Section(BaseModel):
     # NaN and inf mean nothing in any setting here (null already says "never"), and a NaN threshold would
     # silently switch its check off: no float field takes them, new fields included.

@@ -12,8 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from purplerl.config.base import Section, Template, choices, read_when
-from purplerl.config.base import comma_list as _comma_list
+from purplerl.config.base import Section, Template, choices, comma_list, once_each, read_when
 from purplerl.config.sections import (
     EvalDataConfig,
     GenerationConfig,
@@ -74,16 +73,14 @@ class TamperConfig(Section):
     @field_validator("threats", mode="before")
     @classmethod
     def _split_threats(cls, value: Any) -> Any:
-        return _comma_list(value)
+        return comma_list(value)
 
     @field_validator("threats")
     @classmethod
     def _threats_once(cls, threats: list[str]) -> list[str]:
         if not threats:
             raise ValueError(f"name at least one threat model ({', '.join(THREATS)})")
-        if len(set(threats)) != len(threats):
-            raise ValueError(f"repeats a threat model: {','.join(threats)}")
-        return threats
+        return once_each(threats, "threat model")
 
 
 class EvalConfig(Section):
@@ -97,20 +94,14 @@ class EvalConfig(Section):
     @field_validator("suites", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [value]
-        if isinstance(value, list):
-            value = [name.strip() for item in value for name in (item.split(",") if isinstance(item, str) else [item])]
-        return value
+        return comma_list(value)
 
     @field_validator("suites")
     @classmethod
     def _once_each(cls, suites: list[str]) -> list[str]:
         if not suites:
             raise ValueError("name at least one suite")
-        if len(set(suites)) != len(suites):
-            raise ValueError(f"repeats a suite: {','.join(suites)}")
-        return suites
+        return once_each(suites, "suite")
 
 
 class JudgesConfig(Section):

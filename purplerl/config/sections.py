@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template, comma_list, read_when
+from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template, comma_list, once_each, read_when
 from purplerl.files import looks_local, plain_name_problem
 
 # choices read from the algorithm registries (when a value is checked), never typed again here
@@ -304,9 +304,7 @@ class EngineConfig(Section):
     @field_validator("fast_paths")
     @classmethod
     def _paths_once(cls, paths: list[str]) -> list[str]:
-        if len(set(paths)) != len(paths):
-            raise ValueError(f"repeats a fast path: {','.join(paths)}")
-        return paths
+        return once_each(paths, "fast path")
 
     def fast_path(self, name: str) -> bool:
         return name in self.fast_paths
@@ -340,9 +338,7 @@ class LoggingConfig(Section):
     @field_validator("trackers")
     @classmethod
     def _trackers_once(cls, trackers: list[str]) -> list[str]:
-        if len(set(trackers)) != len(trackers):
-            raise ValueError(f"repeats a tracker: {','.join(trackers)}")
-        return trackers
+        return once_each(trackers, "tracker")
 
 
 class RunConfig(Section):
