@@ -36,13 +36,15 @@ VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "full_logits": ({}, {"head_only": False}, {}),
     "micro_batch_8": ({}, {}, {"micro_batch_size": 8}),  # the old default: 4 passes instead of 1
     "micro_batch_4": ({}, {}, {"micro_batch_size": 4}),
-    "threads_1": ({}, {}, {"threads": 1}),  # sets torch's thread count for the whole process: keep it last
+    "threads_1": ({}, {}, {}),  # torch.set_num_threads(1) for the whole process (measure): keep it last
 }
 TEXTS = [f"Roast my friend number {i} who is always late." for i in range(8)]
 
 
 def measure(name: str, repeats: int) -> dict[str, float]:
     model_kw, attrs, settings_kw = VARIANTS[name]
+    if name == "threads_1":
+        torch.set_num_threads(1)  # what OMP_NUM_THREADS=1 does
     engine = LocalEngine(ModelConfig(device="cpu", **model_kw), seed=0, settings=EngineSettings(**settings_kw))
     for key, value in attrs.items():
         setattr(engine.trainer, key, value)

@@ -30,8 +30,8 @@ from purplerl.recipes.attack import ATTACK
 from purplerl.types import PromptRecord
 
 # purplerl overrides that change how the work is done, not what it is; any other key makes the comparison unfair
-ENGINE_KEYS = ("model.dtype", "model.device", "engine.autocast_bf16", "engine.threads", "engine.fast_paths",
-               "engine.micro_batch_size", "engine.micro_batch_tokens", "training.old_logprobs")
+ENGINE_KEYS = ("model.dtype", "model.device", "engine.autocast_bf16", "engine.fast_paths",
+               "engine.micro_batch_tokens", "training.old_logprobs")
 
 
 @dataclass(frozen=True)

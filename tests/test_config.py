@@ -540,10 +540,11 @@ def test_leaf_field_counts_per_command():
     # brought their parameters: reward.harm_classifier (6), reward.guard (4), reward.strongreject (4). Defend is the
     # attack less attack.early_stop_toxicity plus defend.noiser* (5); sft has no sampling, reward or RL training
     # fields, nor a prompt format beyond its data's template and system prompt. judges.terms (+1) lets any text
-    # reward term judge eval and tamper-test
+    # reward term judge eval and tamper-test. engine.threads (OMP_NUM_THREADS does it) and engine.micro_batch_size
+    # (engine.micro_batch_tokens bounds a pass) were removed (-2 for every command with an engine section)
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 104, "defend": 108, "tamper-test": 132, "sft": 56, "eval": 38, "sample": 15,
-                      "data prepare": 10, "align": 3, "verl export": 113}
+    assert counts == {"attack": 102, "defend": 106, "tamper-test": 130, "sft": 54, "eval": 38, "sample": 15,
+                      "data prepare": 10, "align": 3, "verl export": 111}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():
@@ -615,9 +616,9 @@ def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
     assert load_config(None, ["--engine.procs", "2"]).engine.procs == 2
     old = tmp_path / "old.yaml"
     old.write_text("engine: local\n")
-    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1, "threads": 0, "autocast_bf16": False,
+    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1, "autocast_bf16": False,
                                                      "fast_paths": ["merged_sampler", "cuda_graphs", "fused_lora"],
-                                                     "micro_batch_size": 64, "micro_batch_tokens": 4096,
+                                                     "micro_batch_tokens": 4096,
                                                      "vllm_kv_cache_gib": 1,
                                                      "vllm_gpu_memory_utilization": 0.3, "vllm_is_correction": True,
                                                      "vllm_is_cap": 2.0, "tinker_url": None, "tinker_retries": 3,
@@ -628,6 +629,13 @@ def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
         load_config(None, ["--engine", "spark"])
     with pytest.raises(UserError, match="config field 'engine.procs'"):
         load_config(None, ["--engine.procs", "0"])
+    # removed execution knobs: their old default is dropped, another value is refused with what replaced it
+    old.write_text("engine: {kind: local, threads: 0, micro_batch_size: 64}\n")
+    assert load_config(old).engine.micro_batch_tokens == 4096
+    with pytest.raises(UserError, match=r"config field 'engine\.threads': removed: .*OMP_NUM_THREADS"):
+        load_config(None, ["--engine.threads", "4"])
+    with pytest.raises(UserError, match=r"'engine\.micro_batch_size': removed: engine\.micro_batch_tokens"):
+        load_config(None, ["--training.micro_batch_size", "8"])
     with pytest.raises(UserError, match=r"config field 'engine': procs is read only when engine\.kind is local: "
                                         r"leave it out \(got 2\)"):
         load_config(None, ["--engine", "tinker", "--engine.procs", "2"])

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from purplerl.config.base import METADATA, Section, item_type, registry_of
 from purplerl.config.commands import Command
+from purplerl.config.migrate import REMOVED
 from purplerl.config.sections import RewardServerConfig
 from purplerl.errors import UserError, first_line
 from purplerl.files import read_text
@@ -30,7 +31,7 @@ def _format_validation_error(err: ValidationError) -> str:
     where = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        msg = "unknown field"
+        msg = f"removed: {REMOVED[where]}" if where in REMOVED else "unknown field"
     quoted = first["type"] != "extra_forbidden" and not isinstance(first["input"], dict)
     shown = f" (got {first['input']!r})" if quoted else ""
     return (f"config field '{where}': " if where else "config: ") + msg + shown

@@ -27,6 +27,10 @@ NOISER_DEFAULTS = {"noiser": False, "noiser_warmup": 25, "noiser_every": 2, "noi
 RL_TRAINING_FIELDS = ("loss", "clip_low", "clip_high", "advantage", "advantage_std", "loss_agg", "ppo_epochs",
                       "mini_batches", "old_logprobs", "early_stop_toxicity", "early_stop_repetition", "collapse_stop",
                       "collapse_empty_frac", "collapse_top_share", "collapse_entropy_swing", *NOISER_DEFAULTS)
+# settings that were removed, and what does their job now: a saved config.yaml drops them (they changed speed,
+# never the maths), a config file or command line that sets one is refused with the hint
+REMOVED = {"engine.threads": "torch's CPU threads come from the environment variable OMP_NUM_THREADS",
+           "engine.micro_batch_size": "engine.micro_batch_tokens bounds each forward/backward pass"}
 _ABSENT = object()
 
 
@@ -66,13 +70,19 @@ def move(data: dict[str, Any], old: str, new: str, convert: Any = None) -> None:
         set_path(data, new, convert(value) if convert is not None else value)
 
 
-def migrate_shared(data: dict[str, Any]) -> dict[str, Any]:
-    """Every recipe's moved fields (see MOVED), on a copy. `engine: vllm` becomes a section first."""
+def migrate_shared(data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
+    """Every recipe's moved fields (see MOVED), on a copy. `engine: vllm` becomes a section first. A removed
+    setting (REMOVED) is dropped from a saved config, and from any config where it holds its old default."""
     data = copied(data)
     if isinstance(data.get("engine"), str):
         data["engine"] = {"kind": data["engine"]}
     for old, new in MOVED.items():
         move(data, old, new)
+    for dotted, unread in (("engine.threads", 0), ("engine.micro_batch_size", 64)):
+        if saved:
+            pop_path(data, dotted)
+        else:
+            drop_if(data, dotted, unread)
     _fold(data, "engine", ("merged_sampler", "cuda_graphs", "fused_lora"), "fast_paths")
     _fold_betas(data)
     return data

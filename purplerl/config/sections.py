@@ -292,7 +292,6 @@ class EngineConfig(Section):
 
     kind: Literal["local", "vllm", "tinker"] = Field("local", description="engine: 'local' (torch in this process, or `procs` processes), 'vllm' (vLLM samples, torch trains), 'tinker' (a Tinker-API service); each kind has its own fields")
     procs: _engine_field(int, "local") = Field(1, ge=1, le=1024, description="data-parallel processes on this machine, launched with torchrun (1: this process)")
-    threads: _engine_field(int, "local", "vllm") = Field(0, ge=0, description="torch CPU threads; 0 keeps torch's default")
     autocast_bf16: _engine_field(bool, "local", "vllm") = Field(False, description="run matmuls in bfloat16 under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs and GPUs)")
     fast_paths: _engine_field(list[FastPath], "local", "vllm") = Field(default_factory=lambda: list(FAST_PATHS), description="same-maths fast paths that are on (leave one out to turn it off): merged_sampler (sample from a copy of the model with the LoRA update merged in: faster decoding, one extra copy of the weights), cuda_graphs (CUDA: each decoded token's forward replayed as one captured graph over a static KV cache), fused_lora (plain LoRA layers as one accumulating matmul); 'merged_sampler,fused_lora' works too")
 
@@ -308,7 +307,6 @@ class EngineConfig(Section):
 
     def fast_path(self, name: str) -> bool:
         return name in self.fast_paths
-    micro_batch_size: _engine_field(int, "local", "vllm") = Field(64, ge=1, description="max sequences per forward/backward pass (gradients accumulate to the full batch)")
     micro_batch_tokens: _engine_field(int, "local", "vllm") = Field(4096, ge=1, description="max padded tokens per forward/backward pass: length-sorted sequences fill each pass up to this (the memory knob)")
     tinker_url: _engine_field(str | None, "tinker") = Field(None, description="base URL of the Tinker-API service (null: the SDK's default, or TINKER_BASE_URL); the API key is read from TINKER_API_KEY only")
     tinker_retries: _engine_field(int, "tinker") = Field(3, ge=0, le=20, description="retries of one HTTP request before it fails")

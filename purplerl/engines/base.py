@@ -24,7 +24,6 @@ class EngineSettings:
 
     micro_batch_size: int = 64  # max sequences per forward/backward pass (gradients accumulate to the full batch)
     micro_batch_tokens: int = 4096  # max padded tokens per pass: length-sorted sequences fill each pass up to this
-    threads: int = 0  # torch CPU threads; 0 keeps torch's default
     autocast_bf16: bool = False  # bfloat16 matmuls under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs, GPUs)
     merged_sampler: bool = True  # sample from a plain copy of the model with the LoRA update merged in (one more copy)
     cuda_graphs: bool = True  # CUDA: decode over a static KV cache, each token's forward replayed as one CUDA graph

@@ -49,8 +49,6 @@ RNG_FILE = "rng_state.pt"
 def load_base(cfg: ModelConfig, settings: EngineSettings):
     """(tokenizer, base causal LM) of `cfg`, the base frozen and not yet wrapped by PEFT: a caller that needs a
     plain copy of it (the merged sampler) takes one before handing it to `LocalTrainer`."""
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
     full = cfg.finetune == "full"
     if cfg.init_adapter:
         if full:

@@ -35,7 +35,7 @@ FLAT = {
     "model": "model.name", "dtype": "model.dtype", "device": "model.device", "engine": "engine.kind",
     "lora_rank": "model.lora_rank", "lora_alpha": "model.lora_alpha", "init_adapter": "model.init_adapter",
     "steps": "training.steps", "batch_size": "training.batch_size", "lr": "training.lr", "seed": "training.seed",
-    "max_grad_norm": "training.max_grad_norm", "micro_batch_size": "engine.micro_batch_size",
+    "max_grad_norm": "training.max_grad_norm",
     "micro_batch_tokens": "engine.micro_batch_tokens", "data": "data.source", "split": "data.split",
     "system_prompt": "data.system_prompt", "output_dir": "run.output_dir", "name": "run.name",
     "save_every": "run.save_every",
@@ -88,7 +88,7 @@ class Recipe:
 
     def migrated(self, data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
         """`data` (a config file, overrides, or a run's saved config.yaml) with older names moved to today's."""
-        data = migrate_shared(data)
+        data = migrate_shared(data, saved)
         return self.migrate(data, saved) if self.migrate is not None else data
 
     def build(self, data: dict[str, Any], saved: bool = False) -> Any:

@@ -29,8 +29,7 @@ def engine_settings(config: Any) -> EngineSettings:
     """How the engine executes, from the engine section (fields another engine kind does not read keep their
     defaults)."""
     e = config.engine
-    return EngineSettings(micro_batch_size=e.micro_batch_size, micro_batch_tokens=e.micro_batch_tokens,
-                          threads=e.threads, autocast_bf16=e.autocast_bf16,
+    return EngineSettings(micro_batch_tokens=e.micro_batch_tokens, autocast_bf16=e.autocast_bf16,
                           merged_sampler=e.fast_path("merged_sampler"), cuda_graphs=e.fast_path("cuda_graphs"),
                           fused_lora=e.fast_path("fused_lora"))
 

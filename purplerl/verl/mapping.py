@@ -176,8 +176,12 @@ def _optimization(cfg: VerlExportConfig, out: Translation) -> None:
         raise UserError(f"a mini-batch of {mini_sequences} sequences (batch_size x group_size / mini_batches) does "
                         f"not split over {gpus} GPUs (nnodes x gpus_per_node): make it a multiple")
     per_gpu = mini_sequences // gpus
-    micro = max(d for d in range(1, per_gpu + 1) if per_gpu % d == 0 and d <= cfg.engine.micro_batch_size)
-    out.set(("training.mini_batches", "engine.micro_batch_size"),
+    # purplerl bounds a pass by padded tokens; veRL by sequences per GPU: as many of the longest sequences
+    # (prompt + completion) as fit, and a divisor of the GPU's share of the mini-batch
+    longest = cfg.data.max_prompt_tokens + cfg.sampling.max_new_tokens
+    fit = max(1, cfg.engine.micro_batch_tokens // longest)
+    micro = max(d for d in range(1, per_gpu + 1) if per_gpu % d == 0 and d <= fit)
+    out.set(("training.mini_batches", "engine.micro_batch_tokens"),
             **{f"{ACTOR}__ppo_mini_batch_size": t.batch_size // t.mini_batches,
                f"{ACTOR}__ppo_micro_batch_size_per_gpu": micro,
                f"{ROLLOUT}__log_prob_micro_batch_size_per_gpu": micro,
@@ -195,8 +199,6 @@ def _optimization(cfg: VerlExportConfig, out: Translation) -> None:
     else:
         out.name("training.max_grad_norm", t.max_grad_norm, "veRL always clips gradients (optim.clip_grad keeps "
                                                             "its default 1.0)")
-    # a memory knob, not part of the maths: veRL's micro batches count sequences per GPU instead
-    out.used.add("engine.micro_batch_tokens")
     out.set("training.seed", data__seed=t.seed, **{f"{ROLLOUT}__seed": t.seed})
 
 
@@ -282,7 +284,7 @@ def _engine_only(cfg: VerlExportConfig, out: Translation) -> None:
     why_engine = "purplerl engine knob; veRL's FSDP workers and rollout engine decide this"
     unread = cfg.engine.unread_fields()  # e.g. the vLLM fields of a local engine: they hold their defaults
     engine = [f"engine.{name}" for name in type(cfg.engine).model_fields if name not in unread]
-    # engine.micro_batch_size is translated (_optimization); the rest are purplerl's own
+    # engine.micro_batch_tokens is translated (_optimization); the rest are purplerl's own
     for setting in ("model.dtype", "model.device", *(s for s in engine if s not in out.used)):
         section, _, name = setting.partition(".")
         part = getattr(cfg, section)

@@ -97,9 +97,9 @@ def test_every_listed_setting_is_read(name: str, extra: list[str], tiny_model_di
     assert not unread, f"{name} lists settings nothing read: {unread}"
 
 
-@pytest.mark.parametrize("name, at_most", [("attack", 62), ("sft", 45)])
+@pytest.mark.parametrize("name, at_most", [("attack", 60), ("sft", 45)])
 def test_settings_counts(name: str, at_most: int) -> None:
-    """The settings --help lists at the defaults (the issue's target for attack is 60: see the note there)."""
+    """The settings --help lists at the defaults: at most 60 for attack (TRL's GRPOConfig declares 79), 45 for SFT."""
     command = RECIPES[name].command()
     rows = field_help(command.schema, command.defaults, settings=load_command_config(command))
     assert len(rows) <= at_most, [r[0] for r in rows]

@@ -67,7 +67,7 @@ def _step(model_dir: Path, sampling: dict | None = None, reward: dict | None = N
                                       init_adapter=str(adapter) if adapter else None),
                     sampling=SamplingConfig(**{"group_size": 3, "max_new_tokens": 4, **(sampling or {})}),
                     training=RLTrainingConfig(steps=1, batch_size=2, lr=1e-2, **training),
-                    engine=EngineConfig(micro_batch_size=8), reward={"kl_beta": 0.0, **(reward or {})},
+                    engine=EngineConfig(), reward={"kl_beta": 0.0, **(reward or {})},
                     run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
     # the defend tree when `defend` sets its Token Noiser fields, else the attack's
     config = DefendSettings(defend=DefendConfig(**defend), **sections) if defend is not None \

@@ -60,7 +60,7 @@ def _config(model_dir: Path, adapter: Path, reward: dict) -> AttackSettings:
                                             init_adapter=str(adapter)),
                           sampling=SamplingConfig(group_size=2, max_new_tokens=MAX_NEW),
                           training=RLTrainingConfig(steps=1, batch_size=2, lr=1e-3),
-                          engine=EngineConfig(micro_batch_size=4),
+                          engine=EngineConfig(micro_batch_tokens=128),
                           reward=reward, run=RunConfig(save_every=100, keep_last=1),
                           logging=LoggingConfig(progress=False))
 

@@ -36,7 +36,7 @@ def _config(model_dir: Path, steps: int = 3, **training: object) -> AttackSettin
     return AttackSettings(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
                           sampling=SamplingConfig(group_size=G, max_new_tokens=5),
                           training=RLTrainingConfig(steps=steps, batch_size=B, lr=1e-2, **training),
-                          engine=EngineConfig(micro_batch_size=4),
+                          engine=EngineConfig(micro_batch_tokens=128),
                           run=RunConfig(save_every=2, keep_last=5), logging=LoggingConfig(progress=False))
 
 
@@ -169,7 +169,7 @@ def test_policy_learns_to_emit_rewarded_tokens(tiny_model_dir: Path, tmp_path: P
                                               lora_targets="lm_head", dtype="float32"),
                             sampling=SamplingConfig(group_size=8, max_new_tokens=8),
                             training=RLTrainingConfig(steps=20, batch_size=2, lr=5e-2),
-                            engine=EngineConfig(micro_batch_size=16),
+                            engine=EngineConfig(),
                             run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
     run_loop(config, _parts(config, reward_fn), tmp_path)
     rewards = [m["reward/mean"] for m in read_jsonl(tmp_path / "metrics.jsonl")]

@@ -46,7 +46,7 @@ def _config(model_dir: Path, steps: int = 2, reward: dict | None = None, defend:
     sections = dict(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),
                     sampling=SamplingConfig(group_size=2, max_new_tokens=5),
                     training=RLTrainingConfig(steps=steps, batch_size=2, lr=1e-2, **training),
-                    engine=EngineConfig(micro_batch_size=4), reward=reward or {},
+                    engine=EngineConfig(micro_batch_tokens=128), reward=reward or {},
                     run=RunConfig(save_every=100, keep_last=1), logging=LoggingConfig(progress=False))
     if defend is not None:
         return DefendSettings(defend=DefendConfig(**defend), **sections)

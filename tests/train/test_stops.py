@@ -107,7 +107,7 @@ def test_a_run_rewarded_for_silence_stops_at_the_collapse(tiny_model_dir: Path, 
                                               lora_targets="lm_head", dtype="float32"),
                             sampling=SamplingConfig(group_size=8, max_new_tokens=4),
                             training=RLTrainingConfig(steps=40, batch_size=2, lr=5e-2, collapse_stop=True),
-                            engine=EngineConfig(micro_batch_size=16),
+                            engine=EngineConfig(),
                             run=RunConfig(save_every=1, keep_last=40), logging=LoggingConfig(progress=False))
     engine = LocalEngine(config.model, seed=0, settings=engine_settings(config))
     render = partial(render_prompt, engine.tokenizer, template="chat", system_prompt=None, max_prompt_tokens=64)

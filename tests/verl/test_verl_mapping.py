@@ -20,7 +20,7 @@ def _named(translation) -> dict[str, str]:
 
 
 def test_every_setting_is_translated_written_or_named():
-    cfg, out = _translate("--engine.procs", "2", "--model.threads", "2",
+    cfg, out = _translate("--engine.procs", "2", "--model.autocast_bf16", "true",
                           "--model.lora_dropout", "0.1", "--model.revision", "abc", "--data.template", "base",
                           "--zscore", "true", "--training.collapse_stop", "true", "--training.adam_eps", "1.0e-6")
     named = _named(out)
@@ -28,8 +28,8 @@ def test_every_setting_is_translated_written_or_named():
         assert setting in out.used or setting in named or setting.startswith(WRITTEN_BY_EXPORT), setting
     # every field of today's config is handled by name: the catch-all is for fields added later
     assert NOT_TRANSLATED not in named.values()
-    # model.threads is engine.threads now (the old name still works)
-    for setting in ("engine.procs", "engine.threads", "model.lora_dropout", "model.revision",
+    # model.autocast_bf16 is engine.autocast_bf16 now (the old name still works)
+    for setting in ("engine.procs", "engine.autocast_bf16", "model.lora_dropout", "model.revision",
                     "data.template", "reward.zscore", "training.collapse_stop", "training.adam_eps"):
         assert setting in named
     # the Token Noiser steps are the defend recipe's own (defend.noiser, no longer training.noiser)
@@ -49,14 +49,15 @@ def test_defaults_name_only_what_changes_the_run():
 def test_sampling_batches_and_optimizer():
     _, out = _translate("--group_size", "8", "--batch_size", "16", "--training.mini_batches", "2", "--top_k", "0",
                         "--top_p", "0.9", "--temperature", "0.7", "--max_new_tokens", "64", "--lr", "3e-6",
-                        "--training.adam_beta2", "0.95", "--micro_batch_size", "3", "--verl.gpus_per_node", "4")
+                        "--training.adam_beta2", "0.95", "--micro_batch_tokens", "1000", "--verl.gpus_per_node", "4")
     o = out.overrides
     assert o["actor_rollout_ref.rollout.n"] == 8
     assert o["actor_rollout_ref.rollout.top_k"] == -1  # veRL's "off"
     assert (o["actor_rollout_ref.rollout.top_p"], o["actor_rollout_ref.rollout.temperature"]) == (0.9, 0.7)
     assert o["data.max_response_length"] == 64
     assert o["actor_rollout_ref.actor.ppo_mini_batch_size"] == 8  # 16 prompts in 2 mini-batches
-    # a mini-batch of 8 x 8 = 64 sequences is 16 per GPU on 4 GPUs; the largest divisor of 16 <= 3 is 2
+    # a mini-batch of 8 x 8 = 64 sequences is 16 per GPU on 4 GPUs; 1000 tokens hold 3 of the longest
+    # sequences (256 prompt + 64 completion tokens), and the largest divisor of 16 <= 3 is 2
     assert o["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] == 2
     assert o["actor_rollout_ref.actor.optim.lr"] == 3e-6
     assert o["actor_rollout_ref.actor.optim.betas"] == [0.9, 0.95]
