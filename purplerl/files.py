@@ -9,6 +9,10 @@ File names built from data (metric keys, target labels) go through `safe_file_st
 path outside the directory it is written to; a name the user chooses for a directory is checked by
 `plain_name_problem` and refused, never changed.
 
+YAML is parsed by `parse_yaml`: aliases may share a value, but a document whose aliases expand past
+MAX_YAML_NODES values ("billion laughs": 1 KB that grows to gigabytes when copied) or refer to themselves is
+refused before anything copies it, and so is nesting deeper than the parser's recursion allows.
+
 Every file purplerl replaces (a run's config.yaml, summary.json, a cut log, a cached model's config) goes
 through `write_durably`, and every directory it builds aside and moves into place (a checkpoint, a merged or
 cached model) through `replace_dir_durably`: a kill or a power loss at any moment leaves the old version or the
@@ -25,7 +29,9 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from purplerl.errors import UserError
+import yaml
+
+from purplerl.errors import UserError, first_line
 
 # Plain names: what a directory name may be without quoting in a shell or escaping its parent.
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=,@-]*")
@@ -172,6 +178,58 @@ def read_json(path: str | Path) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deeply") from None
+
+
+# far above any config, rewards, sweep or pipeline file (a full attack config is ~130 values), far below what
+# exhausts memory when the loaded tree is copied
+MAX_YAML_NODES = 200_000
+
+
+def parse_yaml(text: str, source: str | Path) -> Any:
+    """The YAML document in `text` (from `source`, named in errors); a UserError for bad YAML, nesting past the
+    parser's recursion, or aliases that expand past MAX_YAML_NODES values or into themselves."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise UserError(f"cannot parse YAML {source}: {first_line(err)}") from None
+    except RecursionError:
+        raise UserError(f"cannot parse YAML {source}: nested too deeply") from None
+    expanded_size(data, source)
+    return data
+
+
+def expanded_size(data: Any, source: str | Path) -> int:
+    """How many values `data` holds once every shared value (a YAML alias) is copied out; counted over the
+    shared graph, each distinct container once, so a bomb is measured without being expanded."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: Any) -> int:
+        if not isinstance(node, dict | list):
+            return 1
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise UserError(f"YAML {source}: an alias refers to the value that holds it (a cycle)")
+        open_.add(key)
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        total = 1
+        for child in children:
+            total += size(child)
+            if total > MAX_YAML_NODES:
+                raise UserError(f"YAML {source}: its aliases expand past {MAX_YAML_NODES} values; write the "
+                                f"values out or use fewer aliases")
+        open_.discard(key)
+        sizes[key] = total
+        return total
+
+    try:
+        return size(data)
+    except RecursionError:
+        raise UserError(f"YAML {source}: nested too deeply") from None
 
 
 def read_json_object(path: str | Path) -> dict[str, Any]:
@@ -217,6 +275,8 @@ def _parse_line(raw: bytes, path: Path, lineno: int) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
+    except RecursionError:
+        raise UserError(f"{path}:{lineno}: JSON nested too deeply") from None
 
 
 def _kind(value: Any) -> str:

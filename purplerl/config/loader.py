@@ -22,7 +22,7 @@ from purplerl.config.commands import Command
 from purplerl.config.migrate import REMOVED
 from purplerl.config.sections import RewardServerConfig
 from purplerl.errors import UserError, first_line
-from purplerl.files import read_text
+from purplerl.files import expanded_size, parse_yaml, read_text
 from purplerl.scalars import admitted_types
 
 
@@ -65,10 +65,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
     text = read_text(path)
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise UserError(f"cannot parse config {path}: {first_line(err)}") from None
+    if path.suffix != ".json":
+        data = parse_yaml(text, path)
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise UserError(f"cannot parse config {path}: {first_line(err)}") from None
+        except RecursionError:
+            raise UserError(f"cannot parse config {path}: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -101,6 +106,9 @@ def _parse_value(text: str, annotation: Any) -> Any:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
+    except RecursionError:
+        raise UserError(f"the value {text[:40]!r}... is nested too deeply") from None
+    expanded_size(value, "value on the command line")
     if value is not None and annotation == str | None:
         return text
     admitted = admitted_types(annotation)

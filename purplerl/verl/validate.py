@@ -13,9 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from purplerl.errors import UserError
+from purplerl.files import parse_yaml
 
 GENERATED_CONFIG = "verl/trainer/config/_generated_ppo_trainer.yaml"
 _MISSING = object()
@@ -23,9 +22,10 @@ _MISSING = object()
 
 def read_defaults(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as err:
+        text = Path(path).read_text()
+    except OSError as err:
         raise UserError(f"cannot read veRL's default config {path}: {err}") from None
+    data = parse_yaml(text, path)
     if not isinstance(data, dict):
         raise UserError(f"veRL's default config {path} is not a mapping")
     return data
