@@ -25,7 +25,7 @@ from purplerl.errors import UserError
 from purplerl.rewards.registry import get_term, term_params
 from purplerl.types import PromptRecord
 from purplerl.verl.hydra import format_override, parse_override
-from purplerl.verl.mapping import EXPORT_DIR, REWARD_MODULE, Translation, translate
+from purplerl.verl.mapping import REWARD_MODULE, Translation, translate
 from purplerl.verl.reward import SETTINGS_FILE, check_term, write_reward_module
 
 VerlExportConfig = Any  # a recipe's settings plus the verl section (purplerl.cli)
@@ -132,14 +132,29 @@ def export_verl(cfg: VerlExportConfig, announce: Callable[[str], None] = lambda 
     return Exported(out, {split: len(r) for split, r in rows.items()}, translation)
 
 
-RUN_SCRIPT = f"""#!/usr/bin/env bash
+# The export dir is known only where the script runs. Every override naming it is a single-quoted Hydra value
+# (purplerl.verl.hydra.quote), so the dir goes in as such a value's text: a quote written \', and '${' written
+# '\${' so that OmegaConf does not read an interpolation. A backslash would need Hydra's run-before-a-quote rule,
+# so a dir holding one is refused. The substitution is bash's own: sed breaks on a dir holding its delimiter or '&'.
+RUN_SCRIPT = r"""#!/usr/bin/env bash
 # Written by `purplerl verl export`: runs veRL's trainer with the overrides in overrides.txt (one per line;
-# {EXPORT_DIR} stands for this directory). Needs veRL 0.9 and purplerl installed on every node.
+# @EXPORT_DIR@ stands for this directory). Needs veRL 0.9 and purplerl installed on every node.
 # Arguments are appended as further overrides, e.g. ./run_verl.sh trainer.total_training_steps=10
 set -euo pipefail
-DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-mapfile -t OVERRIDES < <(sed "s|{EXPORT_DIR}|$DIR|g" "$DIR/overrides.txt")
-exec python3 -m verl.trainer.main_ppo "${{OVERRIDES[@]}}" "$@"
+shopt -u patsub_replacement 2>/dev/null || true  # bash 5.2 would read '&' in a replacement as the match
+DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+if [[ "$DIR" == *\\* ]]; then
+  echo "run_verl.sh: the export dir '$DIR' holds a backslash, which Hydra's quoted values cannot carry as is:" \
+       "move the dir to a path without one" >&2
+  exit 2
+fi
+VALUE="${DIR//\'/\\\'}"
+VALUE="${VALUE//\$\{/\\\$\{}"
+OVERRIDES=()
+while IFS= read -r line || [[ -n "$line" ]]; do
+  OVERRIDES+=("${line//@EXPORT_DIR@/$VALUE}")
+done < "$DIR/overrides.txt"
+exec python3 -m verl.trainer.main_ppo "${OVERRIDES[@]}" "$@"
 """
 
 

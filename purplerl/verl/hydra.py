@@ -28,8 +28,29 @@ def format_value(value: Any) -> str:
     if isinstance(value, str):
         if _PLAIN.match(value) and _scalar(value) == value:
             return value
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return quote(value)
     raise UserError(f"cannot write {type(value).__name__} value {value!r} as a Hydra override")
+
+
+def quote(text: str) -> str:
+    """`text` as a single-quoted Hydra value that reaches the composed config as itself. Two readers unescape it:
+    Hydra's override parser halves a run of backslashes just before a quote (an escaped one or the closing one),
+    and OmegaConf reads `${` as an interpolation and halves a run of backslashes just before one; elsewhere a
+    backslash is literal (Hydra's override grammar, "Quoted values"; OmegaConf's "Escaping in interpolations")."""
+    text = re.sub(r"(\\*)\$\{", lambda m: m[1] * 2 + "\\${", text)
+    text = re.sub(r"(\\*)'", lambda m: m[1] * 2 + "\\'", text)
+    return "'" + re.sub(r"(\\+)\Z", lambda m: m[1] * 2, text) + "'"
+
+
+def _halve(match: re.Match[str]) -> str:
+    return match[1][: len(match[1]) // 2]
+
+
+def unquote(text: str) -> str:
+    """The inverse of `quote`: what a single-quoted Hydra value stands for in the composed config."""
+    body = re.sub(r"(\\*)\\'", lambda m: _halve(m) + "'", text[1:-1])
+    body = re.sub(r"(\\+)\Z", _halve, body)
+    return re.sub(r"(\\*)\\\$\{", lambda m: _halve(m) + "${", body)
 
 
 def format_override(key: str, value: Any) -> str:
@@ -54,8 +75,8 @@ def _scalar(text: str) -> Any:
 def _split_list(body: str) -> list[str]:
     items, current, quoted = [], "", False
     for i, ch in enumerate(body):
-        escaped = i > 0 and body[i - 1] == "\\"
-        if ch == "'" and not escaped:
+        backslashes = len(body[:i]) - len(body[:i].rstrip("\\"))
+        if ch == "'" and backslashes % 2 == 0:  # an odd run before a quote escapes it
             quoted = not quoted
         if ch == "," and not quoted:
             items.append(current)
@@ -70,7 +91,7 @@ def parse_value(text: str) -> Any:
     if text.startswith("[") and text.endswith("]"):
         return [parse_value(item) for item in _split_list(text[1:-1])]
     if len(text) >= 2 and text[0] == text[-1] == "'":
-        return text[1:-1].replace("\\'", "'").replace("\\\\", "\\")
+        return unquote(text)
     return _scalar(text)
 
 

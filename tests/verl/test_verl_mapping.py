@@ -108,6 +108,7 @@ def test_non_integer_lora_alpha_is_rounded_and_named():
 
 @pytest.mark.parametrize("value", [None, True, False, 0, -1, 3e-6, 0.1, 1.0, "grpo", "HuggingFaceTB/SmolLM2-135M",
                                    "true", "1e-3", "null", "with space", "it's", "a,b", "@EXPORT_DIR@/x y.parquet",
+                                   "a\\b", "a\\'b", "ends\\", "${x}", "a\\${x}", "$HOME|&", ["it's\\", "${y}"],
                                    [0.9, 0.999], ["q_proj", "v_proj"], ["console"], []])
 def test_hydra_values_read_back_as_written(value):
     assert parse_value(format_value(value)) == value
@@ -120,3 +121,7 @@ def test_hydra_formats():
     assert format_override("x.y", "1e-3") == "x.y='1e-3'"  # a number-looking string stays a string
     assert format_override("x.y", ["console"]) == "x.y=[console]"
     assert format_override("x.y", "@EXPORT_DIR@/a") == "x.y='@EXPORT_DIR@/a'"
+    # Hydra halves only the backslashes before a quote; OmegaConf only those before '${' (checked against both in
+    # tests/verl/test_verl_wheel.py)
+    assert format_override("x.y", "a\\b\\") == "x.y='a\\b\\\\'"
+    assert format_override("x.y", "it's ${HOME}") == "x.y='it\\'s \\${HOME}'"

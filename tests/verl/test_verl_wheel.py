@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from run_script import run_script
 
 from purplerl.cli import _verl_command
 from purplerl.config import load_command_config
 from purplerl.verl.export import export_verl
-from purplerl.verl.hydra import parse_override
+from purplerl.verl.hydra import format_override, parse_override
 from purplerl.verl.mapping import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS
 from purplerl.verl.validate import GENERATED_CONFIG, override_problems, read_defaults
 
@@ -157,6 +158,41 @@ def test_hydra_composes_the_exported_overrides_to_the_values_written(verl_root, 
                 for key, value in overrides.items()}
     assert composed == expected
     assert composed["data.train_files"] == "/shared/my runs/exp/train.parquet"
+
+
+def test_hydra_composes_what_run_verl_sh_passes_from_a_dir_with_special_characters(verl_root, hydra_path, tmp_path):
+    parent = tmp_path / "a|b&c'd e$f${g}"
+    overrides, out = _exported_overrides(parent), parent / "exp"
+    launch = run_script(out, work=tmp_path)
+    assert launch.returncode == 0, launch.stderr
+    done = _compose(verl_root, hydra_path, launch.argv[2:], tmp_path)
+    assert done.returncode == 0, done.stderr
+    composed = json.loads(done.stdout.splitlines()[-1])
+    assert composed == {key: value.replace("@EXPORT_DIR@", str(out)) if isinstance(value, str) else value
+                        for key, value in overrides.items()}
+    assert composed["data.train_files"] == f"{out}/train.parquet"
+
+
+# Reads each override as Hydra's command line does, then as OmegaConf resolves it in the composed config.
+READ = """
+import json, sys
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+parser = OverridesParser.create()
+values = [parser.parse_override(line).value() for line in open(sys.argv[1]).read().splitlines()]
+print(json.dumps(OmegaConf.to_container(OmegaConf.create({"v": values}), resolve=True)["v"]))
+"""
+
+TRICKY = ["it's", "a\\b", "a\\'b", "ends\\", "ends\\\\", "${x}", "a\\${x}", "a\\\\${x", "$HOME|&;`", "x\\'${",
+          ["it's\\", "${y}", "a,b"]]
+
+
+def test_hydra_and_omegaconf_read_each_written_value_as_itself(hydra_path, tmp_path):
+    (tmp_path / "lines.txt").write_text("\n".join(format_override("k", value) for value in TRICKY) + "\n")
+    done = subprocess.run([sys.executable, "-c", READ, str(tmp_path / "lines.txt")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(hydra_path)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == TRICKY
 
 
 def test_hydra_refuses_a_key_verl_does_not_have(verl_root, hydra_path, tmp_path):
