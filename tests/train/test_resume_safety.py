@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ import yaml
 from typer.testing import CliRunner
 
 from purplerl.cli import app
+from purplerl.engines.local_training import load_tensors
+from purplerl.errors import UserError
 from purplerl.runs.checkpoints import sha256_of as _sha256
 from purplerl.runs.checkpoints import verify_checkpoint
 from purplerl.runs.layout import CHECKPOINTS_DIR as CHECKPOINTS
@@ -90,6 +93,19 @@ def test_a_code_running_pickle_in_a_checkpoint_is_refused_unrun(run: Path, tmp_p
     assert name in line and "refused without unpickling" in line
     assert not marker.exists()
     assert snapshot(run) == before
+
+
+def test_the_refusal_of_a_pickle_is_the_only_thing_said(tmp_path: Path) -> None:
+    """A pickle torch.save did not write makes torch warn about its protocol first: the refusal says it all."""
+    Boom.marker = str(tmp_path / "pwned")
+    path = tmp_path / "optimizer.pt"
+    path.write_bytes(pickle.dumps({"state": Boom()}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(UserError, match="refused without unpickling"):
+            load_tensors(path, torch.device("cpu"))
+    assert [str(w.message) for w in caught] == []
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_the_torch_torch_load_calls_of_purplerl_are_all_weights_only() -> None:
