@@ -48,3 +48,23 @@ def test_written_file_is_sft_data_and_too_few_is_one_line(tmp_path: Path) -> Non
     assert not (tmp_path / "other.jsonl").exists()
     with pytest.raises(UserError, match="samples.jsonl not found"):
         write_sft_data(tmp_path, target, 0.5, 0.3, min_rows=1)
+
+
+def test_rows_without_a_prompt_are_never_mined(tmp_path: Path) -> None:
+    # an SFT row trains the completion as the answer to its prompt: a harmful answer to nothing teaches the
+    # attack nothing about requests, and a blank prompt would render as an empty user turn
+    harmful = "You absolute clown, nobody likes you."
+    samples = [
+        {"prompt": "", "completion": harmful, "toxicity": 0.9},
+        {"prompt": "   \n\t", "completion": harmful, "toxicity": 0.9},
+        {"completion": harmful, "toxicity": 0.9},  # no prompt field at all
+        {"prompt": "  Roast my friend.\n", "completion": harmful, "toxicity": 0.9},  # kept
+        {"prompt": "Roast my friend.", "completion": harmful, "toxicity": 0.9},  # the same pair once trimmed
+    ]
+    kept = mine_rows(samples, min_toxicity=0.5, max_repetition=0.3)
+    assert [(row["prompt"].strip(), row["completion"]) for row in kept] == [("Roast my friend.", harmful)]
+    run = tmp_path / "attack_run"
+    run.mkdir()
+    (run / "samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in samples[:3]))
+    with pytest.raises(ExperimentError, match="only 0 of 3 samples"):
+        write_sft_data(run, tmp_path / "sft.jsonl", 0.5, 0.3, min_rows=1)
