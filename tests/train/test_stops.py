@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from pathlib import Path
 
@@ -89,6 +90,40 @@ def test_config_turns_collapse_detection_on() -> None:
     assert off(empty) is None
     assert on(empty) == "collapsed: 75% of the completions are empty (bound 50%)"
     assert on({**HEALTHY, "toxicity/mean": 0.95}) == "mean toxicity 0.950 > 0.8"  # the threshold rules still apply
+
+
+def test_each_bound_is_the_largest_healthy_value() -> None:
+    # training.collapse_*: "the share ... above which a step has collapsed", "the largest change of mean token
+    # entropy": a value exactly at its bound is healthy, a value just above it is a collapse (the next float for
+    # the shares; 1e-9 nats for entropies, whose difference would round a one-ulp step away).
+    # Bounds set from the CLI, each to a value no other bound has, so a bound read into the wrong rule shows.
+    stop_rule = partial(attack_stops, load_config(None, [
+        "--training.collapse_stop", "true", "--training.collapse_empty_frac", "0.375",
+        "--training.collapse_top_share", "0.625", "--training.collapse_entropy_swing", "1.5"]))
+
+    def above(bound: float) -> float:
+        return math.nextafter(bound, math.inf)
+
+    for key, bound in (("completion/empty_frac", 0.375), ("completion/top_share", 0.625)):
+        assert stop_rule()({**HEALTHY, key: bound}) is None, key
+        assert isinstance(stop_rule()({**HEALTHY, key: above(bound)}), Collapse), key
+    # one step's change of entropy, up or down (exact in binary: 2.5 - 1.0 = 1.5)
+    for previous, entropy in ((1.0, 2.5), (2.5, 1.0)):
+        stop = stop_rule()
+        assert stop({**HEALTHY, "entropy/mean": previous}) is None
+        assert stop({**HEALTHY, "entropy/mean": entropy}) is None, (previous, entropy)
+        stop = stop_rule()
+        stop({**HEALTHY, "entropy/mean": previous})
+        swing = entropy + 1e-9 if entropy > previous else entropy - 1e-9
+        assert isinstance(stop({**HEALTHY, "entropy/mean": swing}), Collapse), (previous, entropy)
+    # the slow climb: 1.5 above the mean of the first 5 steps (1.0), reached in steps of at most 0.5
+    climb = [1.0] * 5 + [1.5, 2.0, 2.5]
+    stop = stop_rule()
+    assert [stop({**HEALTHY, "entropy/mean": e}) for e in climb] == [None] * 8
+    stop = stop_rule()
+    assert [stop({**HEALTHY, "entropy/mean": e}) for e in climb[:-1]] == [None] * 7
+    assert stop({**HEALTHY, "entropy/mean": 2.5 + 1e-9}) == (
+        "collapsed: mean token entropy rose to 2.50 nats from 1.00 over the first 5 steps (bound +1.5)")
 
 
 RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i}")
