@@ -141,6 +141,27 @@ def test_a_manifest_that_matches_edited_files_is_still_checked_against_the_step(
     assert verify_checkpoint(newer) == "loop_state.json does not hold step 4"
 
 
+@pytest.mark.parametrize("entry", ["../x", "../step_000002/adapter.txt", "sub/../../x", "ABSOLUTE"])
+def test_a_manifest_entry_outside_the_checkpoint_is_refused_even_when_it_matches(tmp_path: Path, entry: str) -> None:
+    # Every other check passes: the file the entry points at exists, with the size and checksum the manifest gives,
+    # so only the refusal of a path that leaves the checkpoint dir can stop it. Such an entry would make an edited
+    # manifest vouch for files that are not the checkpoint's (and a resume read them).
+    older, newer = _two_checkpoints(tmp_path)
+    outside = tmp_path / CHECKPOINTS / "x"
+    outside.write_bytes(b"not the checkpoint's")
+    (newer / "sub").mkdir()
+    if entry == "ABSOLUTE":
+        entry = str(outside.resolve())
+    target = newer / entry
+    assert target.is_file() and target.resolve().parent != newer.resolve()
+    data = target.read_bytes()
+    manifest = json.loads((newer / MANIFEST_FILE).read_text())
+    manifest["files"][entry] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (newer / MANIFEST_FILE).write_text(json.dumps(manifest))
+    assert verify_checkpoint(newer) == f"{MANIFEST_FILE} has a bad entry for {entry!r}"
+    assert newest_intact(tmp_path)[0] == older and latest_checkpoint(tmp_path) == older
+
+
 def test_no_intact_checkpoint_lists_every_reason(tmp_path: Path) -> None:
     older, newer = _two_checkpoints(tmp_path)
     (older / "adapter.txt").write_text("")
