@@ -239,7 +239,7 @@ class RewardServerConfig(ClassifierConfig):
     body_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="seconds a client has to send a request body once its headers are in (more: HTTP 408)")
     keep_alive_s: float = Field(5.0, gt=0.0, le=3600.0, description="an idle kept-alive connection is closed after this many seconds")
     max_connections: int = Field(1000, ge=1, description="open connections served at once, idle ones included; a request on one more gets HTTP 503")
-    max_header_bytes: int = Field(16384, ge=1024, description="request line plus headers still incomplete past this many bytes: HTTP 400")
+    max_header_bytes: int = Field(16384, ge=1024, description="request line plus headers over this many bytes, however they arrive: HTTP 400")
 
     @staticmethod
     def key_problem(key: str) -> str | None:

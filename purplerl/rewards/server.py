@@ -7,7 +7,7 @@ Run it with `purplerl serve-reward`, or as an ASGI app, `uvicorn purplerl.reward
 reads its settings from `PURPLERL_REWARD_<FIELD>` env vars (MODEL, LABEL, DEVICE, API_KEY, MAX_TEXTS,
 MAX_CHARS, ... : every field of `purplerl.config.RewardServerConfig`). Under plain uvicorn the
 connection settings (header_timeout_s, keep_alive_s, max_connections, max_header_bytes) are uvicorn's
-own options instead; everything else applies.
+own options instead, which bound less (`purplerl.rewards.connection`); everything else applies.
 
 Endpoints (wire format in `purplerl.rewards.schema`):
   POST /score  {texts, prompts?} -> {scores, model, label, truncated}
@@ -21,8 +21,9 @@ missing or wrong API key -> 401; the scorer failing -> 500 naming the error; too
 wedged scorer (see `purplerl.rewards.batcher`) or too many connections -> 503.
 
 Slow or vanishing clients cost a bounded amount: headers must arrive within `header_timeout_s` (else the
-connection is closed), a body within `body_timeout_s` (else 408), idle connections close after
-`keep_alive_s`, and at most `max_connections` are served at once. Each such event, and a client that
+connection is closed) and the request line plus headers may not exceed `max_header_bytes`, however the bytes
+arrive (else 400 and the connection is closed), a body within `body_timeout_s` (else 408), idle connections
+close after `keep_alive_s`, and at most `max_connections` are served at once. Each such event, and a client that
 disconnects mid-body, is one log line, never a traceback: anyone who can reach the port could otherwise
 flood the log.
 
@@ -49,12 +50,10 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import h11
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import purplerl
 from purplerl.config import ClassifierConfig, RewardServerConfig, build_server_config
@@ -62,6 +61,7 @@ from purplerl.config.base import Section
 from purplerl.errors import UserError
 from purplerl.rewards.base import Scorer
 from purplerl.rewards.batcher import MicroBatcher, ScorerStalled, ScoringError
+from purplerl.rewards.connection import HeaderDeadlineProtocol
 from purplerl.rewards.schema import (
     ErrorBody,
     Health,
@@ -274,65 +274,18 @@ def settings_from_env(environ: dict[str, str] | None = None) -> RewardServerConf
     return build_server_config(values, lambda field: ENV_PREFIX + field.upper())
 
 
-class HeaderDeadlineProtocol(H11Protocol):
-    """uvicorn's h11 protocol plus a deadline for each request's headers.
-
-    uvicorn has none: its keep-alive timer stops at the first byte, so a client that sends half a request
-    line holds its connection (and one of `max_connections`) forever. The deadline runs from connecting,
-    and from the end of each answer on a kept-alive connection, until the headers are complete.
-    """
-
-    def __init__(self, *args: Any, header_timeout_s: float, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.header_timeout_s = header_timeout_s
-        self.header_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._arm()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # the headers are in (or the connection failed)
-            self._disarm()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self._arm()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _arm(self) -> None:
-        self._disarm()
-        self.header_timer = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
-
-    def _disarm(self) -> None:
-        if self.header_timer is not None:
-            self.header_timer.cancel()
-            self.header_timer = None
-
-    def _headers_too_slow(self) -> None:
-        self.header_timer = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            where = "%s:%d" % self.client if self.client else "a client"
-            log.warning("%s sent no complete request headers within header_timeout_s=%g s: connection closed",
-                        where, self.header_timeout_s)
-            self.transport.close()
-
-
 def uvicorn_config(app: FastAPI, settings: RewardServerConfig) -> uvicorn.Config:
     """uvicorn's settings for `app`: the connection limits of `settings`, access logs off (at thousands of
     requests a second they cost more than the scoring)."""
     return uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-        http=functools.partial(HeaderDeadlineProtocol, header_timeout_s=settings.header_timeout_s),
+        # h11 always, with the head's deadline and exact size cap (purplerl.rewards.connection): uvicorn's
+        # default, httptools where installed, has neither
+        http=functools.partial(HeaderDeadlineProtocol, header_timeout_s=settings.header_timeout_s,
+                               max_header_bytes=settings.max_header_bytes),
         timeout_keep_alive=settings.keep_alive_s,  # typed int, but a float works: it goes to call_later
         # uvicorn refuses when the open connections, this one included, reach the limit
-        limit_concurrency=settings.max_connections + 1,
-        h11_max_incomplete_event_size=settings.max_header_bytes)
+        limit_concurrency=settings.max_connections + 1)
 
 
 def _bind(host: str, port: int) -> socket.socket:
