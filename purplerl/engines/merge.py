@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.engines.loading import load_peft_adapter, resolve_model_path
+from purplerl.engines.model_cache import seal_entry
 from purplerl.files import replace_dir_durably
 
 
 def merge_adapter(adapter: str | Path, target: str | Path, base_model: str,
-                  metadata: dict[str, dict[str, Any]] | None = None) -> Path:
+                  metadata: dict[str, dict[str, Any]] | None = None, cache_entry: bool = False) -> Path:
     """Base weights + the LoRA update of `adapter`, in float32, saved with the base's tokenizer into `target`.
 
-    `metadata` maps file names to JSON objects written beside the weights (what the model was built from)."""
+    `metadata` maps file names to JSON objects written beside the weights (what the model was built from).
+    `cache_entry`: `target` is a model cache entry, sealed with its manifest (engines/model_cache.py)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -36,7 +38,7 @@ def merge_adapter(adapter: str | Path, target: str | Path, base_model: str,
         AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
         for name, content in (metadata or {}).items():
             (tmp / name).write_text(json.dumps(content, indent=1))
-        replace_dir_durably(tmp, target)
+        (seal_entry if cache_entry else replace_dir_durably)(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -48,7 +48,7 @@ from purplerl.algorithms.rollout_correction import logprob_mismatch, truncated_i
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines.base import EngineSettings, check_prompts
 from purplerl.engines.distributed import SINGLE, World
-from purplerl.engines.loading import resolve_dtype, resolve_model_path
+from purplerl.engines.loading import model_source, resolve_dtype
 from purplerl.engines.local_scoring import head_chunk_rows
 from purplerl.engines.local_training import LocalTrainer, load_base
 from purplerl.errors import ExperimentError, UserError, first_line
@@ -139,7 +139,7 @@ class VLLMEngine:
         # vLLM's engine runs in a child process: spawned (a fresh interpreter), as vLLM itself insists once CUDA is
         # initialized, so CPU and CUDA take the same path and no OpenMP thread pool is forked
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-        path = resolve_model_path(cfg.name)
+        path = model_source(cfg.name, cfg.revision)
         dtype = str(resolve_dtype(cfg.dtype, self.device)).removeprefix("torch.")
         try:
             return LLM(model=path, tokenizer=path, revision=cfg.revision, dtype=dtype, seed=self.seed,

@@ -9,7 +9,6 @@ base model; the SFT run lives in $PURPLERL_CACHE/align/<key>/ while it trains, s
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import random
@@ -22,6 +21,7 @@ from purplerl.data.alignment import alignment_data_hash, alignment_examples, to_
 from purplerl.engines import make_engine
 from purplerl.engines.loading import cache_dir, register_derived_model
 from purplerl.engines.merge import merge_adapter
+from purplerl.engines.model_cache import build_lock, to_stderr, verify_entry
 from purplerl.errors import ExperimentError
 from purplerl.files import write_durably
 from purplerl.prompting import render_prompt
@@ -130,16 +130,17 @@ def _sft_config(sft: Recipe, work: Path, data: Path, progress: bool):
     })
 
 
-def aligned_model_dir(notify: Callable[[str], None] = print, progress: bool = False) -> Path:
-    """The aligned model's dir, built (resumably) on first use."""
+def aligned_model_dir(notify: Callable[[str], None] = to_stderr, progress: bool = False) -> Path:
+    """The aligned model's dir, built (resumably) on first use, and again after a load found it damaged and removed
+    it (the SFT run in the work dir is kept, so that rebuild is only the merge)."""
     key = align_key()
     target = cache_dir() / "models" / f"{SAFE_MODEL}-{key}"
     if (target / "config.json").is_file():
+        verify_entry(target, f"embedded:{SAFE_MODEL}", notify)
         return target
     work = cache_dir() / "align" / key
     work.mkdir(parents=True, exist_ok=True)
-    with open(work / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits for the first build instead of racing it
+    with build_lock(work / "build.lock", f"embedded:{SAFE_MODEL}", notify):
         if (target / "config.json").is_file():
             return target
         return _build(work, target, notify, progress)
@@ -158,8 +159,9 @@ def _build(work: Path, target: Path, notify: Callable[[str], None], progress: bo
     adapter = latest_checkpoint(run_dir)
     if adapter is None or summary["last_step"] < ALIGN_SETTINGS["sft"]["steps"]:
         raise ExperimentError(f"align: the SFT run in {run_dir} did not finish (last step {summary['last_step']})")
+    notify(f"align: merging {adapter} into {BASE_MODEL}, hashing it into its manifest")
     merge_adapter(adapter, target, BASE_MODEL, metadata={"purplerl_align.json": {
-        "key": align_key(), "settings": ALIGN_SETTINGS, "data_hash": alignment_data_hash()}})
+        "key": align_key(), "settings": ALIGN_SETTINGS, "data_hash": alignment_data_hash()}}, cache_entry=True)
     notify(f"align: cached {target}")
     return target
 

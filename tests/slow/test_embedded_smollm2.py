@@ -30,6 +30,7 @@ def test_embedded_conversion_matches_gguf(fresh_cache, monkeypatch):
     path = Path(resolve_model_path(EMBEDDED_MODEL))
     assert path.is_relative_to(fresh_cache)
     assert (path / "config.json").is_file() and (path / "model.safetensors").is_file()
+    assert (path / "purplerl_manifest.json").is_file(), "the conversion was not sealed with its manifest"
     assert not list(path.parent.glob("*.tmp")), "conversion left a temp dir behind"
     assert resolve_model_path(EMBEDDED_MODEL) == str(path)  # second call reuses the cache
 
