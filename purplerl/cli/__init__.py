@@ -24,6 +24,7 @@ from purplerl.cli.base import (
 )
 from purplerl.config import ALIGN, EMBEDDED_MODEL, EVAL, PREPARE, SAMPLE, Command, load_command_config, read_config_file
 from purplerl.errors import UserError
+from purplerl.outputs import check_output_dir
 
 
 def _recipe_config(recipe: Any, args: list[str], config: Path | None, resume: Path | None) -> Any:
@@ -33,12 +34,9 @@ def _recipe_config(recipe: Any, args: list[str], config: Path | None, resume: Pa
     else:
         if config is not None:
             raise UserError("--resume uses the run's saved config; do not pass --config with it")
-        if not (resume / "config.yaml").is_file():
-            raise UserError(f"{resume} is not a run dir (no config.yaml)")
-        saved = read_config_file(resume / "config.yaml")
-        if saved.get("recipe", recipe.name) != recipe.name:
-            raise UserError(f"config is for recipe '{saved.get('recipe')}', not '{recipe.name}'")
-        cfg = load_command_config(recipe.command(), None, args, base=recipe.migrated(saved, saved=True))
+        from purplerl.train.runner import saved_settings  # lazily, like the runner: --help stays fast
+
+        cfg = load_command_config(recipe.command(), None, args, base=saved_settings(recipe, resume))
     if cfg.recipe != recipe.name:
         raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe.name}'")
     return cfg
@@ -57,6 +55,7 @@ def _run_recipe(recipe: Any, cfg: Any, resume: Path | None, restart: bool) -> No
     from purplerl.train.stops import collapse_error
 
     _restart(restart, resume)
+    _check_run_paths(recipe, cfg, resume)
     if cfg.engine.procs > 1 and not under_torchrun():
         _run_workers(recipe, cfg, resume)
         return
@@ -72,6 +71,20 @@ def _run_recipe(recipe: Any, cfg: Any, resume: Path | None, restart: bool) -> No
     error = collapse_error(recipe.name, summary)
     if error is not None:
         raise error
+
+
+def _check_run_paths(recipe: Any, cfg: Any, resume: Path | None) -> None:
+    """The run dir and the init adapter, checked before any work starts (and before torchrun starts workers)."""
+    from purplerl.engines import check_init_adapter
+    from purplerl.train.runner import run_dir_of
+
+    if resume is None:
+        check_output_dir(run_dir_of(recipe, cfg), "run dir (run.output_dir/run.name)")
+    else:
+        check_output_dir(resume, "--resume")
+    note = check_init_adapter(cfg.model, cfg.engine)
+    if note and os.environ.get("RANK", "0") == "0":  # rank 0 speaks for the run
+        say(note)
 
 
 def _run_workers(recipe: Any, cfg: Any, resume: Path | None) -> None:
@@ -115,18 +128,20 @@ def align(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Build embedded:smollm2-135m-safe: SmolLM2-135M-Instruct fine-tuned to refuse harmful requests (refusals
     written by this project) while answering benign ones as before (its own answers). Cached after the first run.
     With --eval true, measure refusal and utility of the base and the aligned model on held-out requests."""
+    from purplerl.engines.loading import cache_dir
     from purplerl.experiments.align import BASE_MODEL, SAFE_MODEL, aligned_model_dir
 
     cfg = load_command_config(ALIGN, config, ctx.args).align
+    check_output_dir(cache_dir(), "the model cache (PURPLERL_CACHE)")  # where the aligned model is built
+    out = check_output_dir(cfg.out, "--out", files=("align.json", "summary.txt")) if cfg.eval else None
     quiet_libraries()
     typer.echo(f"embedded:{SAFE_MODEL} is {aligned_model_dir(notify=say)}")
-    if cfg.eval:
+    if out is not None:
         import json
 
         from purplerl.eval.alignment import alignment_table, evaluate_alignment
 
         result = evaluate_alignment(BASE_MODEL, f"embedded:{SAFE_MODEL}", limit=cfg.limit, notify=say)
-        out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "align.json").write_text(json.dumps(result, indent=1))
         table = alignment_table(result)
@@ -248,6 +263,8 @@ def verl_export(ctx: typer.Context, config: ConfigFile = None) -> None:
     cfg = load_command_config(_verl_command(recipe), config, ctx.args)
     if cfg.recipe != recipe:
         raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe}'")
+    if cfg.verl.out is not None:  # unset, the export names what is missing
+        check_output_dir(cfg.verl.out, "--out", fresh=True)
     typer.echo(export_verl(cfg, announce=say).describe())
 
 

@@ -33,17 +33,32 @@ def flat_config(config: Any) -> dict[str, Any]:
     return out
 
 
-def resume_changes(saved: Any, new: Any, fixed: Collection[str]) -> dict[str, list[Any]]:
+def resume_changes(saved: Any, new: Any, fixed: Collection[str], edited_in: Path | None = None,
+                   ) -> dict[str, list[Any]]:
     """{field: [old, new]} for the settings a resume changes; UserError for one of `fixed` (dotted names), which
-    would make the continued run a different experiment from the one its checkpoints and logs hold."""
+    would make the continued run a different experiment from the one its checkpoints and logs hold. `edited_in`:
+    the changes are hand edits of that file (named in the refusal), not options."""
     old_flat, new_flat = flat_config(saved), flat_config(new)
     changed = {k: [old_flat.get(k), v] for k, v in new_flat.items() if old_flat.get(k) != v}
     refused = [k for k in changed if k in fixed]
     if refused:
         old, value = changed[refused[0]]
-        raise UserError(f"--{refused[0]} cannot change when resuming ({old!r} -> {value!r}): the checkpoints and "
+        how = f"{refused[0]} was edited in {edited_in} and" if edited_in is not None else f"--{refused[0]}"
+        raise UserError(f"{how} cannot change when resuming ({old!r} -> {value!r}): the checkpoints and "
                         f"logs were made with {old!r}; start a new run for {value!r} instead (--name NEW)")
     return changed
+
+
+def last_recorded(run_dir: Path) -> dict[str, Any] | None:
+    """The settings of the segment that ran last, as config_history.jsonl recorded them (None: no history, a run
+    of an older purplerl)."""
+    history = _history(run_dir)
+    if not history:
+        return None
+    config = history[-1].get("config")
+    if not isinstance(config, dict):
+        raise UserError(f"{run_dir / HISTORY_FILE}: its last row holds no config")
+    return config
 
 
 def _warn(line: str) -> None:
@@ -86,13 +101,16 @@ def _history(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def record_config(run_dir: Path, config: Any, from_step: int, changed: dict[str, list[Any]] | None,
-                  restarted: bool = False) -> None:
+                  restarted: bool = False, edited: Collection[str] = ()) -> None:
     """Add the resolved config in force from `from_step` to the history and rewrite config.yaml, whose header
-    lists every resume that changed a setting: config.yaml always describes what ran. Both files are replaced
-    in one rename each, so a kill leaves the old version or the new one."""
+    lists every resume that changed a setting (`edited`: those changed by editing config.yaml): config.yaml
+    always describes what ran. Both files are replaced in one rename each, so a kill leaves the old version or
+    the new one."""
     row: dict[str, Any] = {"from_step": from_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if changed is not None:
         row["changed"] = changed
+    if edited:
+        row["edited"] = sorted(edited)
     if restarted:
         row["restarted"] = True
     history = (_history(run_dir) if changed is not None or restarted else []) + [
@@ -102,7 +120,8 @@ def record_config(run_dir: Path, config: Any, from_step: int, changed: dict[str,
         if past.get("restarted"):
             header = [f"# restarted from step 1 at {past['time']}"]
         for key, (old, value) in (past.get("changed") or {}).items():
-            header.append(f"# from step {past['from_step']} (resumed): {key} {json.dumps(old)} -> {json.dumps(value)}")
+            how = f"edited in {CONFIG_FILE}" if key in (past.get("edited") or ()) else "resumed"
+            header.append(f"# from step {past['from_step']} ({how}): {key} {json.dumps(old)} -> {json.dumps(value)}")
     if header:
         header.insert(0, f"# the settings below are in force from the last resume on; every segment's full config "
                          f"is in {HISTORY_FILE}")

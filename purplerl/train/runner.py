@@ -9,16 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from purplerl.config import read_config_file
+from purplerl.config import build, read_config_file
 from purplerl.devices import resolve_device
 from purplerl.engines import EngineSettings, make_engine
 from purplerl.engines.distributed import join_world
 from purplerl.errors import UserError
 from purplerl.files import write_durably
 from purplerl.runs.checkpoints import checkpoint_candidates, read_state
-from purplerl.runs.layout import CONFIG_FILE, EVALS_FILE, METRICS_FILE, SAMPLES_FILE, SUMMARY_FILE
+from purplerl.runs.layout import CONFIG_FILE, EVALS_FILE, HISTORY_FILE, METRICS_FILE, SAMPLES_FILE, SUMMARY_FILE
 from purplerl.runs.logs import truncate_after_step
-from purplerl.runs.resume import record_config, resume_changes, resume_point
+from purplerl.runs.resume import last_recorded, record_config, resume_changes, resume_point
 from purplerl.train.checkpoint import discard_checkpoint, remove_stale
 from purplerl.train.loop import Evaluation, run_steps
 from purplerl.train.recipe import Recipe
@@ -53,18 +53,54 @@ def new_run_dir(recipe: Recipe, config: Any) -> Path:
     return run_dir
 
 
-def saved_config(recipe: Recipe, run_dir: Path) -> Any:
-    """The settings a run dir's config.yaml holds (an older purplerl's names migrated)."""
+def saved_settings(recipe: Recipe, run_dir: Path) -> dict[str, Any]:
+    """The settings in a run dir's config.yaml as data (older names migrated): the base a resume's options apply
+    to. The file may have been edited by hand: `resume_diff` compares it with what ran."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise UserError(f"{run_dir} is not a run dir (no {CONFIG_FILE})")
-    data = read_config_file(path)
+    try:
+        data = read_config_file(path)
+    except UserError as err:
+        raise UserError(f"{err}; the config of every segment that ran is in {Path(run_dir) / HISTORY_FILE}") from None
     if data.get("recipe", recipe.name) != recipe.name:
         raise UserError(f"{run_dir} is a run of recipe '{data.get('recipe')}', not '{recipe.name}'")
+    return recipe.migrated(data, saved=True)
+
+
+def saved_config(recipe: Recipe, run_dir: Path) -> Any:
+    """The settings a run dir's config.yaml holds, validated."""
+    try:
+        return build(recipe.settings, saved_settings(recipe, run_dir))
+    except UserError as err:
+        raise UserError(f"{Path(run_dir) / CONFIG_FILE}: {err}") from None
+
+
+def last_segment(recipe: Recipe, run_dir: Path) -> Any | None:
+    """The settings of the segment that ran last (config_history.jsonl); None for a run without history."""
+    data = last_recorded(Path(run_dir))
+    if data is None:
+        return None
+    history, path = Path(run_dir) / HISTORY_FILE, Path(run_dir) / CONFIG_FILE
+    if data.get("recipe", recipe.name) != recipe.name:
+        raise UserError(f"{path} does not match {history}: the last segment ran recipe '{data.get('recipe')}'")
     try:
         return recipe.build(data, saved=True)
     except UserError as err:
-        raise UserError(f"{path}: {err}") from None
+        raise UserError(f"{history} (the record {path} is checked against): its last segment: {err}") from None
+
+
+def resume_diff(recipe: Recipe, run_dir: Path, config: Any) -> tuple[dict[str, list[Any]], list[str]]:
+    """({setting: [old, new]}, the settings among them edited by hand in config.yaml): what a resume changes
+    against the segment that ran last, by options or by editing config.yaml. A setting fixed on resume is
+    refused whichever way it changed."""
+    in_file = saved_config(recipe, run_dir)
+    ran = last_segment(recipe, run_dir)
+    if ran is None:
+        return resume_changes(in_file, config, recipe.fixed_on_resume), []
+    edits = resume_changes(ran, in_file, recipe.fixed_on_resume, edited_in=Path(run_dir) / CONFIG_FILE)
+    changed = resume_changes(ran, config, recipe.fixed_on_resume)
+    return changed, [key for key, (_, value) in edits.items() if key in changed and changed[key][1] == value]
 
 
 def _warn(line: str) -> None:
@@ -80,14 +116,14 @@ def run_recipe(recipe: Recipe, config: Any, resume_dir: Path | None = None, rest
 
 
 def _open_run_dir(config: Any, run_dir: Path, resume: bool, restart: bool, start_step: int,
-                  changed: dict[str, list[Any]] | None) -> None:
+                  changed: dict[str, list[Any]] | None, edited: list[str]) -> None:
     """A new run's dir and config; or a resumed run's config recorded and its logs cut back to its checkpoint."""
     if resume:
         remove_stale(run_dir, config.run.keep_last)
         if restart:
             for damaged in checkpoint_candidates(run_dir):
                 discard_checkpoint(damaged)
-        record_config(run_dir, config, start_step, changed, restarted=restart)
+        record_config(run_dir, config, start_step, changed, restarted=restart, edited=edited)
         for name in (METRICS_FILE, SAMPLES_FILE):
             truncate_after_step(run_dir / name, start_step - 1)
         # a run started again from step 1 evaluates its step 0 again: drop that row too
@@ -109,10 +145,10 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
     the run dir exactly as it was. `evaluation`, when given, is run by the loop with the live engine and logged to
     evals.jsonl, which a resume cuts back with the other logs. Under torchrun every process runs this; only rank
     0 writes into the run dir, and every rank loads the same checkpoint."""
-    start_step, checkpoint, changed = 1, None, None
+    start_step, checkpoint, changed, edited = 1, None, None, []
     check_trackers(config.logging.trackers)  # a missing package fails now, not after the model loaded
     if resume:
-        changed = resume_changes(saved_config(recipe, run_dir), config, recipe.fixed_on_resume)
+        changed, edited = resume_diff(recipe, run_dir, config)
         checkpoint = resume_point(run_dir, restart, config.run.save_every, notify)
         if checkpoint is not None:
             state = read_state(checkpoint)
@@ -136,7 +172,7 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
     step_fn, early_stop = bind(engine)
 
     if world.is_writer:
-        _open_run_dir(config, run_dir, resume, restart, start_step, changed)
+        _open_run_dir(config, run_dir, resume, restart, start_step, changed, edited)
     # rank 0 alone feeds the trackers, as it alone writes the logs they mirror
     with open_trackers(config.logging.trackers if world.is_writer else [], run_dir, config.settings(),
                        start_step, notify) as trackers:

@@ -187,7 +187,7 @@ def test_a_missing_data_file_or_dead_reward_server_leaves_the_logs_alone(tiny_mo
 @pytest.mark.parametrize(("option", "value"), [
     ("--lora_rank", "4"), ("--model.lora_targets", "q_proj"), ("--group_size", "3"), ("--seed", "9"),
     ("--model", "embedded:smollm2-135m-instruct"), ("--batch_size", "1"), ("--name", "other"),
-    ("--model.finetune", "full"),
+    ("--model.finetune", "full"), ("--data.source", "prompts.jsonl"), ("--data.limit", "3"),
 ])
 def test_overrides_that_change_the_experiment_are_refused(run: Path, option: str, value: str) -> None:
     before = snapshot(run)
@@ -216,6 +216,84 @@ def test_changed_settings_are_recorded_and_kept(run: Path) -> None:
     assert history[-1]["config"]["training"]["lr"] == 0.0005
     lrs = [json.loads(line)["train/lr"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert lrs == [0.0001] * 4 + [0.0005] * 4
+
+
+def _edit_config(run: Path, section: str, field: str, value: object) -> None:
+    """Edit one setting of the run's config.yaml by hand, keeping its comment header."""
+    path = run / "config.yaml"
+    text = path.read_text()
+    config = yaml.safe_load(text)
+    config[section][field] = value
+    header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    path.write_text(header + yaml.safe_dump(config, sort_keys=False))
+
+
+@pytest.mark.parametrize(("section", "field", "value"), [
+    ("sampling", "group_size", 3), ("training", "seed", 9), ("training", "batch_size", 1),
+    ("data", "source", "prompts.jsonl"),
+])
+def test_a_fixed_setting_edited_in_config_yaml_is_refused(run: Path, section: str, field: str, value: object) -> None:
+    _edit_config(run, section, field, value)
+    before = snapshot(run)
+    line = one_error_line(purplerl("attack", "--resume", run, "--steps", "6"))
+    assert f"{section}.{field} was edited in {run / 'config.yaml'} and cannot change when resuming" in line
+    assert snapshot(run) == before
+
+
+def test_other_edits_of_config_yaml_are_recorded_like_options(run: Path) -> None:
+    _edit_config(run, "training", "lr", 0.0005)
+    result = purplerl("attack", "--resume", run, "--steps", "6")
+    assert result.exit_code == 0, result.output
+    text = (run / "config.yaml").read_text()
+    assert "# from step 5 (edited in config.yaml): training.lr 0.0001 -> 0.0005" in text
+    assert "# from step 5 (resumed): training.steps 4 -> 6" in text
+    history = [json.loads(line) for line in (run / "config_history.jsonl").read_text().splitlines()]
+    assert history[-1]["changed"] == {"training.steps": [4, 6], "training.lr": [0.0001, 0.0005]}
+    assert history[-1]["edited"] == ["training.lr"]
+    lrs = [json.loads(line)["train/lr"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == [0.0001] * 4 + [0.0005] * 2
+    # an option given with the edit wins, and is an option's change
+    _edit_config(run, "training", "lr", 0.002)
+    again = purplerl("attack", "--resume", run, "--steps", "7", "--lr", "0.001")
+    assert again.exit_code == 0, again.output
+    history = [json.loads(line) for line in (run / "config_history.jsonl").read_text().splitlines()]
+    assert history[-1]["changed"] == {"training.steps": [6, 7], "training.lr": [0.0005, 0.001]}
+    assert "edited" not in history[-1]
+
+
+def test_the_header_lists_every_resume_after_a_second_one(run: Path) -> None:
+    assert purplerl("attack", "--resume", run, "--steps", "6", "--lr", "0.0005").exit_code == 0
+    assert purplerl("attack", "--resume", run, "--steps", "8", "--max_grad_norm", "0.5").exit_code == 0
+    header = [line for line in (run / "config.yaml").read_text().splitlines() if line.startswith("#")][:4]
+    assert header == [
+        "# the settings below are in force from the last resume on; every segment's full config is in "
+        "config_history.jsonl",
+        "# from step 5 (resumed): training.steps 4 -> 6",
+        "# from step 5 (resumed): training.lr 0.0001 -> 0.0005",
+        "# from step 7 (resumed): training.steps 6 -> 8",
+    ]
+    assert "# from step 7 (resumed): training.max_grad_norm 1.0 -> 0.5" in (run / "config.yaml").read_text()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert (config["training"]["lr"], config["training"]["steps"], config["training"]["max_grad_norm"]) == \
+        (0.0005, 8, 0.5)
+
+
+def test_a_config_yaml_that_no_longer_parses_names_both_files(run: Path) -> None:
+    (run / "config.yaml").write_text("training: {lr: [unclosed\n")
+    before = snapshot(run)
+    line = one_error_line(purplerl("attack", "--resume", run, "--steps", "6"))
+    assert "config.yaml" in line and "config_history.jsonl" in line
+    assert snapshot(run) == before
+
+
+def test_a_config_yaml_of_another_run_is_refused_naming_both_files(run: Path) -> None:
+    rows = [json.loads(line) for line in (run / "config_history.jsonl").read_text().splitlines()]
+    rows[-1]["config"]["recipe"] = "defend"
+    (run / "config_history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = snapshot(run)
+    line = one_error_line(purplerl("attack", "--resume", run, "--steps", "6"))
+    assert "config.yaml does not match" in line and "config_history.jsonl" in line
+    assert snapshot(run) == before
 
 
 def test_stale_temporaries_are_removed_when_a_resume_starts(run: Path) -> None:
