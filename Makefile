@@ -43,7 +43,8 @@ demo: $(STAMP)
 experiment-offline: $(STAMP)
 	scripts/offline_story.sh
 
-# the quick suite; tests/test_architecture.py among it runs lint-imports and checks the dotted registry strings
+# the quick suite; tests/test_architecture.py among it runs lint-imports and checks the dotted registry strings,
+# tests/test_mutation_list.py that every snippet of `make mutation` still matches the code
 test: $(STAMP)
 	$(PY) -m pytest -q
 
