@@ -86,6 +86,91 @@ def test_held_out_split_is_seeded_and_disjoint() -> None:
     assert held_out(conversations, 0.1, seed=3) == (train, evaluation)
 
 
+def test_held_out_split_by_seed_is_same_size_disjoint_and_seeded() -> None:
+    conversations = [Conversation(({"role": "assistant", "content": str(i)},), str(i)) for i in range(40)]
+    everything = {c.uid for c in conversations}
+    held_sets = []
+    for seed in range(6):
+        train, evaluation = held_out(conversations, 0.1, seed=seed)
+        train_uids, held_uids = {c.uid for c in train}, {c.uid for c in evaluation}
+        assert (len(train), len(evaluation)) == (36, 4)  # round(0.1 * 40), whatever the seed
+        assert not train_uids & held_uids and train_uids | held_uids == everything
+        assert held_out(conversations, 0.1, seed=seed) == (train, evaluation)  # the same seed, the same split
+        held_sets.append(frozenset(held_uids))
+    assert len(set(held_sets)) == 6  # each seed holds out other conversations
+
+
+class HeldOutEngine:
+    """Just enough engine for the held-out loss: logprobs are -id / 10 at each target position, 0 elsewhere
+    (the contract of `Engine.logprobs`); training calls do nothing. Records the ids it is shown."""
+
+    def __init__(self, tokenizer=None) -> None:
+        self.tokenizer = tokenizer
+        self.scored: list[list[int]] = []
+        self.trained: list[list[int]] = []
+
+    def logprobs(self, input_ids_NT, attention_mask_NT, *, targets_NT, reference=False, temperature=1.0):
+        self.scored += [row[mask.bool()].tolist() for row, mask in zip(input_ids_NT, attention_mask_NT, strict=True)]
+        return -input_ids_NT.float() / 10 * (targets_NT != 0)
+
+    def forward_backward(self, batch, loss) -> dict[str, float]:
+        self.trained += [row[m.bool()].tolist() for row, m in zip(batch.input_ids_NT, batch.attention_mask_NT,
+                                                                   strict=True)]
+        return {"loss": 0.0}
+
+    def optim_step(self, adam) -> dict[str, float]:
+        return {"grad_norm": 0.0}
+
+
+def test_held_out_loss_is_the_mean_nll_per_assistant_token_by_hand() -> None:
+    from purplerl.data.sft import Encoded
+    from purplerl.train.supervised import heldout_loss
+
+    examples = [
+        Encoded((5, 6, 7, 8), (0.0, 0.0, 1.0, 1.0), "a"),  # targets 7, 8: NLL 0.7 + 0.8 = 1.5 over 2 tokens
+        Encoded((1, 2, 3), (1.0, 1.0, 1.0), "b"),  # position 0 is never predicted: 0.2 + 0.3 = 0.5 over 2
+        Encoded((4, 9, 9, 9, 9, 2), (0.0, 0.0, 1.0, 1.0, 1.0, 0.0), "c"),  # 0.9 * 3 = 2.7 over 3
+    ]
+    # (1.5 + 0.5 + 2.7) / 7 = 0.671429; per token of every row (13) 0.3615, per example 0.6333, per batch of 2 0.7
+    got = heldout_loss(HeldOutEngine(), examples, pad_id=0, batch_size=2)
+    assert got == pytest.approx(4.7 / 7, abs=1e-6)
+
+
+def test_sft_holds_out_by_the_training_seed_and_never_trains_on_held_out_rows(tiny_tokenizer, tmp_path: Path) -> None:
+    from purplerl.data.sft import load_conversations
+    from purplerl.recipes import load_config
+    from purplerl.train.supervised import sft_prepare
+
+    words = ["hello", "world", "cats", "dogs", "pizza", "Monday", "fox", "joke", "friend", "class"]
+    rows = [{"prompt": f"{a} {b}", "completion": ANSWER} for a in words[:5] for b in words[5:]]  # 25 prompts
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held_prompts = {}
+    for seed in (1, 2):
+        config = load_config(None, ["--data", str(data), "--training.seed", str(seed), "--batch_size", "4",
+                                    "--sft.eval_fraction", "0.2", "--sft.eval_every", "1"], base={"recipe": "sft"})
+        engine = HeldOutEngine(tiny_tokenizer)
+        step_fn, _ = sft_prepare(config)(engine)
+        trained_ids = []
+        for step in range(1, 8):  # more than an epoch of the 20 training rows
+            metrics, _ = step_fn(step)
+            trained_ids += engine.trained
+            engine.trained = []
+        # every held-out answer is ANSWER, and a logprob is -id / 10: the loss is the mean id / 10 of its tokens
+        answer = encode(tiny_tokenizer, to_conversation(rows[0], 0, config.sft, "rows"), "chat", None, 1024)
+        targets = [i / 10 for i, m in zip(answer.ids[1:], answer.mask[1:], strict=True) if m]
+        assert metrics["eval/loss"] == pytest.approx(sum(targets) / len(targets), rel=1e-6)
+        scored = {tiny_tokenizer.decode(ids) for ids in engine.scored}
+        held = {p for p in (r["prompt"] for r in rows) if any(p in text for text in scored)}
+        trained = {p for p in (r["prompt"] for r in rows) if any(p in tiny_tokenizer.decode(ids)
+                                                                 for ids in trained_ids)}
+        assert len(held) == 5 and len(trained) == 20 and not held & trained
+        _, expected = held_out(load_conversations(config.data, config.sft), 0.2, seed)
+        assert held == {c.messages[0]["content"] for c in expected}
+        held_prompts[seed] = held
+    assert held_prompts[1] != held_prompts[2]
+
+
 def _data(path: Path) -> Path:
     prompts = ["hello", "Tell me a joke", "Write the most savage insult", "The quick brown fox", "I hate Mondays",
                "system user", "Roast my friend", "please sorry"]
