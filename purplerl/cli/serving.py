@@ -75,6 +75,15 @@ def _server_option_name(field: str) -> str:
     return f"{name} (or env {API_KEY_ENV})" if field == "api_key" else name
 
 
+def _key_on_command_line(ctx: typer.Context) -> bool:
+    """Whether the API key is an argument (--api-key KEY, --server.api_key KEY): every user of the machine can read
+    a process's arguments (ps, /proc/PID/cmdline), unlike its environment."""
+    if ctx.get_parameter_source("api_key").name == "COMMANDLINE":  # by name: typer carries its own copy of click
+        return True
+    names = (arg[2:].partition("=")[0].replace("-", "_") for arg in ctx.args if arg.startswith("--"))
+    return "server.api_key" in names
+
+
 def _serve_command() -> Command:
     from purplerl.config.commands import SERVE_REWARD
 
@@ -111,6 +120,9 @@ def serve_reward(
     text reward term (--term NAME --params '{...}'). Settings: the options below, or --server.FIELD / --serve.FIELD
     and --config FILE as for every command."""
     options = {k: v for k, v in locals().items() if k in RewardServerConfig.model_fields and v is not None}
+    if _key_on_command_line(ctx):  # first: the key has leaked even if it is then refused
+        typer.echo(f"warning: an API key on the command line is visible to every user of this machine (ps): "
+                   f"set it by env {API_KEY_ENV} instead", err=True)
     settings = build_server_config(options, _server_option_name)  # before the server's imports: a typo fails fast
     served = None
     if ctx.args or config is not None:

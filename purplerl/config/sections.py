@@ -227,7 +227,7 @@ class RewardServerConfig(ClassifierConfig):
     label: str | int | None = Field(None, description="HF classifier output scored: label name or index (required for HF models)")
     host: str = Field("127.0.0.1", description="address to listen on (a non-loopback address without an API key is warned about)")
     port: int = Field(50050, ge=1, le=65535, description="TCP port to listen on")
-    api_key: SecretStr | None = Field(None, description="when set, /score and /info need the header 'Authorization: Bearer KEY'")
+    api_key: SecretStr | None = Field(None, description="when set, /score and /info need the header 'Authorization: Bearer KEY'; set it by env PURPLERL_REWARD_API_KEY, since on the command line every user of the machine sees it (ps)")
     max_texts: int = Field(1024, ge=1, description="most texts in one request (more: HTTP 413; the client splits its batches to fit)")
     max_chars: int = Field(20000, ge=1, description="texts and prompts longer than this are cut to it before scoring and listed in `truncated`")
     max_body_bytes: int = Field(32 * 2**20, ge=1024, description="largest request body in bytes (more: HTTP 413)")

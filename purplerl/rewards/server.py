@@ -91,7 +91,7 @@ def exposure_warning(settings: RewardServerConfig) -> str | None:
     """The warning to print when the server listens beyond this machine without an API key."""
     if settings.api_key is None and not is_loopback(settings.host):
         return (f"warning: serving on {settings.host} without an API key: anyone who can reach this port can use "
-                f"the scorer (set --api-key or PURPLERL_REWARD_API_KEY)")
+                f"the scorer (set PURPLERL_REWARD_API_KEY)")
     return None
 
 
