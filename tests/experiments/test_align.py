@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
-from purplerl.data.alignment import alignment_examples
+import pytest
+
+from purplerl.data.alignment import alignment_data_hash, alignment_examples
+from purplerl.data.alignment.build import PER_TOPIC
 from purplerl.experiments import align
 
 
@@ -31,3 +35,60 @@ def test_the_cache_key_follows_the_settings(monkeypatch) -> None:
     assert align.align_key() != key
 
 
+
+
+def _benign_topic_edit(monkeypatch, split: str) -> None:
+    """Reword the first `split` topic of the first benign category (its act), as a table edit would."""
+    from purplerl.data.alignment import benign_everyday, split_topics
+
+    category = next(iter(benign_everyday.EVERYDAY_TOPICS))
+    short = split_topics("benign", split)[category][0].short
+    topics = tuple(dataclasses.replace(t, act=t.act + " quickly") if t.short == short else t
+                   for t in benign_everyday.EVERYDAY_TOPICS[category])
+    monkeypatch.setitem(benign_everyday.EVERYDAY_TOPICS, category, topics)
+
+
+def _opener_edit(monkeypatch) -> None:
+    """Reword every general refusal opener: the harmful prompts stay, their refusals change."""
+    from purplerl.data.alignment import refusals
+
+    monkeypatch.setattr(refusals, "OPENERS", tuple(o.replace("I", "I really", 1) for o in refusals.OPENERS))
+
+
+def _test_template_edit(monkeypatch) -> None:
+    """Reword a template of the held-out test split (the data the aligned model is evaluated on)."""
+    from purplerl.data.alignment import split_templates, templates
+
+    held = split_templates("test")["question"][0]
+    monkeypatch.setattr(templates, "TEMPLATES", tuple(
+        dataclasses.replace(t, text="Please: " + t.text) if t.id == held.id else t
+        for t in templates.TEMPLATES))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda mp: _benign_topic_edit(mp, "train"),  # a training prompt is worded differently
+    _opener_edit,  # the same prompts, other refusals to train on
+    _test_template_edit,  # the held-out evaluation prompts change
+    lambda mp: mp.setitem(PER_TOPIC["train"], "roleplay", 2),  # more examples per topic
+])
+def test_the_cache_key_follows_the_alignment_data(monkeypatch, edit) -> None:
+    key, data_hash = align.align_key(), alignment_data_hash()
+    with monkeypatch.context() as mp:
+        edit(mp)
+        assert alignment_data_hash() != data_hash  # the edit changed the data...
+        assert align.align_key() != key  # ...so a model aligned on the old data is not reused
+        edited = align.align_key()
+        assert align.align_key() == edited  # the same (edited) data, the same key
+    assert align.align_key() == key  # edit undone: the old key again
+
+
+def test_equal_data_rebuilt_from_equal_tables_keeps_the_key(monkeypatch) -> None:
+    from purplerl.data.alignment import benign_everyday, refusals, templates
+
+    key = align.align_key()
+    # copies of every table, equal in content but not the same objects
+    monkeypatch.setattr(refusals, "OPENERS", tuple(list(refusals.OPENERS)))
+    monkeypatch.setattr(templates, "TEMPLATES", tuple(dataclasses.replace(t) for t in templates.TEMPLATES))
+    for category, topics in list(benign_everyday.EVERYDAY_TOPICS.items()):
+        monkeypatch.setitem(benign_everyday.EVERYDAY_TOPICS, category, tuple(dataclasses.replace(t) for t in topics))
+    assert align.align_key() == key
