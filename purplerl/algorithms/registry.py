@@ -255,7 +255,11 @@ class DPOParams:
 def dpo_loss(logprobs_NT: torch.Tensor, inputs: Mapping[str, torch.Tensor],
              params: DPOParams) -> tuple[torch.Tensor, Metrics]:
     """mean over pairs of -log sigmoid(beta * [(logp_c - ref_c) - (logp_r - ref_r)]), sequence logprobs summed
-    over each answer's loss tokens; `pairs_P2` holds the (chosen row, rejected row) of each pair."""
+    over each answer's loss tokens; `pairs_P2` holds the (chosen row, rejected row) of each pair.
+
+    Metrics: `reward_margin`, the mean over pairs of the implicit-reward margin r_c - r_r with DPO's implicit
+    reward r = beta * (logp - ref) (Rafailov et al. 2023), beta included, as TRL's `rewards/margins`;
+    `pair_accuracy`, the share of pairs whose margin is positive."""
     pairs_P2 = inputs["pairs_P2"].long()
     if pairs_P2.ndim != 2 or pairs_P2.shape[1] != 2 or pairs_P2.shape[0] == 0:
         raise ExperimentError(f"dpo: pairs_P2 must be [P >= 1, 2], got {tuple(pairs_P2.shape)}")
@@ -263,7 +267,7 @@ def dpo_loss(logprobs_NT: torch.Tensor, inputs: Mapping[str, torch.Tensor],
     margin_N = ((logprobs_NT - inputs["ref_logprobs_NT"].detach()) * mask_NT).sum(-1)
     logits_P = params.beta * (margin_N[pairs_P2[:, 0]] - margin_N[pairs_P2[:, 1]])
     loss = -F.logsigmoid(logits_P).mean()
-    return loss, {"reward_margin": float(logits_P.detach().mean() / params.beta),
+    return loss, {"reward_margin": float(logits_P.detach().mean()),
                   "pair_accuracy": float((logits_P.detach() > 0).float().mean())}
 
 

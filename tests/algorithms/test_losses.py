@@ -211,7 +211,8 @@ def test_dpo_loss_and_gradient_by_hand() -> None:
     loss, metrics = _registered("dpo", logp_NT, DPOParams(beta=0.5), loss_mask_NT=DPO_MASK_NT,
                                 ref_logprobs_NT=DPO_REF_NT, pairs_P2=DPO_PAIRS_P2)
     assert loss.item() == pytest.approx((math.log1p(math.exp(-1.0)) + math.log1p(math.exp(0.5))) / 2, abs=1e-6)
-    assert metrics["reward_margin"] == pytest.approx((2.0 + -1.0) / 2)  # mean (margin_c - margin_r), no beta
+    # the implicit rewards' margin, beta included (TRL's rewards/margins): mean(0.5 * 2, 0.5 * -1) = 0.25
+    assert metrics["reward_margin"] == pytest.approx(0.25)
     assert metrics["pair_accuracy"] == pytest.approx(0.5)
     loss.backward()
     # d/dlogit of -log sigmoid(x) is -sigmoid(-x); times 1/2 (mean over pairs) and beta, + for the chosen row
@@ -219,6 +220,15 @@ def test_dpo_loss_and_gradient_by_hand() -> None:
     g0, g1 = -0.25 * torch.sigmoid(torch.tensor(-1.0)).item(), -0.25 * torch.sigmoid(torch.tensor(0.5)).item()
     expected = torch.tensor([[g0, g0, 0.0], [-g0, -g0, 0.0], [g1, g1, 0.0], [-g1, -g1, 0.0]])
     assert torch.allclose(logp_NT.grad, expected, atol=1e-7)
+
+
+@pytest.mark.parametrize(("beta", "margin", "accuracy"), [(0.5, 0.25, 0.5), (1.0, 0.5, 0.5), (2.0, 1.0, 0.5)])
+def test_dpo_reward_margin_is_beta_times_the_log_ratio_margin(beta: float, margin: float, accuracy: float) -> None:
+    # log-ratio margins of the two pairs: (+1) - (-1) = 2 and 0 - (+1) = -1; implicit rewards r = beta * log-ratio
+    _, metrics = _registered("dpo", DPO_LOGP_NT, DPOParams(beta=beta), loss_mask_NT=DPO_MASK_NT,
+                             ref_logprobs_NT=DPO_REF_NT, pairs_P2=DPO_PAIRS_P2)
+    assert metrics["reward_margin"] == pytest.approx(margin)
+    assert metrics["pair_accuracy"] == pytest.approx(accuracy)  # the sign of the margin, whatever beta
 
 
 def test_dpo_refuses_a_batch_without_pairs() -> None:
