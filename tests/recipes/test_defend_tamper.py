@@ -96,3 +96,56 @@ def test_harm_curve_stats_by_hand() -> None:
     assert harm_curve_stats([0.1, 0.2], threshold=0.5)["steps_to_threshold"] is None
     with pytest.raises(UserError):
         harm_curve_stats([], threshold=0.5)
+
+
+class _LossRecorder:
+    """A real engine that also keeps the Loss each forward_backward receives."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.losses = engine, []
+
+    def forward_backward(self, batch, loss):
+        self.losses.append(loss)
+        return self.engine.forward_backward(batch, loss)
+
+    def optim_step(self, adam):
+        return self.engine.optim_step(adam)
+
+
+NOISE_WEIGHT_SOURCES = {
+    # (config file text, CLI overrides, the noise term's weight w for epsilon 0.5)
+    "paper from the config file": ("defend:\n  noiser_noise_weight: paper\n  noiser_epsilon: 0.5\n", [], 0.5),
+    "paper from the CLI": ("", ["--defend.noiser_noise_weight", "paper", "--defend.noiser_epsilon", "0.5"], 0.5),
+    "paper from an older config file": ("training:\n  noiser_noise_weight: paper\n  noiser_epsilon: 0.5\n", [], 0.5),
+    "the CLI over the file": ("defend:\n  noiser_noise_weight: reference\n  noiser_epsilon: 0.5\n",
+                              ["--defend.noiser_noise_weight", "paper"], 0.5),
+    "reference by default": ("defend:\n  noiser_epsilon: 0.5\n", [], 0.25),
+}
+
+
+@pytest.mark.parametrize("source", NOISE_WEIGHT_SOURCES)
+def test_the_configured_noise_weight_reaches_the_engine_s_token_noiser_loss(source: str, tiny_model_dir, tmp_path,
+                                                                           one_torch_thread) -> None:
+    from purplerl.config import ModelConfig
+    from purplerl.engines.local import LocalEngine
+    from purplerl.recipes.defend import noiser_update
+
+    text, overrides, weight = NOISE_WEIGHT_SOURCES[source]
+    path = tmp_path / "defend.yaml"
+    path.write_text(text)
+    config = load_config(path, overrides, base=DEFEND_BASE)
+    engine = _LossRecorder(LocalEngine(ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4,
+                                                   dtype="float32"), seed=0))
+    ids_NT = torch.tensor([[5, 17, 42, 99, 7, 3], [8, 21, 60, 13, 250, 9]])
+    mask_NT = torch.tensor([[0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 0]]).float()
+    batch = TrainBatch(ids_NT, torch.ones_like(ids_NT), mask_NT, torch.zeros_like(mask_NT), mask_NT * 0.5)
+    metrics = noiser_update(engine, batch, config, step=config.defend.noiser_warmup + 2)
+    (loss,) = engine.losses
+    assert loss.name == "token_noiser" and loss.params.epsilon == 0.5
+    # per token (1 - eps) * NLL + w * noise CE, averaged over the 6 target tokens; the engine reports the two
+    # parts' means unweighted, so its loss is (1 - 0.5) * nll + w * ce: w = eps = 0.5 for "paper", eps^2 = 0.25
+    # for "reference"
+    assert min(metrics["noiser_nll"], metrics["noiser_noise_ce"]) > 5.0  # a random model: about log V = 6 each
+    expected = 0.5 * metrics["noiser_nll"] + weight * metrics["noiser_noise_ce"]
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-5)
+    assert metrics["tokens"] == 6.0
