@@ -247,9 +247,15 @@ def read_jsonl(path: str | Path, *, cut_tail: bool = False) -> list[dict[str, An
     without its newline that does not parse is a write cut short by a kill, and is dropped instead of
     refused. A bad line that did get its newline was written whole, so it is refused either way.
     """
+    return [row for _, row in read_jsonl_numbered(path, cut_tail=cut_tail)]
+
+
+def read_jsonl_numbered(path: str | Path, *, cut_tail: bool = False) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank line of a JSONL file, as `read_jsonl` reads them: for checks
+    of the objects' fields that name `path:line` in their errors."""
     path = Path(path)
     lines = _read_bytes(path).split(b"\n")
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[int, dict[str, Any]]] = []
     for lineno, raw in enumerate(lines, start=1):
         try:
             row = _parse_line(raw, path, lineno)
@@ -261,7 +267,7 @@ def read_jsonl(path: str | Path, *, cut_tail: bool = False) -> list[dict[str, An
             continue
         if not isinstance(row, dict):
             raise UserError(f"{path}:{lineno}: expected a JSON object, got {_kind(row)}")
-        rows.append(row)
+        rows.append((lineno, row))
     return rows
 
 

@@ -34,7 +34,7 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, record: PromptRecord, temp
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     if template == "base":
         ids = _with_bos(tokenizer, text, ids)
-    return _truncate_left(ids, max_prompt_tokens, tokenizer.bos_token_id)
+    return truncate_left(ids, max_prompt_tokens, tokenizer.bos_token_id)
 
 
 def with_system_prompt(messages: tuple[dict[str, str], ...], system_prompt: str | None) -> list[dict[str, str]]:
@@ -82,7 +82,7 @@ def _with_bos(tokenizer: PreTrainedTokenizerBase, text: str, ids: list[int]) -> 
     return [bos, *ids] if probe[:1] == [bos] else ids
 
 
-def _truncate_left(ids: list[int], max_tokens: int, bos_id: int | None) -> list[int]:
+def truncate_left(ids: list[int], max_tokens: int, bos_id: int | None) -> list[int]:
     """Keep the last `max_tokens` ids.
 
     The end of a rendered prompt holds the user's request and the assistant header that generation must

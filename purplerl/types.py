@@ -25,6 +25,41 @@ class PromptRecord:
     uid: str = ""  # stable id within the source, for joining samples across runs
 
 
+def _check_prompt(owner: str, prompt: tuple[dict[str, str], ...]) -> None:
+    if not prompt or prompt[-1].get("role") != "user":
+        raise ValueError(f"{owner}.prompt must be chat messages ending with the user's turn, got {prompt!r:.120}")
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """Two answers to one prompt, one preferred (DPO, IPO, SimPO and reward-model data; purplerl.data.preference)."""
+
+    prompt: tuple[dict[str, str], ...]  # chat messages [{role, content}], possibly multi-turn, the last the user's
+    chosen: str  # the preferred answer: the text of the assistant's final turn
+    rejected: str  # the dispreferred answer to the same prompt; never equal to `chosen`
+    source_row: str  # where the pair was read: 'FILE:LINE' (JSONL) or 'SOURCE row INDEX' (0-based; parquet, hf:)
+    score_chosen: float | None = None  # the source's rating of `chosen` (UltraFeedback's score_chosen), if any
+    score_rejected: float | None = None  # the source's rating of `rejected`, if any
+
+    def __post_init__(self) -> None:
+        _check_prompt("PreferencePair", self.prompt)
+        if self.chosen == self.rejected:
+            raise ValueError(f"PreferencePair from {self.source_row}: chosen and rejected are the same answer")
+
+
+@dataclass(frozen=True)
+class LabelledCompletion:
+    """One answer to a prompt marked desirable or undesirable, without a partner (KTO's unpaired data)."""
+
+    prompt: tuple[dict[str, str], ...]  # chat messages [{role, content}], possibly multi-turn, the last the user's
+    completion: str  # the assistant's answer
+    desirable: bool  # True: an answer to learn towards; False: one to learn away from
+    source_row: str  # where it was read: 'FILE:LINE' (JSONL) or 'SOURCE row INDEX' (0-based; parquet, hf:)
+
+    def __post_init__(self) -> None:
+        _check_prompt("LabelledCompletion", self.prompt)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How completions are drawn. Logprobs/entropies are of softmax(logits / temperature)."""

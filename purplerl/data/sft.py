@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from pydantic import Field
 
 from purplerl.config import SFTDataConfig
@@ -23,6 +24,7 @@ from purplerl.data.sources import read_rows
 from purplerl.errors import UserError
 from purplerl.files import unicode_problem
 from purplerl.prompting import with_system_prompt
+from purplerl.types import TrainBatch
 
 ROLES = ("system", "user", "assistant")
 
@@ -53,7 +55,8 @@ class Encoded:
     uid: str
 
 
-def _messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
+def chat_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
+    """Chat messages checked to be {role: system|user|assistant, content: text}; a text is one user message."""
     if isinstance(value, str):
         return ({"role": "user", "content": value},)
     if not isinstance(value, list) or not value:
@@ -72,12 +75,12 @@ def _messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
 def to_conversation(row: dict[str, Any], index: int, sft: SFTConfig, where: str) -> Conversation:
     here = f"{where} row {index + 1}"
     if sft.messages_field in row:
-        messages = _messages(row[sft.messages_field], here)
+        messages = chat_messages(row[sft.messages_field], here)
     elif sft.prompt_field in row and sft.completion_field in row:
         completion = row[sft.completion_field]
         if not isinstance(completion, str) or not completion.strip():
             raise UserError(f"{here}: '{sft.completion_field}' must be a non-empty text")
-        messages = (*_messages(row[sft.prompt_field], here), {"role": "assistant", "content": completion})
+        messages = (*chat_messages(row[sft.prompt_field], here), {"role": "assistant", "content": completion})
     else:
         raise UserError(f"{here} has neither '{sft.messages_field}' nor '{sft.prompt_field}' + "
                         f"'{sft.completion_field}' (fields: {', '.join(sorted(row)) or 'none'})")
@@ -158,6 +161,19 @@ def encode(tokenizer, conversation: Conversation, template: str, system_prompt: 
     if not any(mask[1:]):  # position 0 is never a target
         return None
     return Encoded(tuple(ids), tuple(mask), conversation.uid)
+
+
+def pad_batch(examples: list[Encoded], pad_id: int) -> TrainBatch:
+    """Right-padded ids, attention and loss mask [N, T] of encoded sequences."""
+    width = max(len(e.ids) for e in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.float32)
+    for i, e in enumerate(examples):
+        ids[i, :len(e.ids)] = torch.tensor(e.ids)
+        attn[i, :len(e.ids)] = 1
+        mask[i, 1:len(e.ids)] = torch.tensor(e.mask[1:])  # targets: position 0 is never predicted
+    return TrainBatch(ids, attn, mask)
 
 
 class LengthBuckets:

@@ -20,7 +20,7 @@ from typing import Any
 
 from purplerl.config import DataConfig
 from purplerl.errors import UserError, first_line
-from purplerl.files import looks_local, read_json, read_jsonl, unicode_problem
+from purplerl.files import looks_local, read_json, read_jsonl, read_jsonl_numbered, unicode_problem
 from purplerl.types import PromptRecord
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -39,6 +39,11 @@ class _Rows:
     name: str  # PromptRecord.source, unless a row carries veRL's `data_source`
     where: str  # how messages name the source: a path or 'hf:NAME'
     split_done: bool  # the reader already picked the split (split file, DatasetDict, hub split)
+    lines: tuple[int, ...] = ()  # a JSONL file's line number of each row, else empty
+
+    def locate(self, index: int) -> str:
+        """Where row `index` is, for errors: 'FILE:LINE' in a JSONL file, else 'SOURCE row INDEX' (0-based)."""
+        return f"{self.where}:{self.lines[index]}" if self.lines else f"{self.where} row {index}"
 
 
 def load_prompts(cfg: DataConfig, split: str | None = None) -> list[PromptRecord]:
@@ -71,6 +76,13 @@ def load_prompts(cfg: DataConfig, split: str | None = None) -> list[PromptRecord
 def read_rows(cfg: DataConfig, split: str | None = None) -> tuple[list[dict[str, Any]], str]:
     """The raw rows of `cfg.source`'s split with the filters applied (for recipes whose rows are not prompts,
     like SFT conversations), and how to name the source in messages."""
+    located, where = read_located_rows(cfg, split)
+    return [row for _, row in located], where
+
+
+def read_located_rows(cfg: DataConfig, split: str | None = None) -> tuple[list[tuple[str, dict[str, Any]]], str]:
+    """`read_rows`, each row with where it is ('FILE:LINE' in a JSONL file, else 'SOURCE row INDEX', the row's
+    0-based position in the source's split before filtering), for errors that point at one row."""
     split = cfg.split if split is None else split
     src = _read_source(cfg, split)
     rows = list(enumerate(src.rows))
@@ -79,7 +91,7 @@ def read_rows(cfg: DataConfig, split: str | None = None) -> tuple[list[dict[str,
     rows = _apply_filters(rows, dict(cfg.filters), src.where)
     if not rows:
         raise UserError(f"no rows in data source {src.where} (split '{split}')")
-    return [row for _, row in rows], src.where
+    return [(src.locate(i), row) for i, row in rows], src.where
 
 
 # ---------------------------------------------------------------------------------------------- readers
@@ -109,8 +121,10 @@ def _read_source(cfg: DataConfig, split: str) -> _Rows:
 
 def _read_file(path: Path) -> _Rows:
     if path.suffix == ".jsonl":
-        rows = read_jsonl(path)
-    elif path.suffix == ".json":
+        numbered = read_jsonl_numbered(path)
+        return _Rows([row for _, row in numbered], path.name, str(path), False,
+                     tuple(line for line, _ in numbered))
+    if path.suffix == ".json":
         rows = _read_json(path)
     else:
         rows = read_parquet_rows(path)

@@ -10,28 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from purplerl.algorithms.registry import CrossEntropyParams, Loss
-from purplerl.data.sft import Conversation, Encoded, LengthBuckets, encode, held_out, load_conversations
+from purplerl.data.sft import (
+    Conversation,
+    Encoded,
+    LengthBuckets,
+    encode,
+    held_out,
+    load_conversations,
+    pad_batch,
+)
 from purplerl.engines.base import Engine
 from purplerl.errors import UserError
 from purplerl.train.loop import EarlyStop, StepFn, adam_params, never_stop
 from purplerl.train.recipe import Bind
-from purplerl.types import TrainBatch
-
-
-def pad_batch(examples: list[Encoded], pad_id: int) -> TrainBatch:
-    """Right-padded ids, attention and loss mask [N, T] of encoded conversations."""
-    width = max(len(e.ids) for e in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(examples), width), dtype=torch.long)
-    mask = torch.zeros((len(examples), width), dtype=torch.float32)
-    for i, e in enumerate(examples):
-        ids[i, :len(e.ids)] = torch.tensor(e.ids)
-        attn[i, :len(e.ids)] = 1
-        mask[i, 1:len(e.ids)] = torch.tensor(e.mask[1:])  # targets: position 0 is never predicted
-    return TrainBatch(ids, attn, mask)
 
 
 def _encode_all(engine: Engine, conversations: list[Conversation], config: Any, what: str) -> list[Encoded]:
