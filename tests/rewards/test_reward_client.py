@@ -194,6 +194,46 @@ def test_cuts_to_max_chars_and_splits_to_max_body_bytes() -> None:
     assert scorer.last_truncated == [0, 1]
 
 
+class StrictScript(Script):
+    """A fake server that, like the real one, answers 413 to a /score body over its max_body_bytes."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/score" and len(request.content) > self.info["max_body_bytes"]:
+            self.requests.append(request)
+            return httpx.Response(413, json={"detail": "request body is over max_body_bytes"})
+        return super().__call__(request)
+
+
+# max_body_bytes 100 and prompts of "é" (2 bytes of UTF-8, 1 character): a body with prompts is the frame
+# {"texts":[],"prompts":[]} (25 bytes) + each text and prompt as a JSON string (2 quotes + its bytes) + one comma
+# per list between neighbours. A lone text "o" * j with prompt "é" * 30: 25 + (j + 2) + 62 = 89 + j bytes.
+@pytest.mark.parametrize(("length", "size"), [(10, 99), (11, 100), (12, 101)])
+def test_a_lone_text_with_its_prompt_is_sent_up_to_exactly_max_body_bytes(length: int, size: int) -> None:
+    script = StrictScript(ok, max_texts=50, max_chars=1000, max_body_bytes=100)
+    texts, prompts = ["o" * length], ["é" * 30]
+    assert len(score_body([encode_string(t) for t in texts], [encode_string(p) for p in prompts])) == size
+    if size <= 100:
+        assert script.scorer().score(texts, prompts=prompts) == [length / 10]
+        assert [len(body) for body in script.bodies] == [size]
+    else:
+        with pytest.raises(ExperimentError, match="its request body is still 101 bytes, over max_body_bytes=100"):
+            script.scorer().score(texts, prompts=prompts)
+        assert script.bodies == []  # refused before sending
+
+
+# Two texts "o" * 12 (14 bytes each) with prompts "é" * 10 (22 bytes) and "é" * 10 + "x" * n (22 + n): one body of
+# 25 + 2 * 14 + 44 + n + 2 commas = 99 + n bytes; past 100, two bodies of 25 + 14 + 22 = 61 and 63 bytes.
+@pytest.mark.parametrize(("extra", "sizes"), [(0, [99]), (1, [100]), (2, [61, 63])])
+def test_texts_with_prompts_share_a_body_up_to_exactly_max_body_bytes(extra: int, sizes: list[int]) -> None:
+    script = StrictScript(ok, max_texts=50, max_chars=1000, max_body_bytes=100)
+    texts, prompts = ["o" * 12, "o" * 12], ["é" * 10, "é" * 10 + "x" * extra]
+    assert script.scorer().score(texts, prompts=prompts) == [1.2, 1.2]
+    assert [len(body) for body in script.bodies] == sizes
+    sent = [json.loads(body) for body in script.bodies]
+    assert [t for body in sent for t in body["texts"]] == texts
+    assert [p for body in sent for p in body["prompts"]] == prompts  # each prompt travels with its text
+
+
 def test_a_text_too_big_for_any_request_is_refused() -> None:
     script = Script(ok, max_chars=400, max_body_bytes=1024)  # 400 NULs are 2,402 bytes of JSON
     with pytest.raises(ExperimentError) as info:
