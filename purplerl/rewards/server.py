@@ -155,10 +155,10 @@ def _scrubbed_json(body: bytes) -> bytes | None:
         raise ValueError(f"{name} is not JSON")
 
     try:
-        data = json.loads(body.decode("utf-8"), parse_constant=refuse_constant)
-    except ValueError:  # bad UTF-8, malformed JSON, NaN: the first parser's error says it better
-        return None
-    return json.dumps(scrub(data), ensure_ascii=False).encode()
+        return json.dumps(scrub(json.loads(body.decode("utf-8"), parse_constant=refuse_constant)),
+                          ensure_ascii=False).encode()
+    except (ValueError, RecursionError):  # bad UTF-8, malformed JSON, NaN, nesting past the stack: the first
+        return None  # parser's error says it better
 
 
 def parse_score_request(body: bytes, content_type: str, settings: RewardServerConfig) -> ScoreRequest:

@@ -93,6 +93,11 @@ def test_lone_surrogates_score_as_in_process() -> None:
         assert response.json()["scores"] == expected
         broken = httpx.post(f"{server.url}/score", content='{"texts": ["\\ud800"', headers={})
         assert broken.status_code == 400 and broken.json()["detail"].startswith("malformed JSON")
+        # nesting past Python's stack, with a lone surrogate so the rescue parser runs too: a 4xx, not a 500
+        deep = '{"texts": ["\\ud800"], "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        nested = httpx.post(f"{server.url}/score", content=deep, headers={"content-type": "application/json"})
+        assert 400 <= nested.status_code < 500, nested.text
+        assert httpx.post(f"{server.url}/score", json={"texts": ["nice day"]}).status_code == 200
     finally:
         server.stop()
 
