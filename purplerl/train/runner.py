@@ -6,6 +6,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -165,19 +166,20 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
     if config.training.batch_size % world.size:
         raise UserError(f"training.batch_size={config.training.batch_size} does not divide by the {world.size} "
                         f"data-parallel processes")
-    engine = make_engine(config.model, engine=config.engine, seed=config.training.seed,
-                         settings=engine_settings(config), world=world)
-    if checkpoint is not None:
-        engine.load(checkpoint)
-    step_fn, early_stop = bind(engine)
+    # closed however the run ends: vLLM's engine process is stopped, not killed at the interpreter's exit
+    with closing(make_engine(config.model, engine=config.engine, seed=config.training.seed,
+                             settings=engine_settings(config), world=world)) as engine:
+        if checkpoint is not None:
+            engine.load(checkpoint)
+        step_fn, early_stop = bind(engine)
 
-    if world.is_writer:
-        _open_run_dir(config, run_dir, resume, restart, start_step, changed, edited)
-    # rank 0 alone feeds the trackers, as it alone writes the logs they mirror
-    with open_trackers(config.logging.trackers if world.is_writer else [], run_dir, config.settings(),
-                       start_step, notify) as trackers:
-        summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation, trackers,
-                            watched=tuple(recipe.summary_metrics))
+        if world.is_writer:
+            _open_run_dir(config, run_dir, resume, restart, start_step, changed, edited)
+        # rank 0 alone feeds the trackers, as it alone writes the logs they mirror
+        with open_trackers(config.logging.trackers if world.is_writer else [], run_dir, config.settings(),
+                           start_step, notify) as trackers:
+            summary = run_steps(config, step_fn, early_stop, engine, run_dir, start_step, evaluation, trackers,
+                                watched=tuple(recipe.summary_metrics))
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
     if world.is_writer:
         write_durably(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,11 @@ from purplerl.algorithms.registry import (
     CrossEntropyParams,
     CustomLoss,
     DPOParams,
+    KTOParams,
     Loss,
+    ORPOParams,
     PolicyGradientParams,
+    SimPOParams,
     TokenNoiserParams,
 )
 from purplerl.config import EngineConfig, ModelConfig
@@ -70,12 +74,18 @@ class Factory:
     engine: str = "local"
     procs: int = 1  # data parallel under torchrun
     sampler_report: tuple[str, ...] = ()  # the keys of `sample_metrics` after a sample() call
+    made: list = field(default_factory=list, init=False, repr=False, compare=False)  # closed by the `factory` fixture
 
     @property
     def remote(self) -> bool:
         return self.name.startswith("tinker")
 
     def make(self, model_dir: Path, micro_batch_size: int = 64):
+        engine = self._build(model_dir, micro_batch_size)
+        self.made.append(engine)
+        return engine
+
+    def _build(self, model_dir: Path, micro_batch_size: int):
         if self.remote:  # the service's LoRA covers every linear layer; its sequence-mean reduction is SkyRL's
             cfg = ModelConfig(name=str(self.served), lora_rank=4)
             engine = EngineConfig(kind="tinker", tinker_url=self.url, tinker_timeout_s=300,
@@ -129,11 +139,16 @@ def _marks(f: Factory) -> list:
 
 
 @pytest.fixture(params=[pytest.param(f, marks=_marks(f)) for f in FACTORIES], ids=[f.name for f in FACTORIES])
-def factory(request, one_torch_thread) -> Factory:
-    if request.param.remote:
+def factory(request, one_torch_thread) -> Iterator[Factory]:
+    """The test's own copy of the factory (its own `made`); every engine it made is closed after the test, as a
+    run closes its engine: vLLM's engine process stopped, not killed at the interpreter's exit."""
+    factory = replace(request.param)  # `made` is not copied: a new empty list
+    if factory.remote:
         url, served, _ = request.getfixturevalue("tinker_server")
-        return replace(request.param, url=url, served=served)
-    return request.param
+        factory = replace(factory, url=url, served=served)
+    yield factory
+    for engine in factory.made:
+        engine.close()
 
 
 def _batch(engine, n: int = 2, seed: int = 0) -> tuple[TrainBatch, list]:
@@ -263,11 +278,46 @@ def _hand_gradients(batch: TrainBatch, lp_NT: torch.Tensor, ref_NT: torch.Tensor
         dpo[c] -= weight[p] * mask[c]
         dpo[r] += weight[p] * mask[r]
     cases["dpo"] = (Loss("dpo", DPOParams(beta=0.5)), dpo, {"ref_logprobs_NT": ref_NT, "pairs_P2": pairs})
+    cases.update(_preference_gradients(mask, lp_NT, ref_NT, pairs))
     # without KL, with the sampler's logprobs as the ratio's denominator: a Tinker engine's built-in losses
     policy = {"advantages_NT": adv, "sampling_logprobs_NT": old}
     cases["importance_sampling without KL"] = (Loss("importance_sampling"), -adv * ratio / M, policy)
     cases["ppo_clip without KL"] = (Loss("ppo_clip"), torch.where(clipped, 0.0, -adv * ratio) / M, policy)
     return cases
+
+
+def _preference_gradients(mask: torch.Tensor, lp_NT: torch.Tensor, ref_NT: torch.Tensor, pairs: torch.Tensor):
+    """SimPO, KTO and ORPO's (Loss, dloss/dlogprobs, extra batch fields), from dloss/d(row sum) times the mask.
+    a = row sum / loss-token count n; the averaged losses get d/d(sum) = d/da / n."""
+    n = mask.sum(-1)
+    a = (lp_NT * mask).sum(-1) / n
+    h = ((lp_NT - ref_NT) * mask).sum(-1)
+    c, r = pairs[:, 0], pairs[:, 1]
+    P = len(pairs)
+
+    def on_rows(d_sum: torch.Tensor) -> torch.Tensor:
+        return d_sum[:, None] * mask
+
+    # SimPO beta 2, gamma 0.5: z = 2 (a_c - a_r) - 0.5; d/da_c of -logsigmoid(z) = -2 sigmoid(-z)
+    z = 2.0 * (a[c] - a[r]) - 0.5
+    simpo = torch.zeros_like(n)
+    simpo[c], simpo[r] = -2.0 * torch.sigmoid(-z) / P / n[c], 2.0 * torch.sigmoid(-z) / P / n[r]
+    # KTO beta 0.5: row 0 desirable, row 1 undesirable, rows 2-3 KL rows with z0 = max(0, mean h) (no gradient)
+    labels = torch.tensor([1, 0, -1, -1] + [-1] * (len(n) - 4))
+    z0 = h[2:].mean().clamp(min=0.0)
+    x, y = torch.sigmoid(0.5 * (h[0] - z0)), torch.sigmoid(0.5 * (z0 - h[1]))
+    kto = torch.zeros_like(n)
+    kto[0], kto[1] = -0.5 * x * (1 - x) / 2, 0.5 * y * (1 - y) / 2  # d(1 - sigmoid(.))/dh, mean over 2 rows
+    # ORPO beta 0.5: log odds difference lo; d lo/da_c = 1 / (1 - e^a_c); NLL pooled over the chosen tokens
+    log_odds = a - torch.log1p(-torch.exp(a))
+    lo = log_odds[c] - log_odds[r]
+    orpo = torch.zeros_like(n)
+    orpo[c] = -1.0 / n[c].sum() - 0.5 / P * torch.sigmoid(-lo) / (1 - torch.exp(a[c])) / n[c]
+    orpo[r] = 0.5 / P * torch.sigmoid(-lo) / (1 - torch.exp(a[r])) / n[r]
+    kto_inputs = {"ref_logprobs_NT": ref_NT, "kto_labels_N": labels}
+    return {"simpo": (Loss("simpo", SimPOParams(beta=2.0, gamma=0.5)), on_rows(simpo), {"pairs_P2": pairs}),
+            "kto": (Loss("kto", KTOParams(beta=0.5)), on_rows(kto), kto_inputs),
+            "orpo": (Loss("orpo", ORPOParams(beta=0.5)), on_rows(orpo), {"pairs_P2": pairs})}
 
 
 def test_every_registered_loss_has_its_hand_worked_gradient(factory: Factory, tiny_model_dir: Path,
