@@ -88,7 +88,9 @@ class TrainBatch:
     """Token-level training data for `Engine.forward_backward`, right-padded to T (Tinker's `Datum`s, stacked).
 
     Which optional inputs must be present depends on the loss (`LossDef.inputs`): policy-gradient losses read
-    sampling logprobs and advantages, an in-loss KL the reference logprobs, pairwise losses `pairs_P2`."""
+    sampling logprobs and advantages, an in-loss KL the reference logprobs, pairwise losses `pairs_P2`, KTO
+    `kto_labels_N`. Pairs and KTO labels couple rows (a pair's two answers; KTO's reference point from its KL rows),
+    so such a batch is trained whole."""
 
     input_ids_NT: torch.Tensor  # long [N, T], prompt + completion tokens, pad after the end
     attention_mask_NT: torch.Tensor  # long [N, T], 1 on real tokens
@@ -97,6 +99,9 @@ class TrainBatch:
     advantages_NT: torch.Tensor | None = None  # float [N, T], advantage per target token, 0 off-mask
     ref_logprobs_NT: torch.Tensor | None = None  # float [N, T], frozen-base logprobs (KL in loss, DPO)
     pairs_P2: torch.Tensor | None = None  # long [P, 2], (chosen row, rejected row) of each preference pair
+    # long [N], KTO's label of each row: 1 desirable, 0 undesirable, -1 a KL row (a prompt with another example's
+    # completion, as TRL's KTOTrainer builds them: it only estimates the reference point z0, and gets no gradient)
+    kto_labels_N: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids_NT.shape)
@@ -106,13 +111,18 @@ class TrainBatch:
                 raise ValueError(f"TrainBatch.{name} has shape {tuple(value.shape)}, expected {shape}")
         if self.pairs_P2 is not None and (self.pairs_P2.ndim != 2 or self.pairs_P2.shape[1] != 2):
             raise ValueError(f"TrainBatch.pairs_P2 has shape {tuple(self.pairs_P2.shape)}, expected [P, 2]")
+        labels = self.kto_labels_N
+        if labels is not None and tuple(labels.shape) != shape[:1]:
+            raise ValueError(f"TrainBatch.kto_labels_N has shape {tuple(labels.shape)}, expected {shape[:1]}")
+        if labels is not None and not bool(((labels == -1) | (labels == 0) | (labels == 1)).all()):
+            raise ValueError("TrainBatch.kto_labels_N must hold 1 (desirable), 0 (undesirable) or -1 (KL row)")
 
     def select(self, rows: torch.Tensor) -> TrainBatch:
         """The batch restricted to the given row indices (a PPO minibatch, or the Token Noiser's rows).
-        Pairs couple sequences, so a batch with pairs is never split."""
-        if self.pairs_P2 is not None:
-            raise ExperimentError("a batch of preference pairs cannot be split into rows (PPO minibatches need "
-                                  "per-row losses)")
+        Pairs and KTO labels couple sequences, so a batch with either is never split."""
+        if self.pairs_P2 is not None or self.kto_labels_N is not None:
+            raise ExperimentError("a batch of preference pairs or KTO rows cannot be split into rows (PPO "
+                                  "minibatches need per-row losses)")
 
         def pick(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[rows]
@@ -122,7 +132,8 @@ class TrainBatch:
 
     def inputs(self) -> dict[str, torch.Tensor]:
         """The loss inputs present, by name (with the loss mask)."""
-        names = ("loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2")
+        names = ("loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2",
+                 "kto_labels_N")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     @property

@@ -53,6 +53,7 @@ LOGP = ("tests/algorithms/test_logprobs.py",)
 LOSS = ("tests/algorithms/test_losses.py", "tests/algorithms/test_loss_aggregation.py",
         "tests/algorithms/test_loss_edges.py")
 NOISER = ("tests/algorithms/test_noiser.py",)
+PREF = ("tests/algorithms/test_preference_losses.py", "tests/engines/test_preference_engine.py")
 LOOP = ("tests/train/test_estimator_in_use.py", "tests/train/test_kl_direction.py", "tests/train/test_loop_variants.py",
         "tests/train/test_loop.py")
 ENGINE = ("tests/train/test_kl_direction.py", "tests/engines/test_local_engine.py",
@@ -70,6 +71,7 @@ PROMPTING = ("tests/eval/test_checkpoint_prompting.py",)
 A, K, G, L = ("purplerl/algorithms/advantages.py", "purplerl/algorithms/kl.py", "purplerl/algorithms/logprobs.py",
               "purplerl/algorithms/losses.py")
 NZ, LP, RG = "purplerl/algorithms/noiser.py", "purplerl/train/loop.py", "purplerl/algorithms/registry.py"
+PF = "purplerl/algorithms/preference.py"
 DF, RL = "purplerl/recipes/defend.py", "purplerl/train/rl.py"
 ET, ES, EM = ("purplerl/engines/local_training.py", "purplerl/engines/local_scoring.py",
               "purplerl/engines/local_sampling.py")
@@ -202,18 +204,26 @@ MUTATIONS = [
              "torch.where(mask_NT != 0, logprobs_NT * mask_NT, 0.0)", LOSS + REGISTERED),
     Mutation("registry-cross-entropy-unweighted", RG, "torch.where(mask_NT != 0, -logprobs_NT * mask_NT, 0.0)",
              "torch.where(mask_NT != 0, -logprobs_NT, 0.0)", LOSS + REGISTERED),
-    Mutation("registry-dpo-pair-sign", RG,
-             "logits_P = params.beta * (margin_N[pairs_P2[:, 0]] - margin_N[pairs_P2[:, 1]])",
-             "logits_P = params.beta * (margin_N[pairs_P2[:, 1]] - margin_N[pairs_P2[:, 0]])", LOSS + REGISTERED),
-    Mutation("registry-dpo-beta-dropped", RG,
-             "logits_P = params.beta * (margin_N[pairs_P2[:, 0]] - margin_N[pairs_P2[:, 1]])",
-             "logits_P = (margin_N[pairs_P2[:, 0]] - margin_N[pairs_P2[:, 1]])", LOSS + REGISTERED),
+    Mutation("registry-dpo-pair-sign", RG, "return pairs_P2[:, 0], pairs_P2[:, 1]",
+             "return pairs_P2[:, 1], pairs_P2[:, 0]", LOSS + PREF + REGISTERED),
+    Mutation("registry-dpo-beta-dropped", PF, "logits_P = beta * (chosen_logratios_P - rejected_logratios_P)",
+             "logits_P = (chosen_logratios_P - rejected_logratios_P)", LOSS + PREF + REGISTERED),
     Mutation("registry-dpo-no-reference", RG,
-             'margin_N = ((logprobs_NT - inputs["ref_logprobs_NT"].detach()) * mask_NT).sum(-1)',
-             "margin_N = (logprobs_NT * mask_NT).sum(-1)", LOSS + REGISTERED),
-    Mutation("registry-dpo-margin-over-padding", RG,
-             'margin_N = ((logprobs_NT - inputs["ref_logprobs_NT"].detach()) * mask_NT).sum(-1)',
-             'margin_N = (logprobs_NT - inputs["ref_logprobs_NT"].detach()).sum(-1)', LOSS + REGISTERED),
+             'ref_N = (inputs["ref_logprobs_NT"].detach() * mask_NT).sum(-1) if reference else None',
+             'ref_N = torch.zeros_like(logps_N) if reference else None', LOSS + PREF + REGISTERED),
+    Mutation("registry-dpo-margin-over-padding", RG, "logps_N = (logprobs_NT * mask_NT).sum(-1)",
+             "logps_N = logprobs_NT.sum(-1)", LOSS + PREF + REGISTERED),
+    Mutation("preference-cdpo-smoothing-sign", PF, "- label_smoothing * F.logsigmoid(-logits_P)",
+             "+ label_smoothing * F.logsigmoid(-logits_P)", PREF),
+    Mutation("preference-ipo-summed-log-ratios", PF,
+             "delta_P = chosen_logratios_P / chosen_lengths_P - rejected_logratios_P / rejected_lengths_P",
+             "delta_P = chosen_logratios_P - rejected_logratios_P", PREF),
+    Mutation("preference-kto-reference-point-unclamped", PF,
+             "z0 = (kl_logps_K.detach() - ref_kl_logps_K.detach()).mean().clamp(min=0.0)",
+             "z0 = (kl_logps_K.detach() - ref_kl_logps_K.detach()).mean()", PREF),
+    Mutation("preference-orpo-log-probability-not-odds", PF,
+             "log_odds_P = (chosen_avg_P - rejected_avg_P) - (log1mexp(chosen_avg_P) - log1mexp(rejected_avg_P))",
+             "log_odds_P = (chosen_avg_P - rejected_avg_P)", PREF),
     # ---- the engine's loss path (and where it loads and samples the adapter)
     Mutation("engine-loss-temperature-ignored", ET,
              "logp_NT = self._target_logprobs(ids, attn, mask, loss.temperature)",

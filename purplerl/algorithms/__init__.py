@@ -1,4 +1,5 @@
-"""Pure tensor math: advantages, KL estimators, log-prob helpers, policy-gradient losses, Token Noiser.
+"""Pure tensor math: advantages, KL estimators, log-prob helpers, policy-gradient losses, Token Noiser, direct
+preference losses (DPO, IPO, SimPO, KTO, ORPO).
 
 Every function takes its knobs as arguments; nothing here imports config, engines or the trainer.
 """
@@ -30,6 +31,7 @@ from purplerl.algorithms.losses import (
     ppo_clip_loss,
 )
 from purplerl.algorithms.noiser import normalize_noise, token_noiser_loss
+from purplerl.algorithms.preference import dpo_loss, kto_loss, log1mexp, orpo_loss, sigmoid_loss, simpo_loss
 from purplerl.algorithms.registry import LOSS_REGISTRY, CustomLoss, Loss, LossDef, get_loss_def, register_loss
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "aggregate_token_mean",
     "check_rewards_BG",
     "compute_advantages",
+    "dpo_loss",
     "dr_grpo_advantages",
     "entropy_from_logits",
     "get_advantage_estimator",
@@ -61,14 +64,19 @@ __all__ = [
     "kl_k2",
     "kl_k3",
     "kl_penalty_loss",
+    "kto_loss",
+    "log1mexp",
     "masked_mean",
     "masked_sum",
     "normalize_noise",
+    "orpo_loss",
     "ppo_clip_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "selective_log_softmax",
     "sequence_kl",
+    "sigmoid_loss",
+    "simpo_loss",
     "token_noiser_loss",
     "zscore",
 ]

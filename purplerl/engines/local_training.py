@@ -203,9 +203,10 @@ class LocalTrainer:
     # ----- training ---------------------------------------------------------------------------------
 
     def _parts(self, batch: TrainBatch):
-        """(rows, width, inputs) per micro-batch: the batch's tensors cut to the rows and trimmed of padding."""
+        """(rows, width, inputs) per micro-batch: the batch's per-token tensors cut to the rows and trimmed of padding
+        (pairs and per-row labels couple rows: only the whole-batch losses read them)."""
         tensors = {"input_ids_NT": batch.input_ids_NT, "attention_mask_NT": batch.attention_mask_NT,
-                   **{k: v for k, v in batch.inputs().items() if k != "pairs_P2"}}
+                   **{k: v for k, v in batch.inputs().items() if k.endswith("_NT")}}
         for rows in self.micro_batches(batch.attention_mask_NT):
             width = int(batch.attention_mask_NT[rows].sum(-1).max())  # right padding: trim unused columns
             yield rows, width, {name: t[rows, :width].to(self.device) for name, t in tensors.items()}

@@ -8,8 +8,11 @@ from purplerl.algorithms.registry import (
     LOSS_REGISTRY,
     CrossEntropyParams,
     DPOParams,
+    KTOParams,
     Loss,
+    ORPOParams,
     PolicyGradientParams,
+    SimPOParams,
     TokenNoiserParams,
     get_loss_def,
 )
@@ -102,6 +105,9 @@ def test_registry_declares_what_each_loss_consumes_and_reads() -> None:
         "cross_entropy": ("logprobs", (), CrossEntropyParams),
         "token_noiser": ("logits", (), TokenNoiserParams),
         "dpo": ("sequences", ("ref_logprobs_NT", "pairs_P2"), DPOParams),
+        "simpo": ("sequences", ("pairs_P2",), SimPOParams),
+        "kto": ("sequences", ("ref_logprobs_NT", "kto_labels_N"), KTOParams),
+        "orpo": ("sequences", ("pairs_P2",), ORPOParams),
     }
     assert get_loss_def("ppo_clip") is LOSS_REGISTRY["ppo_clip"]
     with pytest.raises(UserError, match="unknown loss 'reinforce_pp'"):
