@@ -20,6 +20,7 @@ from purplerl.config import (
     load_command_config,
 )
 from purplerl.errors import UserError
+from purplerl.outputs import check_output_dir
 
 
 @app.command(context_settings=OVERRIDES, cls=config_command(lambda: EXPORT))
@@ -35,13 +36,13 @@ def export(ctx: typer.Context, config: ConfigFile = None) -> None:
     cfg = load_command_config(EXPORT, config, ctx.args).export
     if cfg.merge is None or cfg.out is None:
         raise UserError("name the adapter and the output dir: --merge CHECKPOINT --out DIR (export.merge, export.out)")
-    merge, out = Path(cfg.merge), Path(cfg.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out} already exists and is not an empty dir: choose a new one")
+    merge = Path(cfg.merge)
+    out = check_output_dir(cfg.out, "--out", fresh=True, inputs=[merge])
     policy = resolve_policy(merge, ModelLoadConfig(name=cfg.model) if cfg.model else ModelLoadConfig(),
                             PromptFormatConfig())
     if policy.model.init_adapter is None:
         raise UserError(f"{merge} is already a full model dir (a full-parameter checkpoint): load it as it is")
+    policy = policy.checked("--merge")  # before the base model loads for the merge
     if policy.note:
         typer.echo(policy.note, err=True)
     info = {"adapter": str(merge.resolve()), "base_model": policy.model.name, "revision": policy.model.revision,
@@ -54,11 +55,13 @@ def export(ctx: typer.Context, config: ConfigFile = None) -> None:
 def report(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Write RUN_DIR/report.html (curves, first-vs-last summary, samples) and RUN_DIR/plots/*.png."""
     from purplerl.eval.report import training_report
+    from purplerl.runs.layout import PLOTS_DIR, REPORT_FILE
 
     cfg = load_command_config(REPORT, config, ctx.args).report
     if cfg.run_dir is None:
         raise UserError("name the run: purplerl report RUN_DIR (report.run_dir)")
-    typer.echo(f"wrote {training_report(Path(cfg.run_dir))}")
+    run_dir = check_output_dir(cfg.run_dir, "RUN_DIR", files=(REPORT_FILE,), dirs=(PLOTS_DIR,))
+    typer.echo(f"wrote {training_report(run_dir)}")
 
 
 def _server_option(field: str, **kwargs: Any) -> Any:

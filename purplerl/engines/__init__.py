@@ -40,4 +40,15 @@ def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", see
     raise UserError(f"unknown engine '{kind}' (known: {', '.join(ENGINES)})")
 
 
-__all__ = ["ENGINES", "Engine", "EngineSettings", "make_engine"]
+def check_init_adapter(model: ModelConfig, engine: EngineConfig) -> str | None:
+    """Check `model.init_adapter` against `model.name` from files alone (purplerl.engines.adapter_fit), before a run
+    loads its data, scorers and model; return the note to show when it was trained on a model of another name. The
+    tinker engine, and full-parameter training, refuse an init adapter when the engine is built."""
+    if model.init_adapter is None or engine.kind == "tinker" or model.finetune == "full":
+        return None
+    from purplerl.engines.adapter_fit import check_adapter_fits
+
+    return check_adapter_fits(model.init_adapter, model.name, model.revision, "model.init_adapter")
+
+
+__all__ = ["ENGINES", "Engine", "EngineSettings", "check_init_adapter", "make_engine"]

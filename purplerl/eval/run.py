@@ -20,9 +20,12 @@ from purplerl.errors import UserError
 from purplerl.eval.choice import NO_CHOICE
 from purplerl.eval.suites import HarmJudges, choice_suite, diversity_suite, harm_suite, table, utility_suite
 from purplerl.files import looks_local, read_json_object, read_jsonl, safe_file_stem, write_durably
+from purplerl.outputs import check_output_dir
 from purplerl.types import PromptRecord
 
 BASE_LABEL = "base"
+GENERATION_FILE = "generation.json"
+GENERATIONS_DIR = "generations"
 _MISSING = object()
 # Settings a generations file depends on, besides each target's policy (model, adapter, prompt format): a
 # rerun into the same OUT must match them, or it would mix samples.
@@ -47,12 +50,16 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
     from purplerl.runs.policy import resolve_policy
 
     resolve_device(cfg.model.device)  # 'cuda' on a machine without one fails here, not after generation.json exists
+    check_output_dir(cfg.eval.out, "--out", files=(GENERATION_FILE, "eval.json", "report.html"),
+                     dirs=(GENERATIONS_DIR,), inputs=cfg.eval.checkpoints)
     _validate_judges(cfg)
     checkpoints: dict[str, Any] = {}
     for checkpoint in map(Path, cfg.eval.checkpoints):
         if not checkpoint.is_dir():
             raise UserError(f"checkpoint dir not found: {checkpoint}")
-        policy = resolve_policy(checkpoint, cfg.model, cfg.data)
+        # every adapter is checked against its base model here: a misfit found at its turn to generate would
+        # come after the base model's generations were written
+        policy = resolve_policy(checkpoint, cfg.model, cfg.data).checked("--checkpoint")
         if policy.note:
             announce(policy.note)
         label = safe_file_stem(checkpoint.resolve().name)
@@ -119,7 +126,7 @@ def _generated_by(policy: Any) -> dict[str, Any]:
 def _check_same_generation(cfg: EvalCommandConfig, policies: dict[str, Any], out: Path) -> None:
     """Refuse an OUT whose generations were made with other settings; writes nothing. A target new to OUT
     is fine (it gets its own file)."""
-    path = out / "generation.json"
+    path = out / GENERATION_FILE
     if not path.is_file():
         return
     saved, now = read_json_object(path), _generation(cfg, policies)
@@ -136,14 +143,14 @@ def _record_generation(cfg: EvalCommandConfig, policies: dict[str, Any], out: Pa
     """Write OUT/generation.json just before the first sample is: a run that fails earlier (a bad device, a
     model that does not load) leaves nothing that would refuse the corrected rerun. Targets new to OUT are
     added to it."""
-    path = out / "generation.json"
+    path = out / GENERATION_FILE
     record = _generation(cfg, policies)
     if path.is_file():
         saved = read_json_object(path)
         record["targets"] = {**saved.get("targets", {}), **record["targets"]}
         if record == saved:
             return
-    (out / "generations").mkdir(parents=True, exist_ok=True)
+    (out / GENERATIONS_DIR).mkdir(parents=True, exist_ok=True)
     write_durably(path, json.dumps(record, indent=1))
 
 
@@ -218,7 +225,7 @@ def _resume_points(targets: list[_Target], prompts: list[PromptRecord], out: Pat
     """Per target, the index of the first prompt without samples; a cut tail is dropped first."""
     starts = {}
     for t in targets:
-        path = out / "generations" / f"{t.label}.jsonl"
+        path = out / GENERATIONS_DIR / f"{t.label}.jsonl"
         kept = read_generations(path, prompts, n)
         if path.is_file() and path.read_bytes() != "".join(json.dumps(row) + "\n" for row in kept).encode():
             _rewrite(path, kept)  # drop a cut tail (and a missing last newline) before appending
@@ -243,7 +250,7 @@ def run_eval(cfg: EvalCommandConfig, console: Any = None, announce: Callable[[st
     with Progress(console=console, transient=False) as progress:
         task = progress.add_task("generating", total=max(total, 1))
         for t in targets:
-            path = out / "generations" / f"{t.label}.jsonl"
+            path = out / GENERATIONS_DIR / f"{t.label}.jsonl"
             progress.update(task, description=f"generating {t.label}")
             generate(t, prompts, path, starts[t.label], lambda: progress.advance(task),
                      lambda: _record_generation(cfg, policies, out))

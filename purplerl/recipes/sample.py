@@ -14,7 +14,7 @@ def generate(cfg: SampleCommandConfig, announce: Callable[[str], None] = print) 
     """`sample.n` completions for each prompt; a run checkpoint is prompted as its run was trained."""
     if not cfg.sample.prompts:
         raise UserError("give at least one --prompt (sample.prompts)")
-    policy = resolve_policy(cfg.sample.checkpoint, cfg.model, cfg.data)
+    policy = resolve_policy(cfg.sample.checkpoint, cfg.model, cfg.data).checked("--checkpoint")
     if policy.note:
         announce(policy.note)
     engine = policy.load()

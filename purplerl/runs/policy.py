@@ -2,7 +2,8 @@
 
 `resolve_policy` is how `eval`, `sample` and `tamper-test` load a checkpoint: with the base model and prompt
 format of the run that trained it (runs/<run>/config.yaml), or, for a bare adapter dir, the base model its
-adapter_config.json names.
+adapter_config.json names. `Policy.checked` checks that its adapter fits that base model, from files alone, before
+any work starts.
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ class Policy:
         if self.base is not None:
             return replace(self, model=self.base, base=None, note=None)
         return replace(self, model=self.model.model_copy(update={"init_adapter": None}), note=None)
+
+    def checked(self, what: str = "checkpoint") -> Policy:
+        """This policy once its adapter is checked against its base model from files alone (shapes; no weight
+        loads), so a misfit is one UserError before any work; a base model of another name adds a note."""
+        if self.model.init_adapter is None:
+            return self
+        from purplerl.engines.adapter_fit import check_adapter_fits
+
+        note = check_adapter_fits(self.model.init_adapter, self.model.name, self.model.revision, what)
+        return replace(self, note="\n".join(line for line in (self.note, note) if line) or None)
 
     def load(self) -> Any:
         """The engine that samples from this policy."""

@@ -195,24 +195,27 @@ def test_read_generations_drops_a_cut_tail_and_refuses_other_prompts(tmp_path: P
         read_generations(path, prompts, 2)
 
 
-def _eval(*args: str | Path) -> EvalCommandConfig:
-    return load_command_config(EVAL, None, ["--model", "m", *map(str, args)])
+def _eval(*args: str | Path, model: str | Path = "m") -> EvalCommandConfig:
+    return load_command_config(EVAL, None, ["--model", str(model), *map(str, args)])
 
 
 def _targets(cfg: EvalCommandConfig) -> dict[str, str | None]:
     return {label: policy.model.init_adapter for label, policy in validate(cfg, announce=lambda _: None).items()}
 
 
-def test_validate_labels_targets_and_refuses_bad_settings(adapter: Path, tmp_path: Path) -> None:
-    assert _targets(_eval("--checkpoint", adapter)) == {"base": None, "step_000001": str(adapter)}
+def test_validate_labels_targets_and_refuses_bad_settings(adapter: Path, tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    # validate checks each adapter against the model's config: the model is a real one here
+    assert _targets(_eval("--checkpoint", adapter, model=tiny_model_dir)) == {"base": None,
+                                                                            "step_000001": str(adapter)}
     twin = tmp_path / "other" / "step_000001"
     shutil.copytree(adapter, twin)
-    assert list(_targets(_eval("--checkpoint", adapter, "--checkpoint", twin))) == [
+    assert list(_targets(_eval("--checkpoint", adapter, "--checkpoint", twin, model=tiny_model_dir))) == [
         "base", "step_000001", "other-step_000001"]
     # labels name generations/<label>.jsonl, so a dir name that is no safe file name is made one
     odd = tmp_path / "run; rm -rf ~" / "..step 1"
     shutil.copytree(adapter, odd)
-    label = list(_targets(_eval("--checkpoint", odd)))[1]
+    label = list(_targets(_eval("--checkpoint", odd, model=tiny_model_dir)))[1]
     assert label == safe_file_stem("..step 1") and "/" not in label and not label.startswith(".")
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no adapter_config.json"):

@@ -47,6 +47,7 @@ from purplerl.experiments.tamper.stats import (
     verdict,
 )
 from purplerl.files import write_durably
+from purplerl.outputs import check_output_dir
 from purplerl.recipes.attack import ATTACK
 from purplerl.rewards.refusal import RefusalJudge
 from purplerl.runs.policy import RUN_MODEL_FIELDS, RUN_PROMPT_FIELDS, Policy, resolve_policy
@@ -144,8 +145,10 @@ def run_tamper_test(config: Any, announce: Callable[[str], None] = print) -> dic
     t = config.tamper
     if t.adapter is None:
         raise UserError("tamper-test needs the defended adapter: --adapter DIR (tamper.adapter)")
-    out = Path(t.out)
-    defended = resolve_policy(Path(t.adapter), config.model, config.data)
+    out = check_output_dir(t.out, "--out", files=(UTILITY_FILE, SFT_DATA, "tamper.json", "tamper.png", "summary.txt"),
+                           dirs=(MERGED_DIR, RUNS_DIR), inputs=[t.adapter])
+    # the adapter's shapes, checked against its base model before the utility passes and the merge load both
+    defended = resolve_policy(Path(t.adapter), config.model, config.data).checked("--adapter")
     if defended.note:
         announce(defended.note)
     attack = shared_attack(config, defended)
