@@ -25,7 +25,9 @@ from purplerl.engines.base import Engine
 from purplerl.rewards.registry import REWARD_TERMS
 from purplerl.train.loop import EarlyStop, StepFn
 
-Bind = Callable[[Engine], tuple[StepFn, EarlyStop]]  # the engine -> the recipe's step function and early stop
+# the engine and the run dir (which a new run creates only after binding: write into it from the steps on) -> the
+# recipe's step function and early stop
+Bind = Callable[[Engine, Path], tuple[StepFn, EarlyStop]]
 Prepare = Callable[[Any], Bind]  # the config -> its data and hooks, loaded and checked before the engine exists
 # older settings -> today's tree; `saved`: a run's own config.yaml, which may also drop what the recipe never read
 Migrate = Callable[[dict[str, Any], bool], dict[str, Any]]

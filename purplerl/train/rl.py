@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,7 +74,7 @@ def rl_prepare(reward: Callable[[Any], RewardFn], stops: Callable[[Any], EarlySt
                                 shuffle=config.data.shuffle)
         hooks = RecipeHooks(reward=reward(config), update=update, early_stop=stops(config))
 
-        def bind(engine: Engine) -> tuple[StepFn, EarlyStop]:
+        def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:
             d = config.data
             render = partial(render_prompt, engine.tokenizer, template=d.template, system_prompt=d.system_prompt,
                              max_prompt_tokens=d.max_prompt_tokens)

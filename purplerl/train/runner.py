@@ -171,7 +171,7 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
                              settings=engine_settings(config), world=world)) as engine:
         if checkpoint is not None:
             engine.load(checkpoint)
-        step_fn, early_stop = bind(engine)
+        step_fn, early_stop = bind(engine, run_dir)
 
         if world.is_writer:
             _open_run_dir(config, run_dir, resume, restart, start_step, changed, edited)

@@ -8,6 +8,7 @@ forward_backward(cross_entropy) -> optim_step. The held-out loss is the mean NLL
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from purplerl.algorithms.registry import CrossEntropyParams, Loss
@@ -57,7 +58,7 @@ def sft_prepare(config: Any) -> Bind:
         train, evaluation = held_out(conversations, s.eval_fraction, config.training.seed)
     evaluation = evaluation[: s.eval_limit]
 
-    def bind(engine: Engine) -> tuple[StepFn, EarlyStop]:
+    def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:
         pad_id = int(engine.tokenizer.pad_token_id if engine.tokenizer.pad_token_id is not None
                      else engine.tokenizer.eos_token_id)
         examples = _encode_all(engine, train, config, "training")

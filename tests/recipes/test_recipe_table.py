@@ -195,7 +195,7 @@ class HelloConfig(Section):
 
 
 def _hello_prepare(config: Any):
-    def bind(engine: Any):
+    def bind(engine: Any, run_dir: Path):
         def step(step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
             return {"hello/len": float(len(config.hello.greeting)), "step_seen": float(step)}, []
         return step, lambda metrics: None

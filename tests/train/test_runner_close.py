@@ -31,7 +31,7 @@ class Closes:
 
 def _recipe(fail_at: int | None) -> Recipe:
     def prepare(config: Any):
-        def bind(engine: Any):
+        def bind(engine: Any, run_dir: Path):
             def step(step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
                 if step == fail_at:
                     raise ExperimentError(f"step {step} failed")
