@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ddp_accumulate_worker
 import ddp_worker
 import pytest
 import torch
@@ -50,6 +51,39 @@ def test_two_processes_reach_the_single_process_update(tiny_model_dir: Path, tmp
             assert got["clip_frac"] == pytest.approx(want["clip_frac"], abs=1e-6)
         # the update is real, and not one that per-rank means would also give: the halves hold unequal tokens
         assert metrics[1]["grad_norm"] > 0.1
+
+
+def _torchrun(worker: Path, model_dir: Path, out: Path) -> None:
+    paths = [str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(worker), str(model_dir), str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_ranks_with_their_own_batches_accumulate_two_calls_and_a_custom_loss_as_one_process(
+        tiny_model_dir: Path, tmp_path: Path, one_torch_thread):
+    # Each rank builds its own batches (its rows of two global batches, trimmed to its own width) with unequal
+    # token counts; two forward_backward calls accumulate before one step, then a custom loss of whole sequences.
+    # One process running the same calls on the full global batches is the reference, to float tolerance.
+    out = tmp_path / "dp_accumulate.pt"
+    _torchrun(Path(ddp_accumulate_worker.__file__), tiny_model_dir, out)
+    parallel = torch.load(out)
+    reference = ddp_accumulate_worker.run(str(tiny_model_dir), SINGLE)
+    assert parallel["rank_tokens"] == [(5, 18), (20, 3)]  # loss tokens of (A, B) on rank 0 and on rank 1
+    assert reference["tokens"] == (25, 21)
+    for call, (grad, ref_grad) in enumerate(zip(parallel["grads"], reference["grads"], strict=True)):
+        assert ref_grad.norm() > 0 and _rel(grad, ref_grad) < 1e-5, call
+    # the second call added to the first call's gradient, it did not replace or double it
+    assert _rel(reference["grads"][1], reference["grads"][0]) > 0.1
+    for step, (weights, ref_weights) in enumerate(zip(parallel["weights"], reference["weights"], strict=True)):
+        assert _rel(weights, ref_weights) < 1e-5, step
+    assert torch.equal(parallel["rank_weights"][0], parallel["rank_weights"][1])  # every rank holds the same weights
+    for got, want in zip(parallel["metrics"], reference["metrics"], strict=True):
+        assert set(got) == set(want)
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
 def test_the_fixed_batch_puts_unequal_token_counts_on_the_ranks(tiny_model_dir: Path, one_torch_thread):
