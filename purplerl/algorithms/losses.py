@@ -40,10 +40,11 @@ def _ratio_metrics(logprobs_NT: torch.Tensor, sampling_logprobs_NT: torch.Tensor
     # Samples come from the sampling policy, so k3(sampling, current) estimates KL(sampling || current):
     # how far the trained policy has drifted from the one that generated the batch.
     kl_NT = kl_k3(torch.where(on_NT, sampling_logprobs_NT, 0.0), torch.where(on_NT, logprobs_NT, 0.0))
+    # Only token means: an engine sums a loss's metrics over micro-batches and data-parallel ranks weighted by
+    # their token shares, which turns a count into a wrong number (the count is the engine's own `tokens`).
     return {
         "ratio_mean": float(masked_mean(ratio_NT, mask_NT).item()),
         "approx_kl_sampling": float(masked_mean(kl_NT, mask_NT).item()),
-        "num_tokens": float(mask_NT.sum().item()),
     }
 
 
@@ -54,7 +55,7 @@ def importance_sampling_loss(logprobs_NT: torch.Tensor, sampling_logprobs_NT: to
 
     On-policy (ratio 1) the gradient of each token is -A * grad logp: exactly REINFORCE. Off-policy
     the ratio corrects for the sampler (e.g. vLLM numerics or a stale policy). Clip bounds are ignored.
-    Metrics: `ratio_mean`, `approx_kl_sampling`, `num_tokens`.
+    Metrics: `ratio_mean`, `approx_kl_sampling`.
     """
     on_NT = mask_NT != 0
     ratio_NT = _ratio(logprobs_NT, sampling_logprobs_NT, on_NT)

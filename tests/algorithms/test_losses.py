@@ -33,7 +33,8 @@ def test_importance_sampling_on_policy_gradient_is_minus_advantage() -> None:
     assert torch.allclose(logp_NT.grad, -adv_NT * mask_NT)
     assert metrics["ratio_mean"] == pytest.approx(1.0)
     assert metrics["approx_kl_sampling"] == pytest.approx(0.0)
-    assert metrics["num_tokens"] == 5.0
+    # token means only (the engine sums them over micro-batches by token share; it counts the tokens itself)
+    assert set(metrics) == {"ratio_mean", "approx_kl_sampling"}
 
 
 def test_importance_sampling_off_policy_by_hand() -> None:
