@@ -150,7 +150,7 @@ def test_sft_holds_out_by_the_training_seed_and_never_trains_on_held_out_rows(ti
         config = load_config(None, ["--data", str(data), "--training.seed", str(seed), "--batch_size", "4",
                                     "--sft.eval_fraction", "0.2", "--sft.eval_every", "1"], base={"recipe": "sft"})
         engine = HeldOutEngine(tiny_tokenizer)
-        step_fn, _ = sft_prepare(config)(engine)
+        step_fn, _ = sft_prepare(config)(engine, tmp_path / f"run_{seed}")
         trained_ids = []
         for step in range(1, 8):  # more than an epoch of the 20 training rows
             metrics, _ = step_fn(step)
