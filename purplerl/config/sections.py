@@ -122,7 +122,7 @@ class RowSourceConfig(Section):
 
     source: str = Field("builtin:redteam", description="'builtin:redteam', a .jsonl/.json/.parquet file, or 'hf:ORG/NAME'")
     split: str = Field("train", description="split to read (builtin and hf sources)")
-    hf_config: read_when(str | None, lambda d: d.source.startswith("hf:"), "data.source is hf:ORG/NAME") = Field(None, description="HF dataset config name")
+    hf_config: read_when(str | None, lambda d: (d.source or "").startswith("hf:"), "data.source is hf:ORG/NAME") = Field(None, description="HF dataset config name")
     filters: dict[str, Any] = Field(default_factory=dict, description="keep rows whose fields equal these values, e.g. {is_safe: false}")
     limit: int | None = Field(None, ge=1, description="keep at most this many rows (after filtering)")
 

@@ -1,0 +1,73 @@
+"""`purplerl prefs`: preference training of a LoRA adapter (or every weight) on pairs or labelled answers:
+DPO (sigmoid, cDPO's label smoothing, hinge, IPO), SimPO, KTO and ORPO (train/preference.py, the losses in
+purplerl.algorithms.preference), with the RL runs' run dir, atomic checkpoints, resume, metrics and report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from purplerl.config import RowSourceConfig
+from purplerl.config.base import Section, Template, read_when
+from purplerl.recipes.summary import summarize_run
+from purplerl.train.preference import prefs_prepare
+from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
+
+
+def _loss(*names: str):
+    return lambda p: p.loss in names, f"prefs.loss is {' or '.join(names)}"
+
+
+class PreferenceDataConfig(RowSourceConfig):
+    """The preference data of a run: its source and how prompts are rendered."""
+
+    source: str | None = Field(None, description="pairs (prompt/chosen/rejected: text, chat messages, HH-RLHF dialogues or UltraFeedback message lists) or KTO rows (prompt/completion/label): a .jsonl/.json/.parquet file, a prepared dir or 'hf:ORG/NAME'")  # noqa: E501
+    template: Template = Field("chat", description="'chat' uses the tokenizer's chat template; 'base' plain text")
+    system_prompt: str | None = Field(None, description="system message prepended to every prompt (null: model default)")  # noqa: E501
+    max_prompt_tokens: int = Field(256, ge=8, description="prompts longer than this are cut from the left")
+
+
+class PrefsConfig(Section):
+    """The preference loss and its held-out evaluation."""
+
+    loss: Literal["dpo", "simpo", "kto", "orpo"] = Field("dpo", description="dpo (Rafailov et al. 2023; dpo_form sigmoid/hinge/ipo), simpo (no reference, length-normalized, margin gamma), kto (unpaired desirable/undesirable answers), orpo (SFT plus an odds-ratio term, no reference)")  # noqa: E501
+    beta: float | None = Field(None, gt=0, description="the loss's beta (orpo: its lambda); null: the loss's default (0.1; simpo 2.0)")  # noqa: E501
+    dpo_form: read_when(Literal["sigmoid", "hinge", "ipo"], *_loss("dpo")) = Field("sigmoid", description="sigmoid (DPO), hinge (SLiC), ipo (IPO, length-averaged log-ratios)")  # noqa: E501
+    label_smoothing: read_when(float, *_loss("dpo", "simpo")) = Field(0.0, ge=0.0, lt=0.5, description="probability that a pair's label is flipped (conservative DPO); sigmoid forms only")  # noqa: E501
+    gamma: read_when(float, *_loss("simpo")) = Field(1.0, ge=0.0, description="SimPO's target reward margin")
+    desirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of desirable answers")  # noqa: E501
+    undesirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of undesirable answers")  # noqa: E501
+    unpaired: read_when(bool, *_loss("kto")) = Field(False, description="the data holds KTO rows (prompt/completion/label); false: pairs, each a desirable and an undesirable answer")  # noqa: E501
+    max_answer_tokens: int = Field(256, ge=1, description="answers longer than this (with their end-of-turn token) are cut at the end")  # noqa: E501
+    eval_split: str | None = Field(None, description="held-out split of the data source (null: hold out eval_fraction of the prompts)")  # noqa: E501
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the prompts held out when eval_split is null (0: no eval)")  # noqa: E501
+    eval_every: int = Field(10, ge=0, description="score the held-out examples every N steps and at the last step (0: never)")  # noqa: E501
+    eval_limit: int = Field(256, ge=1, description="at most this many held-out examples")
+
+
+PrefsSettings = run_settings("prefs", data=(PreferenceDataConfig, "the preference data"),
+                             prefs=(PrefsConfig, "the preference loss (purplerl prefs)"))
+
+
+def summarize(run_dir: Path, summary: dict[str, Any], config: Any) -> str:
+    return summarize_run(run_dir, summary, PREFS.summary_metrics)
+
+
+PREFS = Recipe(
+    name="prefs",
+    settings=PrefsSettings,
+    help="""Preference training on pairs (DPO, IPO, SimPO, ORPO) or labelled answers (KTO): the loss covers the
+    answers' tokens, the reference is the frozen base. --data names the data, --prefs.loss the loss.""",
+    prepare=prefs_prepare,
+    defaults={"training": {"steps": 100, "batch_size": 8, "lr": 5e-5}},
+    run_name=(RunNamePart("", lambda c: c.prefs.loss), RunNamePart("beta", lambda c: c.prefs.beta or "default"),
+              RunNamePart("lr", lambda c: c.training.lr), RunNamePart("B", lambda c: c.training.batch_size)),
+    summary_metrics={"train/loss": "training loss", "eval/loss": "held-out loss",
+                     "eval/rewards/accuracies": "held-out pair accuracy"},
+    flat=FLAT,
+    summarize=summarize,
+)
+
+__all__ = ["PREFS", "PrefsConfig", "PrefsSettings"]
