@@ -541,10 +541,11 @@ def test_leaf_field_counts_per_command():
     # attack less attack.early_stop_toxicity plus defend.noiser* (5); sft has no sampling, reward or RL training
     # fields, nor a prompt format beyond its data's template and system prompt. judges.terms (+1) lets any text
     # reward term judge eval and tamper-test. engine.threads (OMP_NUM_THREADS does it) and engine.micro_batch_size
-    # (engine.micro_batch_tokens bounds a pass) were removed (-2 for every command with an engine section)
+    # (engine.micro_batch_tokens bounds a pass) were removed (-2 for every command with an engine section);
+    # data prepare's safety-prefs brought prepare.model and prepare.attack_run (+2)
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
     assert counts == {"attack": 102, "defend": 106, "tamper-test": 130, "sft": 54, "eval": 38, "sample": 15,
-                      "data prepare": 10, "align": 3, "verl export": 111}
+                      "data prepare": 12, "align": 3, "verl export": 111}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():
@@ -584,7 +585,8 @@ def test_registry_choices_come_from_the_registries():
 
 
 def test_an_unknown_dataset_is_refused_with_the_choices():
-    with pytest.raises(UserError, match="unknown dataset 'mmlu' \\(choose from beavertails, wmdp, gsm8k, merge\\)"):
+    with pytest.raises(UserError, match="unknown dataset 'mmlu' \\(choose from beavertails, wmdp, gsm8k, merge, "
+                                         "safety-prefs\\)"):
         load_command_config(PREPARE, None, ["mmlu"])
 
 

@@ -223,10 +223,16 @@ app.add_typer(data_app, name="data")
 @reports_errors
 def data_prepare(ctx: typer.Context,
                  config: ConfigFile = None) -> None:
-    """Write DATASET's train.parquet and test.parquet in veRL's schema (prompt, data_source, reward_model, ...)."""
-    from purplerl.data.prepare import prepare_dataset
+    """Write DATASET's train.parquet and test.parquet in veRL's schema (prompt, data_source, reward_model, ...);
+    safety-prefs: train.jsonl and test.jsonl of preference pairs built from the alignment data with --model."""
+    from purplerl.data.prepare import SAFETY_PREFS, prepare_dataset
 
     cfg = load_command_config(PREPARE, config, ctx.args)
+    if cfg.prepare.dataset == SAFETY_PREFS:
+        from purplerl.experiments.safety_prefs import prepare_command
+
+        typer.echo(prepare_command(cfg.prepare).describe())
+        return
     typer.echo(prepare_dataset(cfg.prepare).describe())
 
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from purplerl.config.base import Section, Template, choices, comma_list, once_each, read_when
+from purplerl.config.base import EMBEDDED_MODEL, Section, Template, choices, comma_list, once_each, read_when
 from purplerl.config.sections import (
     EvalDataConfig,
     GenerationConfig,
@@ -24,7 +24,7 @@ from purplerl.config.sections import (
 # The names each of these fields may hold live here, with the settings: the modules that implement them
 # (purplerl.eval.run's suites, purplerl.data.prepare's datasets) sit above config and check that they cover them.
 SUITE_NAMES = ("harm", "utility", "diversity")
-DATASET_NAMES = ("beavertails", "wmdp", "gsm8k", "merge")
+DATASET_NAMES = ("beavertails", "wmdp", "gsm8k", "merge", "safety-prefs")
 WMDP_SUBSETS = ("bio", "chem", "cyber")
 SUITE = choices(SUITE_NAMES, "suite")
 DATASET = choices(DATASET_NAMES, "dataset")
@@ -182,7 +182,9 @@ class PrepareConfig(Section):
     wmdp: str | None = Field(None, description="merge: a prepared WMDP dir")
     beavertails: str | None = Field(None, description="merge: a prepared BeaverTails dir")
     ratio: float | None = Field(None, gt=0.0, description="merge: BeaverTails rows per WMDP row (null: all)")
-    limit: int | None = Field(None, ge=1, description="merge: at most this many rows per split")
+    limit: int | None = Field(None, ge=1, description="merge: at most this many rows per split; safety-prefs: at most this many requests of each kind per split")
+    model: str = Field(EMBEDDED_MODEL, description="safety-prefs: the model whose greedy answers are the benign requests' chosen answers (and without attack_run the harmful requests' rejected ones)")
+    attack_run: str | None = Field(None, description="safety-prefs: an attack run dir whose mined samples are the harmful requests' rejected answers (null: the model's own)")
 
 
 class PrepareCommandConfig(Section):

@@ -36,11 +36,14 @@ from purplerl.files import write_durably
 if TYPE_CHECKING:
     from purplerl.config import PrepareConfig
 
-DATASETS = DATASET_NAMES  # the names `prepare.dataset` takes (purplerl.config); each prepared below
+DATASETS = DATASET_NAMES  # the names `prepare.dataset` takes (purplerl.config); each prepared below but:
+# the project's own preference set, built with a model, so one layer up (purplerl.experiments.safety_prefs)
+SAFETY_PREFS = "safety-prefs"
 # the options (PrepareConfig fields) each applies to; any other dataset refuses them
 OPTIONS_USED_BY = {"subset": ("wmdp",), "seed": ("wmdp", "merge"),
                    "template": ("beavertails", "wmdp", "gsm8k"), "source": ("beavertails", "wmdp", "gsm8k"),
-                   "wmdp": ("merge",), "beavertails": ("merge",), "ratio": ("merge",), "limit": ("merge",)}
+                   "wmdp": ("merge",), "beavertails": ("merge",), "ratio": ("merge",), "limit": ("merge", SAFETY_PREFS),
+                   "model": (SAFETY_PREFS,), "attack_run": (SAFETY_PREFS,)}
 SPLITS = ("train", "test")
 
 BEAVERTAILS = HubSpec("PKU-Alignment/BeaverTails", None, ("30k_train", "30k_test"))
@@ -287,8 +290,8 @@ def default_out_dir(dataset: str, subset: str | None, template: Template) -> Pat
     return Path("data") / (name if template == "chat" else f"{name}-base")
 
 
-def prepare_dataset(cfg: PrepareConfig) -> Prepared:
-    """The `purplerl data prepare DATASET` command: refuse the options DATASET does not use, then prepare."""
+def check_options(cfg: PrepareConfig) -> str:
+    """The dataset `cfg` names, once a missing one and the options it does not use are refused."""
     if cfg.dataset is None:
         raise UserError(f"name a dataset: purplerl data prepare DATASET (choose from {', '.join(DATASETS)})")
     given = cfg.model_fields_set
@@ -296,6 +299,13 @@ def prepare_dataset(cfg: PrepareConfig) -> Prepared:
     for option, used_by in OPTIONS_USED_BY.items():
         if option in given and cfg.dataset not in used_by:
             raise UserError(f"--{option} does not apply to '{cfg.dataset}' (only to {', '.join(used_by)})")
+    return cfg.dataset
+
+
+def prepare_dataset(cfg: PrepareConfig) -> Prepared:
+    """The `purplerl data prepare DATASET` command: refuse the options DATASET does not use, then prepare."""
+    if check_options(cfg) == SAFETY_PREFS:
+        raise ValueError("safety-prefs needs a model: build it with purplerl.experiments.safety_prefs")
     if cfg.dataset == "wmdp" and cfg.subset is None:
         raise UserError(f"wmdp needs --subset (choose from {', '.join(WMDP_TOPICS)})")
     out = default_out_dir(cfg.dataset, cfg.subset, cfg.template) if cfg.out is None else Path(cfg.out)

@@ -73,7 +73,7 @@ def _pick(examples: list, count: int, seed: int) -> list:
     return picked
 
 
-def _whole_sentences(text: str, finished: bool) -> str:
+def whole_sentences(text: str, finished: bool) -> str:
     """The answer, or when it was cut at max_new_tokens, its whole sentences only: a cut mid-sentence would teach
     the model to stop mid-sentence."""
     text = text.strip()
@@ -97,7 +97,7 @@ def self_distilled_answers(prompts: list, notify: Callable[[str], None]) -> list
                                   seed=a["seed"] + start)
         groups = engine.sample(tokens, 1, sampling)
         for ex, group in zip(batch, groups, strict=True):
-            answer = _whole_sentences(group[0].text, group[0].finish_reason == "stop")
+            answer = whole_sentences(group[0].text, group[0].finish_reason == "stop")
             if answer:
                 kept.append((ex, answer))
         notify(f"align: base answers {min(start + ANSWER_BATCH, len(prompts))}/{len(prompts)} ({len(kept)} kept)")

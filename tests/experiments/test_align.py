@@ -14,10 +14,10 @@ from purplerl.experiments import align
 
 def test_cut_answers_keep_whole_sentences_only() -> None:
     finished = "Beat the whites in a clean bowl. Add sugar slowly."
-    assert align._whole_sentences(finished, finished=True) == finished
+    assert align.whole_sentences(finished, finished=True) == finished
     cut = "Beat the whites in a clean, dry bowl until foamy. Then add the sugar one spoon at a ti"
-    assert align._whole_sentences(cut, finished=False) == "Beat the whites in a clean, dry bowl until foamy."
-    assert align._whole_sentences("Short. And then the rest is cut mid", finished=False) == ""  # too little left
+    assert align.whole_sentences(cut, finished=False) == "Beat the whites in a clean, dry bowl until foamy."
+    assert align.whole_sentences("Short. And then the rest is cut mid", finished=False) == ""  # too little left
 
 
 def test_picks_are_seeded_and_spread_over_categories() -> None:
