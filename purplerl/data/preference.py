@@ -132,6 +132,19 @@ def encode_pairs(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferenceP
     return out, metrics
 
 
+def encode_answer(tokenizer: PreTrainedTokenizerBase, prompt: tuple[dict[str, str], ...], answer: str, uid: str,
+                  template: Template, system_prompt: str | None, max_prompt_tokens: int,
+                  max_answer_tokens: int, end_id: int | None = None) -> Encoded:
+    """One answer to a prompt as `encode_pairs` encodes each side of a pair (a reward model scores it so);
+    `end_id`: the template's end-of-turn token (end_of_turn_id), when the caller has it already."""
+    if max_answer_tokens < 1:
+        raise ValueError(f"max_answer_tokens must be >= 1, got {max_answer_tokens}")
+    ids, _ = encode_prompt(tokenizer, prompt, uid, template, system_prompt, max_prompt_tokens)
+    end_id = end_of_turn_id(tokenizer, template) if end_id is None else end_id
+    answer_ids, _ = _answer_ids(tokenizer, answer, end_id, max_answer_tokens)
+    return _sequence(ids, answer_ids, uid)
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: tuple[dict[str, str], ...], uid: str,
                   template: Template, system_prompt: str | None, max_prompt_tokens: int) -> tuple[list[int], bool]:
     """The prompt's tokens as the policy sees them when sampling, cut from the left to max_prompt_tokens,
