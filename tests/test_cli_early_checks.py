@@ -55,6 +55,9 @@ def test_bad_outputs_and_misfit_adapters_fail_before_any_work(tiny_model_dir: Pa
                            outs["runs-misfit"], *FAST_RUN], f"model.init_adapter {adapters['wide']} does not fit"),
         "attack-output-file": (["attack", *model, "--output_dir", tmp_path / "runs-file", *FAST_RUN],
                                f"cannot be created: {tmp_path / 'runs-file'} is a file, not a directory"),
+        # before the dataset is fetched (offline here: its error would come first otherwise)
+        "prepare-out-file": (["data", "prepare", "gsm8k", "--out", existing_file],
+                             f"--out {existing_file} is a file, not a directory"),
     }
     launched = Launched(cli_env(tmp_path / "cache"))
     try:

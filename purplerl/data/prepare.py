@@ -32,6 +32,7 @@ from purplerl.config.commands import DATASET_NAMES, WMDP_SUBSETS
 from purplerl.data.hub import HubSpec, Rows, load_split
 from purplerl.errors import UserError
 from purplerl.files import write_durably
+from purplerl.outputs import check_output_dir
 
 if TYPE_CHECKING:
     from purplerl.config import PrepareConfig
@@ -309,6 +310,8 @@ def prepare_dataset(cfg: PrepareConfig) -> Prepared:
     if cfg.dataset == "wmdp" and cfg.subset is None:
         raise UserError(f"wmdp needs --subset (choose from {', '.join(WMDP_TOPICS)})")
     out = default_out_dir(cfg.dataset, cfg.subset, cfg.template) if cfg.out is None else Path(cfg.out)
+    out = check_output_dir(out, "--out", files=[f"{split}.parquet" for split in SPLITS],
+                           inputs=[cfg.source, cfg.wmdp, cfg.beavertails])  # before any download
     source = Path(cfg.source) if cfg.source is not None else None
     if cfg.dataset == "beavertails":
         return prepare_beavertails(out, cfg.template, source)
