@@ -88,9 +88,9 @@ class TrainBatch:
     """Token-level training data for `Engine.forward_backward`, right-padded to T (Tinker's `Datum`s, stacked).
 
     Which optional inputs must be present depends on the loss (`LossDef.inputs`): policy-gradient losses read
-    sampling logprobs and advantages, an in-loss KL the reference logprobs, pairwise losses `pairs_P2`, KTO
-    `kto_labels_N`. Pairs and KTO labels couple rows (a pair's two answers; KTO's reference point from its KL rows),
-    so such a batch is trained whole."""
+    sampling logprobs and advantages, an in-loss KL the reference logprobs, pairwise losses `pairs_P2` (a reward
+    model's margin loss `margins_P` too), KTO `kto_labels_N`. Pairs and KTO labels couple rows (a pair's two answers;
+    KTO's reference point from its KL rows), so such a batch is trained whole."""
 
     input_ids_NT: torch.Tensor  # long [N, T], prompt + completion tokens, pad after the end
     attention_mask_NT: torch.Tensor  # long [N, T], 1 on real tokens
@@ -102,6 +102,8 @@ class TrainBatch:
     # long [N], KTO's label of each row: 1 desirable, 0 undesirable, -1 a KL row (a prompt with another example's
     # completion, as TRL's KTOTrainer builds them: it only estimates the reference point z0, and gets no gradient)
     kto_labels_N: torch.Tensor | None = None
+    # float [P], the margin m of each pair in a reward model's -log sigmoid(r_c - r_r - m) (TRL's `margin` column)
+    margins_P: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids_NT.shape)
@@ -116,6 +118,10 @@ class TrainBatch:
             raise ValueError(f"TrainBatch.kto_labels_N has shape {tuple(labels.shape)}, expected {shape[:1]}")
         if labels is not None and not bool(((labels == -1) | (labels == 0) | (labels == 1)).all()):
             raise ValueError("TrainBatch.kto_labels_N must hold 1 (desirable), 0 (undesirable) or -1 (KL row)")
+        pairs = None if self.pairs_P2 is None else tuple(self.pairs_P2.shape[:1])
+        if self.margins_P is not None and tuple(self.margins_P.shape) != pairs:
+            raise ValueError(f"TrainBatch.margins_P has shape {tuple(self.margins_P.shape)}, expected one per pair "
+                             f"of pairs_P2: {pairs}")
 
     def select(self, rows: torch.Tensor) -> TrainBatch:
         """The batch restricted to the given row indices (a PPO minibatch, or the Token Noiser's rows).
@@ -133,7 +139,7 @@ class TrainBatch:
     def inputs(self) -> dict[str, torch.Tensor]:
         """The loss inputs present, by name (with the loss mask)."""
         names = ("loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2",
-                 "kto_labels_N")
+                 "kto_labels_N", "margins_P")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     @property

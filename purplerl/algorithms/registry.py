@@ -10,6 +10,9 @@ An engine runs any registered loss without knowing its name (Tinker's `forward_b
   `forward_backward_custom`: logprobs without gradient, the loss and its gradient with respect to them,
   then one backward pass per micro-batch of sum(dloss/dlogprobs * logprobs), which is exact and keeps
   memory at one micro-batch. A user-supplied callable (`CustomLoss`) runs the same way.
+- `consumes="values"`: the loss reads the active adapter's scalar head (a reward model, a critic): the values
+  [N, T] at every position of the whole batch, and returns the scalar loss; the engine runs it as "sequences",
+  with the values in place of the logprobs. Only an engine with scalar heads (local) runs it.
 
 Adding a loss = one function + one `register_loss(...)` line + its hand-worked test.
 """
@@ -38,12 +41,14 @@ from purplerl.algorithms.preference import (
     orpo_loss,
     simpo_loss,
 )
+from purplerl.algorithms.reward_model import bradley_terry_loss, check_center_coef, last_token_values
 from purplerl.errors import ExperimentError, UserError
 
-Consumes = Literal["logprobs", "logits", "sequences"]
+Consumes = Literal["logprobs", "logits", "sequences", "values"]
 Metrics = dict[str, float]
 # the inputs a loss may read from a TrainBatch (its fields of the same names)
-BATCH_INPUTS = ("sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2", "kto_labels_N")
+BATCH_INPUTS = ("sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2", "kto_labels_N",
+                "margins_P")
 
 
 @dataclass(frozen=True)
@@ -375,3 +380,32 @@ register_loss(LossDef("kto", kto_sequence_loss, "sequences", KTOParams, inputs=(
                       doc="KTO on unpaired desirable/undesirable rows, reference point from the KL rows"))
 register_loss(LossDef("orpo", orpo_sequence_loss, "sequences", ORPOParams, inputs=PAIRS,
                       doc="ORPO: NLL of the chosen answers plus the log odds ratio term, no reference"))
+
+
+# ----- reward models (the math: algorithms.reward_model) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BradleyTerryParams:
+    margin: bool = False  # subtract each pair's margin (TrainBatch.margins_P) inside the sigmoid, as TRL's `margin`
+    center_coef: float = 0.0  # weight of mean((r_c + r_r)^2), TRL's center_rewards_coefficient (arXiv 2312.09244)
+
+    def __post_init__(self) -> None:
+        check_center_coef(self.center_coef)
+
+    def extra_inputs(self) -> tuple[str, ...]:
+        return ("margins_P",) if self.margin else ()
+
+
+def bradley_terry_values_loss(values_NT: torch.Tensor, inputs: Mapping[str, torch.Tensor],
+                              params: BradleyTerryParams) -> tuple[torch.Tensor, Metrics]:
+    """`reward_model.bradley_terry_loss` on the batch's pairs, each answer scored by the head's value at its last
+    answer token (the loss mask's last token: the sequence's last real token, the answer ending it)."""
+    c, r = _pair_rows(inputs, "bradley_terry")
+    scores_N = last_token_values(values_NT, inputs["loss_mask_NT"])
+    return bradley_terry_loss(scores_N[c], scores_N[r], inputs["margins_P"] if params.margin else None,
+                              center_coef=params.center_coef)
+
+
+register_loss(LossDef("bradley_terry", bradley_terry_values_loss, "values", BradleyTerryParams, inputs=PAIRS,
+                      doc="a reward model's Bradley-Terry loss on (chosen, rejected) pairs, optional margin"))

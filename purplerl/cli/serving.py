@@ -21,6 +21,8 @@ from purplerl.config import (
 )
 from purplerl.errors import UserError
 from purplerl.outputs import check_output_dir
+from purplerl.runs.reward_model import TERM as RM_TERM
+from purplerl.runs.reward_model import looks_like_run
 
 
 @app.command(context_settings=OVERRIDES, cls=config_command(lambda: EXPORT))
@@ -119,9 +121,10 @@ def serve_reward(
     batch_size: Annotated[int, _server_option("batch_size")] = _server_default("batch_size"),
     max_length: Annotated[int, _server_option("max_length")] = _server_default("max_length"),
 ) -> None:
-    """Serve a toxicity scorer over HTTP (POST /score) for runs with --reward.toxicity.url URL, or any registered
-    text reward term (--term NAME --params '{...}'). Settings: the options below, or --server.FIELD / --serve.FIELD
-    and --config FILE as for every command."""
+    """Serve a toxicity scorer over HTTP (POST /score) for runs with --reward.toxicity.url URL, a reward model
+    (--model RUN_DIR of purplerl reward-model, or a checkpoint of it), or any registered text reward term (--term
+    NAME --params '{...}'). Settings: the options below, or --server.FIELD / --serve.FIELD and --config FILE as for
+    every command."""
     options = {k: v for k, v in locals().items() if k in RewardServerConfig.model_fields and v is not None}
     if _key_on_command_line(ctx):  # first: the key has leaked even if it is then refused
         typer.echo(f"warning: an API key on the command line is visible to every user of this machine (ps): "
@@ -138,7 +141,9 @@ def serve_reward(
     if warning:
         typer.echo(warning, err=True)
     quiet_libraries()
-    if served is not None and served.term is not None:
-        serve(settings, term=served.term, params=served.params, announce=lambda line: typer.echo(line, err=True))
-        return
-    serve(settings, announce=lambda line: typer.echo(line, err=True))
+    term, params = (served.term, served.params) if served is not None else (None, None)
+    if term is None and looks_like_run(settings.model):  # a reward model's run (purplerl reward-model) or checkpoint
+        term, params = RM_TERM, {"run": settings.model, "device": settings.device, "batch_size": settings.batch_size}
+        settings = settings.model_copy(update={name: RewardServerConfig.model_fields[name].default
+                                               for name in ("model", "device", "batch_size")})
+    serve(settings, term=term, params=params, announce=lambda line: typer.echo(line, err=True))

@@ -223,6 +223,7 @@ class ToxicityConfig(ClassifierConfig):
 class RewardServerConfig(ClassifierConfig):
     """Settings of `purplerl serve-reward` (its own process, not part of a run's Config)."""
 
+    model: str = Field("embedded", description="'embedded' (alt-profanity-check), an HF sequence-classification id/path, or a reward model's run dir or checkpoint (purplerl reward-model; its term's parameters: --serve.term reward_model)")
     # the server refuses a label for the embedded scorer itself, naming --label (purplerl.rewards.served)
     label: str | int | None = Field(None, description="HF classifier output scored: label name or index (required for HF models)")
     host: str = Field("127.0.0.1", description="address to listen on (a non-loopback address without an API key is warned about)")

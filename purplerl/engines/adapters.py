@@ -4,6 +4,11 @@ One base carries the policy, or attacker + defender, or retain + forget adapters
 samples, scores and trains, and `disable_adapter()` gives the base itself (the KL reference) for all of them.
 Full-parameter fine-tuning (`FullWeights`) is the same machinery with one adapter, "default", whose weights
 are every parameter of the model.
+
+An adapter may carry a scalar head, Linear(hidden_size, 1) on the final hidden state at every position: the
+reward model's score, or a critic's value (each member of a reward-model ensemble, or the critic, is its own
+adapter with its own head over the one base). The head is one more part of the adapter's weights: trained by its
+optimizer, saved beside its LoRA weights (HEAD_FILE in the adapter's dir) and loaded with them.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from pathlib import Path
 import torch
 
 from purplerl.config import ModelConfig
-from purplerl.errors import UserError
+from purplerl.errors import UserError, first_line
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+HEAD_FILE = "scalar_head.safetensors"  # an adapter's scalar head, in its dir: {"weight": [1, H], "bias": [1]}, fp32
 
 
 def lora_config(cfg: ModelConfig):
@@ -30,9 +36,13 @@ def lora_config(cfg: ModelConfig):
                       target_modules=targets, task_type="CAUSAL_LM")
 
 
+def adapter_dir(checkpoint: Path, name: str) -> Path:
+    """Where PEFT's save_pretrained puts an adapter: `default` at the top, others in a subdir."""
+    return Path(checkpoint) / ("" if name == "default" else name)
+
+
 def adapter_weights_file(checkpoint: Path, name: str) -> Path:
-    """Where PEFT's save_pretrained puts an adapter's weights: `default` at the top, others in a subdir."""
-    return Path(checkpoint) / ("" if name == "default" else name) / "adapter_model.safetensors"
+    return adapter_dir(checkpoint, name) / "adapter_model.safetensors"
 
 
 @dataclass
@@ -40,6 +50,7 @@ class Adapter:
     params: list[torch.nn.Parameter]  # the adapter's weights, in the compute dtype
     master: list[torch.Tensor]  # fp32 copies the optimizer updates (the params themselves when fp32)
     optimizer: torch.optim.Optimizer
+    head: torch.nn.Linear | None = None  # its scalar head; its weight and bias are the last two of `params`
 
     def accumulate_master_grads(self) -> None:
         if self.master is self.params:
@@ -50,15 +61,59 @@ class Adapter:
                 p.grad = None
 
 
-def new_adapter(params: list[torch.nn.Parameter], compute_dtype: torch.dtype) -> Adapter:
+def new_adapter(params: list[torch.nn.Parameter], compute_dtype: torch.dtype,
+                head: torch.nn.Linear | None = None) -> Adapter:
     """Trainable weights in the compute dtype, with fp32 masters (the weights themselves in fp32) and AdamW."""
+    params = params + ([] if head is None else [head.weight, head.bias])
     if compute_dtype == torch.float32:
         master = params
     else:
         master = [p.detach().float().clone() for p in params]
         for p in params:
             p.data = p.data.to(compute_dtype)
-    return Adapter(params, master, torch.optim.AdamW(master, lr=1e-4))
+    return Adapter(params, master, torch.optim.AdamW(master, lr=1e-4), head)
+
+
+def new_head(model: torch.nn.Module) -> torch.nn.Linear:
+    """A fresh fp32 scalar head on the model's device, drawn from the global RNG: weight ~ N(0, initializer_range)
+    as Hugging Face initializes a sequence classifier's score layer (0.02 when the config has none), bias 0."""
+    config = model.config
+    head = torch.nn.Linear(config.hidden_size, 1, device=next(model.parameters()).device, dtype=torch.float32)
+    with torch.no_grad():
+        head.weight.normal_(0.0, getattr(config, "initializer_range", 0.02))
+        head.bias.zero_()
+    return head
+
+
+def read_head(head: torch.nn.Linear, path: Path) -> None:
+    """Copy the head saved at `path` into `head` (its fp32 weights); UserError for a missing, unreadable or
+    misshapen file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise UserError(f"{path.parent} holds no scalar head ({HEAD_FILE})")
+    try:
+        state = load_file(str(path), device=str(head.weight.device))
+    except (SafetensorError, OSError) as err:
+        raise UserError(f"cannot read {path}: {first_line(err)}") from None
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    if shapes != {"weight": tuple(head.weight.shape), "bias": tuple(head.bias.shape)}:
+        raise UserError(f"the scalar head in {path} does not match the model: tensors {shapes}, expected weight "
+                        f"{tuple(head.weight.shape)} and bias {tuple(head.bias.shape)}")
+    with torch.no_grad():
+        head.weight.copy_(state["weight"])
+        head.bias.copy_(state["bias"])
+
+
+def write_head(head: torch.nn.Linear, path: Path) -> None:
+    """Save the head's weights as fp32 safetensors, written by Python (a full disk raises OSError)."""
+    from safetensors.torch import save
+
+    data = save({"weight": head.weight.detach().float().contiguous().cpu(),
+                 "bias": head.bias.detach().float().contiguous().cpu()})
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 class AdapterSet:
@@ -87,15 +142,21 @@ class AdapterSet:
         marker = f".{name}."
         return [p for n, p in self.model.named_parameters() if "lora_" in n and marker in n]
 
-    def register(self, name: str) -> None:
-        """Track the adapter `name` that PEFT already holds: its weights, masters and optimizer."""
+    @property
+    def heads(self) -> list[str]:
+        return [name for name, adapter in self._adapters.items() if adapter.head is not None]
+
+    def register(self, name: str, head: torch.nn.Linear | None = None) -> None:
+        """Track the adapter `name` that PEFT already holds: its weights (and head), masters and optimizer."""
         params = self._params_of(name)
         if not params:
             raise UserError(f"the LoRA adapter '{name}' has no trainable parameters")
-        self._adapters[name] = new_adapter(params, self.compute_dtype)
+        self._adapters[name] = new_adapter(params, self.compute_dtype, head)
         self.activate(self.active if self.active in self._adapters else name)
 
-    def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None) -> None:
+    def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None, head: bool = False) -> None:
+        """Add the adapter `name`: fresh, or loaded from the PEFT dir `init`; with `head`, a scalar head too (the
+        one saved in `init` when it holds one, else a fresh one)."""
         if not _NAME.match(name):
             raise UserError(f"adapter name {name!r} must be a plain identifier (letters, digits, _)")
         if name in self._adapters:
@@ -107,7 +168,14 @@ class AdapterSet:
             self.model.load_adapter(str(init), adapter_name=name, is_trainable=True)
         else:
             self.model.add_adapter(name, lora_config(cfg))
-        self.register(name)
+        scalar = new_head(self.model) if head else None  # drawn after the LoRA weights: they match a headless one's
+        if scalar is not None and init is not None and (Path(init) / HEAD_FILE).is_file():
+            try:
+                read_head(scalar, Path(init) / HEAD_FILE)
+            except UserError:
+                self.model.delete_adapter(name)
+                raise
+        self.register(name, scalar)
 
     def activate(self, name: str) -> None:
         self.get(name)
@@ -116,6 +184,38 @@ class AdapterSet:
         for adapter_name, adapter in self._adapters.items():  # only the active adapter is trained
             for p in adapter.params:
                 p.requires_grad_(adapter_name == name)
+
+    def load_weights(self, name: str, weights: Path) -> None:
+        """Load an adapter's LoRA weights (a PEFT adapter_model.safetensors) and, when it has a head, the head saved
+        beside them, into its fp32 masters (the compute-dtype copies follow)."""
+        from peft import set_peft_model_state_dict
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        if not weights.is_file():
+            raise UserError(f"{weights.parent} holds no adapter_model.safetensors")
+        try:
+            state = load_file(str(weights), device=str(next(self.model.parameters()).device))
+        except (SafetensorError, OSError) as err:
+            raise UserError(f"cannot read {weights}: {first_line(err)}") from None
+        with self.fp32_weights():  # loads in place into the masters; the bf16 copies follow on exit
+            try:
+                result = set_peft_model_state_dict(self.model, state, adapter_name=name)
+            except RuntimeError as err:  # a tensor of another shape: another LoRA rank or model
+                raise UserError(f"adapter in {weights.parent} does not match the model: {first_line(err)}") from None
+            head, saved = self.get(name).head, (weights.parent / HEAD_FILE).is_file()
+            if head is None and saved:
+                raise UserError(f"{weights.parent} holds a scalar head, but this engine's adapter '{name}' has none")
+            if head is not None:
+                read_head(head, weights.parent / HEAD_FILE)  # refuses a checkpoint without one
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise UserError(f"adapter in {weights.parent} does not match the model ({len(unexpected)} unexpected keys)")
+
+    def save_heads(self, path: Path) -> None:
+        """Each head beside its adapter's weights in a checkpoint `path` (call inside `fp32_weights`)."""
+        for name in self.heads:
+            write_head(self._adapters[name].head, adapter_dir(path, name) / HEAD_FILE)
 
     @contextlib.contextmanager
     def fp32_weights(self):
@@ -152,10 +252,10 @@ class FullWeights(AdapterSet):
             raise UserError(f"no adapter '{name}': {FULL_ONLY_DEFAULT}")
         return super().get(name)
 
-    def register(self, name: str) -> None:
+    def register(self, name: str, head: torch.nn.Linear | None = None) -> None:
         raise UserError(f"cannot add adapter '{name}': {FULL_ONLY_DEFAULT}")
 
-    def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None) -> None:
+    def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None, head: bool = False) -> None:
         self.register(name)
 
     def activate(self, name: str) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.engines.distributed import World
-from purplerl.errors import ExperimentError
+from purplerl.errors import ExperimentError, UserError
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
 
@@ -36,6 +36,12 @@ def check_prompts(prompt_tokens: list[list[int]], n: int) -> None:
         raise ExperimentError(f"sample() got {len(prompt_tokens)} prompts x n={n}: nothing to sample")
     if any(len(p) == 0 for p in prompt_tokens):
         raise ExperimentError("sample() got an empty prompt")
+
+
+def refuse_heads(kind: str) -> UserError:
+    """What an engine without scalar heads raises when asked for one."""
+    return UserError(f"the {kind} engine has no scalar heads (reward models, critics): train and score them with "
+                     "--engine local")
 
 
 def check_batch(batch: TrainBatch, loss: Loss | None = None) -> None:
@@ -75,6 +81,11 @@ class Engine(Protocol):
         positions where targets_NT is 1 are computed (default: every token after the first); the rest are 0."""
         ...
 
+    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
+        """Values [N, T] of the active adapter's scalar head at every position, 0 on padding (a reward model reads
+        each sequence's last real token). Only the local engine has scalar heads; others refuse (`refuse_heads`)."""
+        ...
+
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         """Compute a registered loss on the batch and accumulate its gradients into the active adapter."""
         ...
@@ -95,8 +106,9 @@ class Engine(Protocol):
     @property
     def active_adapter(self) -> str: ...
 
-    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
-        """Add an adapter: fresh, or loaded from a PEFT dir."""
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
+        """Add an adapter: fresh, or loaded from a PEFT dir; with `head`, a scalar head Linear(hidden_size, 1) on
+        the final hidden state too (the PEFT dir's, when it saved one): a reward-model member or a critic."""
         ...
 
     def use_adapter(self, name: str) -> None:

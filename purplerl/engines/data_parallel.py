@@ -44,7 +44,8 @@ def rank_seed(seed: int, rank: int) -> int:
 
 def normalizer_count(batch: TrainBatch, loss: Loss | None) -> int:
     """The count the loss divides its sum by: loss tokens for token_mean, else sequences."""
-    if loss is not None and loss.definition.consumes != "sequences" and loss.aggregation == "token_mean":
+    whole_batch = loss is not None and loss.definition.consumes in ("sequences", "values")  # a mean over the batch
+    if loss is not None and not whole_batch and loss.aggregation == "token_mean":
         return batch.num_loss_tokens
     return batch.num_sequences
 
@@ -87,8 +88,8 @@ class DataParallelEngine:
                         p.copy_(m)
         self.inner.use_adapter(active)
 
-    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
-        self.inner.create_adapter(name, init)
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
+        self.inner.create_adapter(name, init, head=head)
         self._broadcast_weights()
 
     def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
@@ -130,6 +131,9 @@ class DataParallelEngine:
 
     def logprobs(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self.inner.logprobs(*args, **kwargs)
+
+    def values(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.inner.values(*args, **kwargs)
 
     def use_adapter(self, name: str) -> None:
         self.inner.use_adapter(name)

@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -293,3 +294,22 @@ def load_peft_adapter(base, adapter_dir: str | Path, trainable: bool = True):
         why = (f"its weights do not fit this model ({mismatch[:300]}); was it trained on another base model?"
                if mismatch else first_line(err)[:300])
         raise UserError(f"cannot load adapter {adapter_dir}: {why}") from None
+
+
+def load_tensors(path: Path, device: torch.device):
+    """torch.load restricted to tensors and plain containers: a pickle that would run code is refused, unrun."""
+    import pickle
+
+    if not path.is_file():
+        raise UserError(f"{path} is missing")
+    try:
+        with warnings.catch_warnings():
+            # a pickle torch.save did not write (the planted kind) draws a protocol warning just before the
+            # refusal: the refusal below is the one line that says it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        raise UserError(f"{path} holds objects other than tensors and plain values: refused without "
+                        "unpickling them (only tensors are ever loaded from a checkpoint)") from None
+    except (RuntimeError, OSError, EOFError) as err:
+        raise UserError(f"cannot read {path}: {first_line(err)}") from None

@@ -46,6 +46,9 @@ class LocalEngine:
         return self.trainer.logprobs(input_ids_NT, attention_mask_NT, reference=reference, temperature=temperature,
                                      targets_NT=targets_NT)
 
+    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
+        return self.trainer.values(input_ids_NT, attention_mask_NT)
+
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         return self.trainer.forward_backward(batch, loss)
 
@@ -63,8 +66,12 @@ class LocalEngine:
     def active_adapter(self) -> str:
         return self.trainer.active_adapter
 
-    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
-        self.trainer.create_adapter(name, init)
+    @property
+    def heads(self) -> list[str]:
+        return self.trainer.heads
+
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
+        self.trainer.create_adapter(name, init, head=head)
 
     def use_adapter(self, name: str) -> None:
         self.trainer.use_adapter(name)

@@ -4,7 +4,8 @@ each hold one.
 
 The PEFT model serves as the LoRA policy (adapter on) and as the frozen base for KL (adapter disabled, never a
 second copy). Scoring (`logprobs`, `forward_backward`) runs through purplerl.engines.local_scoring: the decoder
-once, the LM head only at the scored positions.
+once, the LM head only at the scored positions. An adapter may carry a scalar head (purplerl.engines.adapters):
+`values` reads it at every position, and losses that consume "values" train it with its adapter.
 
 With `model.finetune: full` there is no PEFT wrapping: every weight of the model trains (fp32 masters and AdamW
 as for an adapter), and the KL reference is the initial model, loaded again from `model.name` the first time a
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import warnings
 import zlib
 from pathlib import Path
 
@@ -26,20 +26,28 @@ import torch.nn.functional as F
 from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import ModelConfig
-from purplerl.engines.adapters import AdapterSet, FullWeights, adapter_weights_file, lora_config
+from purplerl.engines.adapters import (
+    HEAD_FILE,
+    AdapterSet,
+    FullWeights,
+    adapter_dir,
+    adapter_weights_file,
+    lora_config,
+)
 from purplerl.engines.base import EngineSettings, check_batch
 from purplerl.engines.full_weights import copy_weights, read_weights, refuse_other_kind, save_model_dir
 from purplerl.engines.fused_lora import install_fused_lora
 from purplerl.engines.loading import (
     load_causal_lm,
     load_peft_adapter,
+    load_tensors,
     load_tokenizer,
     read_adapter_config,
     resolve_device,
     resolve_dtype,
     stop_token_ids,
 )
-from purplerl.engines.local_scoring import autocast, full_logits, micro_batches, target_logprobs
+from purplerl.engines.local_scoring import autocast, final_hidden, full_logits, micro_batches, target_logprobs
 from purplerl.errors import ExperimentError, UserError, first_line
 from purplerl.types import AdamParams, TrainBatch
 
@@ -123,12 +131,13 @@ class LocalTrainer:
     def active_adapter(self) -> str:
         return self._adapters.active
 
-    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
         """Add a LoRA adapter `name` on the same base: fresh (LoRA B = 0, so it starts as the base; shaped by the
-        model config) or loaded from a PEFT dir `init`. It does not become active: see `use_adapter`."""
+        model config) or loaded from a PEFT dir `init`; with `head`, a scalar head too (init's, when it saved one).
+        It does not become active: see `use_adapter`."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed + zlib.crc32(name.encode()))  # its own A matrices, global RNG untouched
-            self._adapters.create(name, self.cfg, init)
+            torch.manual_seed(self.seed + zlib.crc32(name.encode()))  # its own A matrices and head; global RNG kept
+            self._adapters.create(name, self.cfg, init, head=head)
         if self.settings.fused_lora and not self.full:
             install_fused_lora(self.model)
 
@@ -136,6 +145,11 @@ class LocalTrainer:
         """Make `name` the adapter that samples, scores and trains."""
         self._adapters.activate(name)
         self.touch()
+
+    @property
+    def heads(self) -> list[str]:
+        """Names of the adapters that carry a scalar head."""
+        return self._adapters.heads
 
     @property
     def trainable(self) -> list[torch.nn.Parameter]:
@@ -200,6 +214,31 @@ class LocalTrainer:
             raise ExperimentError(f"non-finite {'reference' if reference else 'policy'} logprobs")
         return out
 
+    def _values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
+        """fp32 values [N, T] of the active adapter's head (0 on padding)."""
+        head = self._adapters.current.head
+        if head is None:
+            raise UserError(f"adapter '{self.active_adapter}' has no scalar head (create_adapter(name, head=True) "
+                            f"makes one; adapters with a head: {', '.join(self.heads) or 'none'})")
+        hidden_NTH = final_hidden(self.causal_lm, input_ids_NT, attention_mask_NT, self.settings.autocast_bf16)
+        with self.autocast():
+            values_NT = head(hidden_NTH.to(head.weight.dtype))[..., 0]
+        return values_NT.float() * attention_mask_NT
+
+    @torch.no_grad()
+    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
+        """Values [N, T] of the active adapter's scalar head at every position (0 on padding)."""
+        self.model.eval()
+        ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
+        out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
+        for rows in self.micro_batches(attn):
+            width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
+            out[rows, :width] = self._values(ids[rows, :width], attn[rows, :width])
+        out = out.cpu()
+        if not torch.isfinite(out).all():
+            raise ExperimentError(f"non-finite values from the head of adapter '{self.active_adapter}'")
+        return out
+
     # ----- training ---------------------------------------------------------------------------------
 
     def _parts(self, batch: TrainBatch):
@@ -215,9 +254,9 @@ class LocalTrainer:
         """Accumulate the gradient of a registered loss on the batch into the active adapter."""
         definition = loss.definition
         check_batch(batch, loss)
-        if definition.consumes == "sequences":
+        if definition.consumes in ("sequences", "values"):  # whole-batch losses
             return self._linearized_backward(batch, lambda lp, inputs: definition.fn(lp, inputs, loss.params),
-                                             loss.temperature)
+                                             loss.temperature, head=definition.consumes == "values")
         self.model.train()
         generator = torch.Generator(device=self.device).manual_seed(loss.seed)
         totals: dict[str, float] = {}
@@ -253,26 +292,31 @@ class LocalTrainer:
         check_batch(batch)
         return self._linearized_backward(batch, loss.fn, loss.temperature)
 
-    def _linearized_backward(self, batch: TrainBatch, fn, temperature: float) -> dict[str, float]:
+    def _linearized_backward(self, batch: TrainBatch, fn, temperature: float, head: bool = False) -> dict[str, float]:
         """The gradient of fn(logprobs of the whole batch) in one micro-batch of memory: logprobs without
         gradient, the loss and dloss/dlogprobs from them, then per micro-batch the backward pass of
         sum(dloss/dlogprobs * logprobs), whose gradient is exactly the chain rule's. (Exact when the forward
-        pass is deterministic: LoRA dropout would draw other masks in the two passes.)"""
+        pass is deterministic: LoRA dropout would draw other masks in the two passes.) With `head`, the same with
+        the values of the active adapter's scalar head in place of the logprobs (a "values" loss)."""
         targets_NT = (batch.loss_mask_NT != 0).long()
-        logp_NT = self.logprobs(batch.input_ids_NT, batch.attention_mask_NT, temperature=temperature,
-                                targets_NT=targets_NT).requires_grad_(True)
+        if head:
+            logp_NT = self.values(batch.input_ids_NT, batch.attention_mask_NT).requires_grad_(True)
+        else:
+            logp_NT = self.logprobs(batch.input_ids_NT, batch.attention_mask_NT, temperature=temperature,
+                                    targets_NT=targets_NT).requires_grad_(True)
         out = fn(logp_NT, batch.inputs())
         value, metrics = (out, {}) if isinstance(out, torch.Tensor) else out  # the metrics dict is optional
         if not isinstance(value, torch.Tensor) or value.numel() != 1 or not torch.isfinite(value):
             raise ExperimentError(f"the loss must be one finite number, got {value!r}"[:200])
         value.backward()
         if logp_NT.grad is None:
-            raise ExperimentError("the loss does not depend on the logprobs it was given")
+            raise ExperimentError(f"the loss does not depend on the {'values' if head else 'logprobs'} it was given")
         grad_NT = logp_NT.grad
         self.model.train()
         for rows, width, part in self._parts(batch):
-            lp = self._target_logprobs(part["input_ids_NT"], part["attention_mask_NT"],
-                                       targets_NT[rows, :width].to(self.device), temperature)
+            ids, attn = part["input_ids_NT"], part["attention_mask_NT"]
+            lp = self._values(ids, attn) if head else self._target_logprobs(
+                ids, attn, targets_NT[rows, :width].to(self.device), temperature)
             (lp * grad_NT[rows, :width].to(self.device)).sum().backward()
             self._adapters.current.accumulate_master_grads()
         return {"loss": float(value.detach()), **{k: float(v) for k, v in metrics.items()},
@@ -306,6 +350,7 @@ class LocalTrainer:
                 save_model_dir(self.model, self.tokenizer, path)
             else:
                 self.model.save_pretrained(path, selected_adapters=self.adapters)
+                self._adapters.save_heads(path)
         # sampling draws from its own seeded generator; the global RNG still drives LoRA dropout
         rng = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
@@ -332,8 +377,9 @@ class LocalTrainer:
             names = ["default", *sorted(d.name for d in path.iterdir() if (d / "adapter_config.json").is_file())]
             for name in names:
                 if name not in self.adapters:
-                    self.create_adapter(name)
-                self._load_weights(name, adapter_weights_file(path, name))
+                    self.create_adapter(name, head=(adapter_dir(path, name) / HEAD_FILE).is_file())
+                self._adapters.load_weights(name, adapter_weights_file(path, name))
+                self.touch()
         state = load_tensors(path / OPTIMIZER_FILE, self.device)
         # a checkpoint of one unnamed adapter (purplerl before named adapters) holds a plain state dict
         optimizers = state.get("adapters") if isinstance(state, dict) and "adapters" in state else {"default": state}
@@ -351,43 +397,3 @@ class LocalTrainer:
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])
-
-    def _load_weights(self, name: str, weights: Path) -> None:
-        from peft import set_peft_model_state_dict
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        if not weights.is_file():
-            raise UserError(f"{weights.parent} holds no adapter_model.safetensors")
-        try:
-            state = load_file(str(weights), device=str(self.device))
-        except (SafetensorError, OSError) as err:
-            raise UserError(f"cannot read {weights}: {first_line(err)}") from None
-        with self.fp32_adapter():  # loads in place into the masters; the bf16 copies follow on exit
-            try:
-                result = set_peft_model_state_dict(self.model, state, adapter_name=name)
-            except RuntimeError as err:  # a tensor of another shape: another LoRA rank or model
-                raise UserError(f"adapter in {weights.parent} does not match the model: {first_line(err)}") from None
-        unexpected = getattr(result, "unexpected_keys", [])
-        if unexpected:
-            raise UserError(f"adapter in {weights.parent} does not match the model ({len(unexpected)} unexpected keys)")
-        self.touch()
-
-
-def load_tensors(path: Path, device: torch.device):
-    """torch.load restricted to tensors and plain containers: a pickle that would run code is refused, unrun."""
-    import pickle
-
-    if not path.is_file():
-        raise UserError(f"{path} is missing")
-    try:
-        with warnings.catch_warnings():
-            # a pickle torch.save did not write (the planted kind) draws a protocol warning just before the
-            # refusal: the refusal below is the one line that says it
-            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-            return torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError:
-        raise UserError(f"{path} holds objects other than tensors and plain values: refused without "
-                        "unpickling them (only tensors are ever loaded from a checkpoint)") from None
-    except (RuntimeError, OSError, EOFError) as err:
-        raise UserError(f"cannot read {path}: {first_line(err)}") from None

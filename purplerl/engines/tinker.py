@@ -45,7 +45,7 @@ import torch
 from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import EngineConfig, ModelConfig
-from purplerl.engines.base import check_batch, check_prompts
+from purplerl.engines.base import check_batch, check_prompts, refuse_heads
 from purplerl.engines.distributed import SINGLE, World
 from purplerl.engines.loading import load_tokenizer, stop_token_ids
 from purplerl.engines.tinker_data import (
@@ -158,7 +158,9 @@ class TinkerEngine:
     def active_adapter(self) -> str:
         return self._active
 
-    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
+        if head:
+            raise refuse_heads("tinker")
         if init is not None:
             raise UserError("the tinker engine cannot load a local PEFT adapter into the service")
         if name in self._clients:
@@ -220,6 +222,9 @@ class TinkerEngine:
                           text=self.tokenizer.decode(list(tokens), skip_special_tokens=True),
                           finish_reason="stop" if seq.stop_reason == "stop" else "length")
 
+    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
+        raise refuse_heads("tinker")
+
     def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
                  reference: bool = False, temperature: float = 1.0,
                  targets_NT: torch.Tensor | None = None) -> torch.Tensor:
@@ -275,6 +280,8 @@ class TinkerEngine:
         if definition.consumes == "logits":
             raise ExperimentError(f"loss '{loss.name}' needs the full next-token logits, which the Tinker API "
                                   "does not return")
+        if definition.consumes == "values":
+            raise refuse_heads("tinker")
         _refuse_temperature(loss.temperature, f"loss '{loss.name}'")
 
         def registered(lp_NT: torch.Tensor, inputs) -> tuple[torch.Tensor, dict[str, float]]:

@@ -13,7 +13,8 @@ STEP_TIME = "time/step_s"
 
 
 def format_metrics(metrics: dict[str, float], watched: tuple[str, ...] = ()) -> str:
-    shown = {**SHOWN, **{key: key.split("/")[0] for key in watched}}
+    # "toxicity/mean" shows as "toxicity"; "train/loss" and "eval/loss" keep their prefix, which tells them apart
+    shown = {**SHOWN, **{key: key.removesuffix("/mean") for key in watched}}
     parts = [f"{label} {metrics[key]:.3f}" for key, label in shown.items() if key in metrics]
     return "  ".join(parts + ([f"s/step {metrics[STEP_TIME]:.1f}"] if STEP_TIME in metrics else []))
 

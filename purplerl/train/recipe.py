@@ -23,6 +23,7 @@ from purplerl.config.migrate import migrate_shared
 from purplerl.config.sections import RewardBase, RLSettings, RunSettings
 from purplerl.engines.base import Engine
 from purplerl.rewards.registry import REWARD_TERMS
+from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 from purplerl.train.loop import EarlyStop, StepFn
 
 # the engine and the run dir (which a new run creates only after binding: write into it from the steps on) -> the

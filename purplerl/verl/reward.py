@@ -23,6 +23,7 @@ from typing import Any
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.base import Scorer, checked_values
 from purplerl.rewards.registry import get_term, term_params
+from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 
 SETTINGS_FILE = "purplerl_reward.json"
 TOTAL_KEY = "score"  # the key veRL's reward managers read the reward from

@@ -1,0 +1,185 @@
+"""A trained reward model, loaded from its run, as the registered reward term `reward_model`.
+
+A reward-model run (`purplerl reward-model`) leaves checkpoints whose adapters carry scalar heads: K ensemble
+members over one base model. `RewardModelScorer` loads the newest intact checkpoint of a run (or a checkpoint
+named directly) for scoring only (no optimizer state): the base once, each member as its own adapter with its
+head. It prompts as the run trained: the run's base model, chat template, system prompt and token limits
+(runs/<run>/config.yaml). An answer's score is its head's value at its last token; the reward is the members'
+mean minus `penalty` x their standard deviation (algorithms.reward_model.ensemble_reward).
+
+Importing this module registers the term (a text term: RL rewards, eval judges, `serve-reward` and veRL's hook all
+build it by name); the layers above that build terms by name import it. The run's config.yaml records the
+checkpoint that scored, so a resumed RL run refuses a reward model that has changed since.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from purplerl.config import ModelLoadConfig, PromptFormatConfig, read_config_file
+from purplerl.config.base import Section
+from purplerl.errors import ExperimentError, UserError
+from purplerl.rewards.registry import RewardTerm, ScoringInput, TermFn, TermOutput, register_term
+from purplerl.runs.checkpoints import describe_skipped, newest_intact, verify_checkpoint
+from purplerl.runs.layout import CHECKPOINTS_DIR, CONFIG_FILE, run_config_of
+
+TERM = "reward_model"
+
+
+class RewardModelParams(Section):
+    """The `reward_model` term's parameters."""
+
+    run: str | None = Field(None, description="a reward-model run dir (purplerl reward-model), whose newest intact checkpoint scores, or one of its checkpoints")  # noqa: E501
+    penalty: float = Field(0.0, ge=0.0, description="lambda: the reward is the ensemble's mean score - lambda x its std over members (Coste et al. 2023); 0: the mean")  # noqa: E501
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the reward model runs ('auto': cuda when available)")  # noqa: E501
+    batch_size: int = Field(16, ge=1, description="answers per forward pass")
+    checkpoint: str | None = Field(None, description="metadata, not a setting: the checkpoint that scored, recorded at start; a resumed run refuses another")  # noqa: E501
+
+    def incomplete(self) -> str | None:
+        return "run: name the reward model's run dir (purplerl reward-model)" if self.run is None else None
+
+
+def looks_like_run(path: str | Path) -> bool:
+    """Whether `path` is a run dir or a checkpoint inside one (not a model dir): what `serve-reward --model`
+    serves as a reward model."""
+    path = Path(path)
+    return path.is_dir() and ((path / CONFIG_FILE).is_file() or run_config_of(path) is not None)
+
+
+def reward_model_checkpoint(path: str | Path) -> tuple[Path, list[str]]:
+    """(the checkpoint to score with, its members: the adapters that carry a scalar head) of a run dir (its newest
+    intact checkpoint) or of a checkpoint of a run; UserError for anything else."""
+    from purplerl.engines.adapters import HEAD_FILE, adapter_dir
+
+    path = Path(path)
+    if (path / CONFIG_FILE).is_file():
+        checkpoint, skipped = newest_intact(path)
+        if checkpoint is None:
+            why = f" ({describe_skipped(skipped)})" if skipped else ""
+            raise UserError(f"{path} holds no intact checkpoint in {CHECKPOINTS_DIR}/{why}: train the reward model "
+                            "first (purplerl reward-model)")
+    elif run_config_of(path) is not None:
+        reason = verify_checkpoint(path)
+        if reason is not None:
+            raise UserError(f"checkpoint {path} cannot be trusted: {reason}")
+        checkpoint = path
+    else:
+        raise UserError(f"{path} is neither a reward-model run dir nor a checkpoint of one (runs/<run>/checkpoints/"
+                        "step_N)")
+    names = ["default", *sorted(d.name for d in checkpoint.iterdir() if (d / "adapter_config.json").is_file())]
+    members = [name for name in names if (adapter_dir(checkpoint, name) / HEAD_FILE).is_file()]
+    if not members:
+        raise UserError(f"{checkpoint} holds no adapter with a scalar head: it is not a reward model's checkpoint")
+    return checkpoint, members
+
+
+def member_scores(engine: Any, members: list[str], input_ids_NT: torch.Tensor,
+                  attention_mask_NT: torch.Tensor) -> torch.Tensor:
+    """scores_KN: each member's (adapter + head's) value at each sequence's last real token."""
+    from purplerl.algorithms.reward_model import last_token_values
+
+    scores = []
+    for name in members:
+        engine.use_adapter(name)
+        scores.append(last_token_values(engine.values(input_ids_NT, attention_mask_NT), attention_mask_NT))
+    return torch.stack(scores)
+
+
+class RewardModelScorer:
+    """A reward-model run's ensemble, loaded for scoring: `score` gives mean - penalty x std of each answer."""
+
+    name = TERM
+
+    def __init__(self, run: str | Path, penalty: float = 0.0, device: str = "auto", batch_size: int = 16) -> None:
+        from purplerl.data.preference import end_of_turn_id
+        from purplerl.engines import EngineSettings, make_engine
+        from purplerl.engines.adapters import adapter_dir
+        from purplerl.runs.policy import resolve_policy
+
+        self.checkpoint, self.members = reward_model_checkpoint(run)
+        self.penalty, self.batch_size = penalty, batch_size
+        policy = resolve_policy(self.checkpoint, ModelLoadConfig(device=device), PromptFormatConfig())
+        self.prompt = policy.prompt
+        self.max_answer_tokens = _max_answer_tokens(Path(policy.run_config))
+        # a scorer never samples: no merged copy of the weights for a sampler
+        self.engine = make_engine(policy.model.model_copy(update={"init_adapter": None}),
+                                  settings=EngineSettings(merged_sampler=False))
+        for name in self.members:
+            self.engine.create_adapter(name, init=adapter_dir(self.checkpoint, name), head=True)
+        tokenizer = self.engine.tokenizer
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        self.end_id = end_of_turn_id(tokenizer, self.prompt.template)
+
+    @classmethod
+    def from_params(cls, params: RewardModelParams) -> RewardModelScorer:
+        if params.run is None:
+            raise UserError(f"reward term '{TERM}' needs run: the reward model's run dir (purplerl reward-model)")
+        return cls(params.run, params.penalty, params.device, params.batch_size)
+
+    def member_scores(self, texts: list[str], prompts: list[str] | None) -> torch.Tensor:
+        """scores_KN of every member for each answer `texts[n]` to the user prompt `prompts[n]`."""
+        from purplerl.data.preference import encode_answer
+        from purplerl.data.sft import pad_batch
+
+        if prompts is None:
+            raise UserError(f"reward model {self.checkpoint} scores an answer to its prompt: give the prompts")
+        if len(prompts) != len(texts):
+            raise ExperimentError(f"reward model got {len(prompts)} prompts for {len(texts)} answers")
+        p = self.prompt
+        encoded = [encode_answer(self.engine.tokenizer, ({"role": "user", "content": prompt},), text, f"answer {i}",
+                                 p.template, p.system_prompt, p.max_prompt_tokens, self.max_answer_tokens,
+                                 end_id=self.end_id)
+                   for i, (text, prompt) in enumerate(zip(texts, prompts, strict=True))]
+        chunks = []
+        for start in range(0, len(encoded), self.batch_size):
+            batch = pad_batch(encoded[start:start + self.batch_size], self.pad_id)
+            chunks.append(member_scores(self.engine, self.members, batch.input_ids_NT, batch.attention_mask_NT))
+        return torch.cat(chunks, dim=1) if chunks else torch.zeros(len(self.members), 0)
+
+    def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
+        from purplerl.algorithms.reward_model import ensemble_reward
+
+        _, _, reward_N = ensemble_reward(self.member_scores(texts, prompts), self.penalty)
+        return reward_N.tolist()
+
+
+def _max_answer_tokens(run_config: Path) -> int:
+    """The longest answer the run trained on (its data.max_answer_tokens): longer answers are cut the same way."""
+    data = read_config_file(run_config).get("data")
+    value = data.get("max_answer_tokens") if isinstance(data, dict) else None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UserError(f"{run_config} has no data.max_answer_tokens: not the config of a reward-model run")
+    return value
+
+
+def _recorded(params: RewardModelParams, scorer: RewardModelScorer) -> None:
+    """Write the checkpoint that scores into the run's config (saved in config.yaml); a config that names
+    another one (a resumed run) is refused: its rewards came from that one."""
+    used = str(scorer.checkpoint.resolve())
+    if params.checkpoint is not None and params.checkpoint != used:
+        raise UserError(f"this run was scored by the reward model {params.checkpoint}, but {params.run} now gives "
+                        f"{used}: set reward.{TERM}.run to the checkpoint it used to resume")
+    params.checkpoint = used
+
+
+def _term(params: RewardModelParams) -> TermFn:
+    """The training reward: mean - penalty x std per answer, with the mean and std logged."""
+    from purplerl.algorithms.reward_model import ensemble_reward
+
+    scorer = RewardModelScorer.from_params(params)
+    _recorded(params, scorer)
+
+    def reward(batch: ScoringInput) -> TermOutput:
+        mean_N, std_N, reward_N = ensemble_reward(scorer.member_scores(batch.texts, batch.prompts), params.penalty)
+        return TermOutput(reward_N, {f"{TERM}_mean": mean_N, f"{TERM}_std": std_N})
+
+    return reward
+
+
+register_term(RewardTerm(
+    TERM, "a trained reward model's score (purplerl reward-model): its ensemble's mean minus penalty x std",
+    "text", RewardModelParams, _term, RewardModelScorer.from_params))
