@@ -71,6 +71,7 @@ PROMPTING = ("tests/eval/test_checkpoint_prompting.py",)
 A, K, G, L = ("purplerl/algorithms/advantages.py", "purplerl/algorithms/kl.py", "purplerl/algorithms/logprobs.py",
               "purplerl/algorithms/losses.py")
 NZ, LP, RG = "purplerl/algorithms/noiser.py", "purplerl/train/loop.py", "purplerl/algorithms/registry.py"
+PW = "purplerl/algorithms/pairwise.py"
 PF = "purplerl/algorithms/preference.py"
 DF, RL = "purplerl/recipes/defend.py", "purplerl/train/rl.py"
 ET, ES, EM = ("purplerl/engines/local_training.py", "purplerl/engines/local_scoring.py",
@@ -204,14 +205,14 @@ MUTATIONS = [
              "torch.where(mask_NT != 0, logprobs_NT * mask_NT, 0.0)", LOSS + REGISTERED),
     Mutation("registry-cross-entropy-unweighted", RG, "torch.where(mask_NT != 0, -logprobs_NT * mask_NT, 0.0)",
              "torch.where(mask_NT != 0, -logprobs_NT, 0.0)", LOSS + REGISTERED),
-    Mutation("registry-dpo-pair-sign", RG, "return pairs_P2[:, 0], pairs_P2[:, 1]",
+    Mutation("registry-dpo-pair-sign", PW, "return pairs_P2[:, 0], pairs_P2[:, 1]",
              "return pairs_P2[:, 1], pairs_P2[:, 0]", LOSS + PREF + REGISTERED),
     Mutation("registry-dpo-beta-dropped", PF, "logits_P = beta * (chosen_logratios_P - rejected_logratios_P)",
              "logits_P = (chosen_logratios_P - rejected_logratios_P)", LOSS + PREF + REGISTERED),
-    Mutation("registry-dpo-no-reference", RG,
+    Mutation("registry-dpo-no-reference", PW,
              'ref_N = (inputs["ref_logprobs_NT"].detach() * mask_NT).sum(-1) if reference else None',
              'ref_N = torch.zeros_like(logps_N) if reference else None', LOSS + PREF + REGISTERED),
-    Mutation("registry-dpo-margin-over-padding", RG, "logps_N = (logprobs_NT * mask_NT).sum(-1)",
+    Mutation("registry-dpo-margin-over-padding", PW, "logps_N = (logprobs_NT * mask_NT).sum(-1)",
              "logps_N = logprobs_NT.sum(-1)", LOSS + PREF + REGISTERED),
     Mutation("preference-cdpo-smoothing-sign", PF, "- label_smoothing * F.logsigmoid(-logits_P)",
              "+ label_smoothing * F.logsigmoid(-logits_P)", PREF),

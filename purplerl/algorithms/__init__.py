@@ -4,6 +4,7 @@ preference losses (DPO, IPO, SimPO, KTO, ORPO).
 Every function takes its knobs as arguments; nothing here imports config, engines or the trainer.
 """
 
+from purplerl.algorithms import pairwise  # noqa: F401 -- registers the pairwise losses
 from purplerl.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
     ADVANTAGES,

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from purplerl.algorithms.registry import BradleyTerryParams, Loss
+from purplerl.algorithms.pairwise import BradleyTerryParams
+from purplerl.algorithms.registry import Loss
 from purplerl.algorithms.reward_model import ensemble_pair_metrics
 from purplerl.config import PromptFormatConfig, RowSourceConfig, Section
 from purplerl.data.preference import EncodedPair, encode_pairs, held_out_by_prompt, load_pairs, pair_batch

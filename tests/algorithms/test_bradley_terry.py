@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from purplerl.algorithms.registry import BradleyTerryParams, get_loss_def
+from purplerl.algorithms.pairwise import BradleyTerryParams
+from purplerl.algorithms.registry import get_loss_def
 from purplerl.algorithms.reward_model import (
     bradley_terry_loss,
     ensemble_pair_metrics,

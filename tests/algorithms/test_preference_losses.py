@@ -19,8 +19,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from purplerl.algorithms.pairwise import DPOParams, KTOParams, ORPOParams, SimPOParams
 from purplerl.algorithms.preference import dpo_loss, kto_loss, log1mexp, orpo_loss, simpo_loss
-from purplerl.algorithms.registry import DPOParams, KTOParams, ORPOParams, SimPOParams, get_loss_def
+from purplerl.algorithms.registry import get_loss_def
 from purplerl.errors import ExperimentError, UserError
 from purplerl.types import TrainBatch
 

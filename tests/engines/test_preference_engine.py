@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from purplerl.algorithms.registry import DPOParams, KTOParams, Loss, ORPOParams, SimPOParams, get_loss_def
+from purplerl.algorithms.pairwise import DPOParams, KTOParams, ORPOParams, SimPOParams
+from purplerl.algorithms.registry import Loss, get_loss_def
 from purplerl.types import AdamParams, TrainBatch
 from tests.engines.test_registered_losses import (
     PAIRS_P2,

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from purplerl.algorithms.registry import CustomLoss, DPOParams, Loss, get_loss_def
+from purplerl.algorithms.pairwise import DPOParams
+from purplerl.algorithms.registry import CustomLoss, Loss, get_loss_def
 from purplerl.config import ModelConfig
 from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError

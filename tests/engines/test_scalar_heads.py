@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from purplerl.algorithms.registry import BradleyTerryParams, Loss
+from purplerl.algorithms.pairwise import BradleyTerryParams
+from purplerl.algorithms.registry import Loss
 from purplerl.algorithms.reward_model import bradley_terry_loss, last_token_values
 from purplerl.config import ModelConfig
 from purplerl.engines.adapters import HEAD_FILE
