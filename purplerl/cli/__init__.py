@@ -180,6 +180,44 @@ def tamper_test(
     typer.echo(f"wrote {out / 'tamper.json'}, {out / 'tamper.png'}, {out / 'summary.txt'}")
 
 
+def _pipeline() -> Command:
+    from purplerl.experiments.pipeline import PIPELINE
+
+    return PIPELINE
+
+
+@app.command(context_settings=OVERRIDES, cls=config_command(_pipeline), options_metavar="PIPELINE_FILE [OPTIONS]")
+@reports_errors
+def pipeline(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Option(help="the pipeline YAML or JSON file (or its first argument)")] = None,
+) -> None:
+    """Run the stages of PIPELINE_FILE in order (e.g. sft -> reward-model -> prefs -> eval): each policy stage starts
+    from the last passing stage's model, is merged, evaluated (refusal, utility, win rate against the model before
+    it, the adversarial validator) and rolled back when a gate fails. A later stage names an earlier one's output as
+    ${stages.NAME}.
+
+    Writes OUT/history.json (each stage's config, metrics, gates and decision), OUT/runs/, OUT/models/ and
+    OUT/evals/. Running it again resumes: decided stages are kept, an interrupted one continues from its run dir.
+    `purplerl report OUT` draws the stages side by side."""
+    from purplerl.experiments.pipeline import HISTORY_FILE, load_pipeline, run_pipeline
+    from purplerl.experiments.pipeline.report import pipeline_summary
+
+    args = list(ctx.args)
+    if args and not args[0].startswith("--"):
+        if config is not None:
+            raise UserError(f"give the pipeline file once: '{args[0]}' and --config {config}")
+        config = Path(args.pop(0))
+    if config is None:
+        raise UserError("name the pipeline file: purplerl pipeline PIPELINE_FILE [--out DIR]")
+    settings = load_pipeline(config, args)
+    quiet_libraries()
+    history = run_pipeline(settings, announce=say)
+    out = Path(settings.out)
+    typer.echo(pipeline_summary(history))
+    typer.echo(f"wrote {out / HISTORY_FILE}; `purplerl report {out}` draws the stages")
+
+
 @app.command(context_settings=OVERRIDES, cls=config_command(lambda: SAMPLE))
 @reports_errors
 def sample(ctx: typer.Context, config: ConfigFile = None) -> None:

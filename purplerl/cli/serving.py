@@ -55,15 +55,17 @@ def export(ctx: typer.Context, config: ConfigFile = None) -> None:
 @app.command(context_settings=OVERRIDES, cls=config_command(lambda: REPORT), options_metavar="RUN_DIR [OPTIONS]")
 @reports_errors
 def report(ctx: typer.Context, config: ConfigFile = None) -> None:
-    """Write RUN_DIR/report.html (curves, first-vs-last summary, samples) and RUN_DIR/plots/*.png."""
+    """Write RUN_DIR/report.html (curves, first-vs-last summary, samples) and RUN_DIR/plots/*.png; for a pipeline's
+    dir (purplerl pipeline), its stages side by side: decisions, metrics, gate plots with their bounds."""
     from purplerl.eval.report import training_report
+    from purplerl.experiments.pipeline.report import is_pipeline_dir, pipeline_report
     from purplerl.runs.layout import PLOTS_DIR, REPORT_FILE
 
     cfg = load_command_config(REPORT, config, ctx.args).report
     if cfg.run_dir is None:
         raise UserError("name the run: purplerl report RUN_DIR (report.run_dir)")
     run_dir = check_output_dir(cfg.run_dir, "RUN_DIR", files=(REPORT_FILE,), dirs=(PLOTS_DIR,))
-    typer.echo(f"wrote {training_report(run_dir)}")
+    typer.echo(f"wrote {pipeline_report(run_dir) if is_pipeline_dir(run_dir) else training_report(run_dir)}")
 
 
 def _server_option(field: str, **kwargs: Any) -> Any:

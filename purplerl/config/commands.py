@@ -268,7 +268,7 @@ class ExportCommandConfig(Section):
 
 
 class ReportConfig(Section):
-    run_dir: str | None = Field(None, description="required (also the first argument): a run dir with metrics.jsonl (and samples.jsonl)")
+    run_dir: str | None = Field(None, description="required (also the first argument): a run dir with metrics.jsonl (and samples.jsonl), or a pipeline dir with history.json (purplerl pipeline)")
 
 
 class ReportCommandConfig(Section):

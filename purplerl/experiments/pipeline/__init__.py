@@ -1,0 +1,15 @@
+"""`purplerl pipeline`: a staged RLHF pipeline in one YAML file, e.g. sft -> reward-model -> prefs (DPO) -> eval.
+
+Each stage is a row of the recipe table with its settings, a refine stage or an eval stage (settings.py). A policy
+stage trains from the model the last passing stage left and is merged into a plain model dir; the capability eval
+and the adversarial validator measure it (measure.py, validator.py) and the gates decide whether the next stage
+starts from it or it is rolled back (gates.py, run.py). history.json records every stage's config, metrics, gates
+and decision (history.py); a killed pipeline resumes at its stage; `purplerl report OUT` draws the stages side by
+side (report.py).
+"""
+
+from purplerl.experiments.pipeline.history import HISTORY_FILE
+from purplerl.experiments.pipeline.run import run_pipeline
+from purplerl.experiments.pipeline.settings import PIPELINE, PipelineSettings, load_pipeline, read_pipeline
+
+__all__ = ["HISTORY_FILE", "PIPELINE", "PipelineSettings", "load_pipeline", "read_pipeline", "run_pipeline"]

@@ -1,0 +1,349 @@
+"""`purplerl pipeline`'s settings: the start model, the stages in order, the capability eval after each policy
+stage, the validator, and the gates (pipeline-wide, overridden per stage).
+
+A stage is a row of the recipe table (its `config` the same nested sections as that recipe's --config file), a
+`refine` stage (purplerl.experiments.refiner: its RefineConfig fields, the current model as the policy) or an
+`eval` stage. Every stage's output has a path fixed by the pipeline dir, so a later stage names it as
+`${stages.NAME}` in its config: a policy stage's merged model, a reward-model stage's run dir, a refine stage's SFT
+file. The references are substituted and each recipe stage's
+settings validated when the pipeline loads, before any stage runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from purplerl.config import (
+    EMBEDDED_MODEL,
+    Command,
+    Section,
+    apply_overrides,
+    build,
+    load_command_config,
+    parse_overrides,
+    read_config_file,
+)
+from purplerl.errors import UserError
+from purplerl.experiments.pipeline.gates import Bound
+from purplerl.experiments.pipeline.validator import JUDGE_METRICS, VALIDATOR_METRICS
+from purplerl.experiments.refiner import SFT_FILE as REFINED_FILE
+from purplerl.experiments.refiner import RefineConfig
+from purplerl.recipes import RECIPES
+
+REFINE, EVAL = "refine", "eval"
+# recipes whose run is a scorer, not a policy: the run dir is the output, and no capability eval follows
+SCORER_RECIPES = frozenset({"reward-model"})
+# sections every training recipe has, which `shared` may set for all of them (the pipeline sets model.name and run)
+SHARED_SECTIONS = ("engine", "model", "training", "logging")
+SET_BY_PIPELINE = ("recipe", "model.name", "run.output_dir", "run.name")
+STAGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+RESERVED = ("start", "previous")  # the labels a bound refers to
+REFERENCE = re.compile(r"\$\{stages\.([^}]*)\}")
+REF_BOUND = re.compile(r"(previous|start)\.(mean|low|high)")
+# the pipeline dir
+RUNS_DIR, MODELS_DIR, EVALS_DIR, REFINE_DIR = "runs", "models", "evals", "refine"
+MODES = ("greedy", "sampled")
+
+
+class GateConfig(Section):
+    """A bound on one metric of a stage's eval: a number, or a reference to the model it started from
+    (`previous.low`) or the pipeline's start model (`start.mean`)."""
+
+    metric: str = Field(description="the metric: refusal/harmful/greedy, utility/arithmetic, judge/win_rate, validator/degenerate...")  # noqa: E501
+    min: float | str | None = Field(None, description="lowest passing value: a number or previous|start.mean|low|high")  # noqa: E501
+    max: float | str | None = Field(None, description="highest passing value: a number or previous|start.mean|low|high")  # noqa: E501
+    within_ci_of: Literal["previous", "start"] | None = Field(None, description="pass within that model's 95% CI (min its low, max its high)")  # noqa: E501
+    off: bool = Field(False, description="a stage's override that switches the pipeline's gate on this metric off")
+
+    @field_validator("min", "max")
+    @classmethod
+    def _bound(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, str) and not REF_BOUND.fullmatch(value):
+            raise ValueError("a bound is a number or previous|start.mean|low|high")
+        return value
+
+    @model_validator(mode="after")
+    def _bounded(self) -> GateConfig:
+        given = self.min is not None or self.max is not None
+        if self.within_ci_of is not None and given:
+            raise ValueError(f"gate on {self.metric}: within_ci_of sets min and max; give one or the other")
+        if not self.off and not given and self.within_ci_of is None:
+            raise ValueError(f"gate on {self.metric} has no bound: give min, max or within_ci_of (or off: true)")
+        return self
+
+    def bound(self) -> Bound:
+        if self.within_ci_of is not None:
+            return Bound(self.metric, f"{self.within_ci_of}.low", f"{self.within_ci_of}.high")
+        return Bound(self.metric, self.min, self.max)
+
+
+class PipelineEvalConfig(Section):
+    """The capability eval of the start model and of each policy stage's model (purplerl.eval.alignment)."""
+
+    limit: int = Field(40, ge=1, description="held-out harmful and benign requests, each")
+    max_new_tokens: int = Field(48, ge=1, le=32768, description="tokens per answer to a request")
+    modes: list[Literal["greedy", "sampled"]] = Field(default_factory=lambda: list(MODES), description="how the requests are answered: greedy, sampled (T 1, top-p 0.95) or both")  # noqa: E501
+    utility_limit: int = Field(20, ge=1, description="arithmetic problems (greedy exact match)")
+    utility_tokens: int = Field(128, ge=8, le=32768, description="greedy tokens per arithmetic answer")
+    choice: bool = Field(True, description="measure multiple choice (builtin:choice) too: utility/choice")
+    choice_limit: int | None = Field(None, ge=1, description="multiple-choice questions (null: all)")
+    seed: int = Field(0, description="sampling and bootstrap seed")
+    harmful_prompts: str | None = Field(None, description="a prompt file (.jsonl/.json/.parquet with a prompt field) or hf:ORG/NAME instead of the alignment data's held-out harmful requests")  # noqa: E501
+    benign_prompts: str | None = Field(None, description="the same for the benign requests (both models of a win rate answer these)")  # noqa: E501
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the evaluated models run")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the evaluated models")
+
+    @field_validator("modes")
+    @classmethod
+    def _modes(cls, modes: list[str]) -> list[str]:
+        if not modes or len(set(modes)) != len(modes):
+            raise ValueError("name greedy, sampled or both, each once")
+        return modes
+
+    def metrics(self) -> tuple[str, ...]:
+        """The metrics this eval measures."""
+        refusal = tuple(f"refusal/{kind}/{mode}" for kind in ("harmful", "benign") for mode in self.modes)
+        return (*refusal, "utility/arithmetic", *(("utility/choice",) if self.choice else ()))
+
+
+class ValidatorConfig(Section):
+    """The adversarial validator of each policy stage's answers (purplerl.experiments.pipeline.validator)."""
+
+    nll: bool = Field(True, description="score the stage's benign answers under the start model: validator/nll, mean NLL per token (fluency)")  # noqa: E501
+    repetition_n: int = Field(3, ge=1, description="n of the repeated-n-gram ratio, validator/repetition")
+    distinct_n: int = Field(2, ge=1, description="n of distinct-n over all answers, validator/distinct")
+    max_empty_frac: float = Field(0.25, ge=0.0, le=1.0, description="degenerate when more of the answers than this are empty")  # noqa: E501
+    max_top_share: float = Field(0.5, ge=0.0, le=1.0, description="degenerate when one identical text takes more of the answers (to distinct prompts) than this")  # noqa: E501
+    min_distinct: float = Field(0.1, ge=0.0, le=1.0, description="degenerate when distinct-n of the answers is below this")  # noqa: E501
+    samples: int = Field(64, ge=2, description="a trained-on-reward stage's last training samples that the held-out judge scores too: validator/high_reward_low_judge")  # noqa: E501
+    top: float = Field(0.25, gt=0.0, lt=1.0, description="high reward: above this top share of the samples' rewards")
+    bottom: float = Field(0.25, gt=0.0, lt=1.0, description="low judge score: below this bottom share of the judge's scores")  # noqa: E501
+
+
+class StageConfig(Section):
+    """One stage of the pipeline."""
+
+    name: str = Field(description="the stage's name: its dirs, `${stages.NAME}` and `judge: NAME`")
+    kind: str = Field(description="a recipe (sft, prefs, attack, defend, reward-model...), refine or eval")
+    config: dict[str, Any] = Field(default_factory=dict, description="a recipe's sections (as in its --config file); refine: the refiner's RefineConfig fields; eval: fields of the eval section")  # noqa: E501
+    gates: list[GateConfig] = Field(default_factory=list, description="gates that replace the pipeline's on the same metric, or add to them")  # noqa: E501
+    judge: str | None = Field(None, description="a reward-model stage judging this stage's win rate (null: the pipeline's judge)")  # noqa: E501
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not STAGE_NAME.fullmatch(name) or name in RESERVED:
+            raise ValueError(f"a stage name is a letter or _ then letters, digits, _ or - (not "
+                             f"{' or '.join(RESERVED)}), got '{name}'")
+        return name
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, kind: str) -> str:
+        known = (*RECIPES, REFINE, EVAL)
+        if kind not in known:
+            raise ValueError(f"unknown stage kind '{kind}' (known: {', '.join(known)})")
+        return kind
+
+    def role(self) -> str:
+        """policy (trains the model the next stage starts from), scorer, refine or eval."""
+        if self.kind in (REFINE, EVAL):
+            return self.kind
+        return "scorer" if self.kind in SCORER_RECIPES else "policy"
+
+
+class PipelineSettings(Section):
+    """`purplerl pipeline`: stages run in order, each policy stage gated and rolled back when a gate fails."""
+
+    out: str = Field("runs/pipeline", description="the pipeline dir: runs/, models/, evals/, history.json, report.html; a rerun into it resumes")  # noqa: E501
+    model: str = Field(EMBEDDED_MODEL, description="the start model: an embedded name, an HF id or a local model dir")
+    shared: dict[str, Any] = Field(default_factory=dict, description="sections every recipe stage gets unless it sets them: engine, model (not model.name), training, logging")  # noqa: E501
+    eval: PipelineEvalConfig = Field(default_factory=PipelineEvalConfig, description="the capability eval after each policy stage")  # noqa: E501
+    validator: ValidatorConfig = Field(default_factory=ValidatorConfig, description="the adversarial validator of each policy stage's answers")  # noqa: E501
+    gates: list[GateConfig] = Field(default_factory=list, description="bounds on named metrics that every policy and eval stage must meet")  # noqa: E501
+    judge: str | None = Field(None, description="a reward-model stage that judges each later policy stage's win rate against the model it started from (null: no win rate)")  # noqa: E501
+    stages: list[StageConfig] = Field(default_factory=list, description="the stages, in order")
+
+    @field_validator("shared")
+    @classmethod
+    def _shared(cls, shared: dict[str, Any]) -> dict[str, Any]:
+        extra = [key for key in shared if key not in SHARED_SECTIONS]
+        if extra:
+            raise ValueError(f"'{extra[0]}' is not a section every recipe has ({', '.join(SHARED_SECTIONS)})")
+        return shared
+
+    def stage_eval(self, stage: StageConfig) -> PipelineEvalConfig:
+        """The eval of a stage: the pipeline's, with an eval stage's own settings over it."""
+        if stage.kind != EVAL:
+            return self.eval
+        return build(PipelineEvalConfig, {**self.eval.model_dump(mode="json"), **stage.config})
+
+    def stage_gates(self, stage: StageConfig) -> list[Bound]:
+        """The pipeline's gates with the stage's over them (by metric; `off` removes one)."""
+        gates = {gate.metric: gate for gate in self.gates}
+        gates.update({gate.metric: gate for gate in stage.gates})
+        return [gate.bound() for gate in gates.values() if not gate.off]
+
+    def stage_judge(self, stage: StageConfig) -> str | None:
+        """The reward-model stage that judges a policy stage: its own, else the pipeline's when that one ran before."""
+        names = [s.name for s in self.stages]
+        if stage.role() != "policy":
+            return None
+        if stage.judge is not None:
+            return stage.judge
+        if self.judge is not None and names.index(self.judge) < names.index(stage.name):
+            return self.judge
+        return None
+
+    def path(self, *parts: str) -> Path:
+        return Path(self.out).resolve().joinpath(*parts)
+
+    def output_of(self, stage: StageConfig) -> Path | None:
+        """Where a stage's output is: the merged model, the reward model's run dir, the refiner's SFT file; None
+        for an eval stage."""
+        role = stage.role()
+        if role == "policy":
+            return self.path(MODELS_DIR, stage.name)
+        if role == "scorer":
+            return self.path(RUNS_DIR, stage.name)
+        return self.path(REFINE_DIR, stage.name, REFINED_FILE) if role == REFINE else None
+
+
+def substitute(value: Any, outputs: dict[str, Path | None], where: str, later: tuple[str, ...] = ()) -> Any:
+    """`value` with every `${stages.NAME}` replaced by the path of NAME's output (`outputs`: the stages before the
+    one being read; `later`: this one and those after it); UserError naming `where` for any other name."""
+    if isinstance(value, dict):
+        return {key: substitute(item, outputs, f"{where}.{key}", later) for key, item in value.items()}
+    if isinstance(value, list):
+        return [substitute(item, outputs, f"{where}[{i}]", later) for i, item in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def output(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name in later:
+            raise UserError(f"{where}: ${{stages.{name}}} names a stage that has not run by then: only an earlier "
+                            "stage's output exists")
+        if name not in outputs:
+            earlier = ", ".join(outputs) or "none"
+            raise UserError(f"{where}: ${{stages.{name}}} names no stage (earlier stages: {earlier})")
+        if outputs[name] is None:
+            raise UserError(f"{where}: ${{stages.{name}}} is an eval stage, which has no output")
+        return str(outputs[name])
+
+    return REFERENCE.sub(output, value)
+
+
+def recipe_config(settings: PipelineSettings, stage: StageConfig, model: str) -> Any:
+    """A recipe stage's run config: the shared sections <- the stage's settings, with the model it starts from and
+    its run dir OUT/runs/NAME set by the pipeline."""
+    recipe = RECIPES[stage.kind]
+    data = _merged(copy.deepcopy(settings.shared), stage.config)
+    for dotted in SET_BY_PIPELINE:
+        if _has(data, dotted):
+            raise UserError(f"stage '{stage.name}': {dotted} is set by the pipeline (the start model, then the last "
+                            "passing stage's; the run dir OUT/runs/NAME): leave it out")
+    data = apply_overrides(data, {"model.name": model, "run.output_dir": str(settings.path(RUNS_DIR)),
+                                  "run.name": stage.name})
+    try:
+        return load_command_config(recipe.command(), None, [], base=data)
+    except UserError as err:
+        raise UserError(f"stage '{stage.name}' ({stage.kind}): {err}") from None
+
+
+def refine_config(stage: StageConfig, model: str) -> RefineConfig:
+    """A refine stage's settings (purplerl.experiments.refiner's RefineConfig), the policy the current model."""
+    if _has(stage.config, "policy.name"):
+        raise UserError(f"stage '{stage.name}': policy.name is set by the pipeline (the current model): leave it out")
+    policy = {**(stage.config.get("policy") or {}), "name": model}
+    try:
+        return build(RefineConfig, {**stage.config, "policy": policy})
+    except UserError as err:
+        raise UserError(f"stage '{stage.name}' (refine): {err}") from None
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    for key, value in over.items():
+        base[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return base
+
+
+def _has(data: dict[str, Any], dotted: str) -> bool:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def check_stages(settings: PipelineSettings) -> PipelineSettings:
+    """Names, judges, gates and references checked, `${stages.NAME}` substituted and every recipe stage's settings
+    validated: the settings the pipeline runs, or UserError in one line before any stage runs."""
+    if not settings.stages:
+        raise UserError("a pipeline needs at least one stage (stages: [{name, kind, config}, ...])")
+    names = [stage.name for stage in settings.stages]
+    repeated = next((name for name in names if names.count(name) > 1), None)
+    if repeated is not None:
+        raise UserError(f"stage name '{repeated}' is used twice")
+    by_name = {stage.name: stage for stage in settings.stages}
+    if settings.judge is not None:
+        _check_judge(settings.judge, by_name, names, None)
+    stages, outputs = [], {}
+    for i, stage in enumerate(settings.stages):
+        if stage.judge is not None:
+            if stage.role() != "policy":
+                raise UserError(f"stage '{stage.name}': judge is read by policy stages only, not by {stage.kind} "
+                                "stages: leave it out")
+            _check_judge(stage.judge, by_name, names, stage)
+        where = f"stages[{i}] ({stage.name}).config"
+        stage = stage.model_copy(update={"config": substitute(stage.config, outputs, where, tuple(names[i:]))})
+        if stage.role() in ("policy", "scorer"):
+            recipe_config(settings, stage, settings.model)
+        elif stage.kind == REFINE:
+            refine_config(stage, settings.model)
+        elif stage.kind == EVAL:
+            try:
+                settings.stage_eval(stage)
+            except UserError as err:
+                raise UserError(f"stage '{stage.name}' (eval): {err}") from None
+        _check_gates(settings, stage)
+        stages.append(stage)
+        outputs[stage.name] = settings.output_of(stage)
+    return settings.model_copy(update={"stages": stages})
+
+
+def _check_judge(judge: str, by_name: dict[str, StageConfig], names: list[str], stage: StageConfig | None) -> None:
+    where = f"stage '{stage.name}': judge" if stage is not None else "judge"
+    if judge not in by_name:
+        raise UserError(f"{where} '{judge}' names no stage (stages: {', '.join(names)})")
+    if by_name[judge].role() != "scorer":
+        raise UserError(f"{where} '{judge}' is a {by_name[judge].kind} stage, not a reward-model stage")
+    if stage is not None and names.index(judge) >= names.index(stage.name):
+        raise UserError(f"{where} '{judge}' runs after it: a judge must be trained first")
+
+
+def _check_gates(settings: PipelineSettings, stage: StageConfig) -> None:
+    known = (*settings.stage_eval(stage).metrics(), *JUDGE_METRICS, *VALIDATOR_METRICS)
+    for gate in (*settings.gates, *stage.gates):
+        if gate.metric not in known:
+            raise UserError(f"stage '{stage.name}': gate on unknown metric '{gate.metric}' (known: {', '.join(known)})")
+
+
+def read_pipeline(data: dict[str, Any], overrides: list[str] | None = None) -> PipelineSettings:
+    """Pipeline settings from nested data and `--section.field VALUE` overrides, checked (`check_stages`)."""
+    data = apply_overrides(data, parse_overrides(overrides or [], PIPELINE))
+    return check_stages(build(PipelineSettings, data))
+
+
+def load_pipeline(path: str | Path | None, overrides: list[str] | None = None) -> PipelineSettings:
+    """The pipeline of a YAML or JSON file (`purplerl pipeline FILE`), with overrides (`--out DIR`)."""
+    return read_pipeline(read_config_file(path) if path is not None else {}, overrides)
+
+
+PIPELINE = Command(PipelineSettings, {"out": "out", "model": "model", "judge": "judge"})
