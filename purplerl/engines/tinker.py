@@ -51,7 +51,9 @@ from purplerl.engines.loading import load_tokenizer, stop_token_ids
 from purplerl.engines.tinker_data import (
     aggregation_coefficients,
     datum_slice,
+    loss_metrics,
     reduction_scale,
+    refuse_temperature,
     row_lengths,
     scatter_targets,
 )
@@ -230,7 +232,7 @@ class TinkerEngine:
                  targets_NT: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token logprobs [N, T] from a sampling client's compute_logprobs: the base's if reference, else
         the active adapter's current weights'."""
-        _refuse_temperature(temperature, "scoring")
+        refuse_temperature(temperature, "scoring")
         lengths = row_lengths(attention_mask_NT)
         sampler = self._sampler(reference)
         types = self.tinker.types
@@ -282,7 +284,7 @@ class TinkerEngine:
                                   "does not return")
         if definition.consumes == "values":
             raise refuse_heads("tinker")
-        _refuse_temperature(loss.temperature, f"loss '{loss.name}'")
+        refuse_temperature(loss.temperature, f"loss '{loss.name}'")
 
         def registered(lp_NT: torch.Tensor, inputs) -> tuple[torch.Tensor, dict[str, float]]:
             if definition.consumes == "sequences":
@@ -310,11 +312,11 @@ class TinkerEngine:
         lp_NT = self._send("forward_backward", batch, loss_fn, config or None, **fields)
         with torch.no_grad():  # the reported numbers are the registry's, on the logprobs the service used
             value, metrics = registered(lp_NT, batch.inputs())
-        return _metrics(value, metrics, batch)
+        return loss_metrics(value, metrics, batch)
 
     def forward_backward_custom(self, batch: TrainBatch, loss: CustomLoss) -> dict[str, float]:
         check_batch(batch)
-        _refuse_temperature(loss.temperature, "a custom loss")
+        refuse_temperature(loss.temperature, "a custom loss")
         return self._linearized(batch, loss.fn)
 
     def _linearized(self, batch: TrainBatch, fn) -> dict[str, float]:
@@ -334,7 +336,7 @@ class TinkerEngine:
         advantages_NT = -lp_NT.grad * on_NT * reduction_scale(on_NT, self.reduction)
         self._send("forward_backward", batch, "importance_sampling", None, weights=on_NT,
                    logprobs=lp_NT.detach(), advantages=advantages_NT)
-        return _metrics(value.detach(), metrics, batch)
+        return loss_metrics(value.detach(), metrics, batch)
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
         params = self.tinker.types.AdamParams(learning_rate=adam.lr, beta1=adam.beta1, beta2=adam.beta2,
@@ -393,13 +395,3 @@ def read_state(path: Path) -> dict[str, Any]:
     if not isinstance(adapters, dict) or "default" not in adapters or state.get("active") not in adapters:
         raise UserError(f"{path / STATE_FILE} does not name the adapters' saved states")
     return state
-
-
-def _refuse_temperature(temperature: float, what: str) -> None:
-    if temperature != 1.0:
-        raise UserError(f"{what} at temperature {temperature:g}: the Tinker API scores at temperature 1 only")
-
-
-
-def _metrics(value: torch.Tensor, metrics: dict[str, float], batch: TrainBatch) -> dict[str, float]:
-    return {"loss": float(value), **{k: float(v) for k, v in metrics.items()}, "tokens": float(batch.num_loss_tokens)}

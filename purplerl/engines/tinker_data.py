@@ -13,7 +13,8 @@ import torch
 
 from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import Loss
-from purplerl.errors import ExperimentError
+from purplerl.errors import ExperimentError, UserError
+from purplerl.types import TrainBatch
 
 Reduction = Literal["sum", "sequence_mean"]
 
@@ -66,3 +67,13 @@ def reduction_scale(on_NT: torch.Tensor, reduction: Reduction) -> torch.Tensor:
         return torch.ones((on_NT.shape[0], 1))
     tokens_N1 = on_NT.float().sum(-1, keepdim=True).clamp(min=1.0)
     return tokens_N1 * on_NT.shape[0]
+
+
+def refuse_temperature(temperature: float, what: str) -> None:
+    if temperature != 1.0:
+        raise UserError(f"{what} at temperature {temperature:g}: the Tinker API scores at temperature 1 only")
+
+
+def loss_metrics(value: torch.Tensor, metrics: dict[str, float], batch: TrainBatch) -> dict[str, float]:
+    """A loss's metrics as the engine reports them: its value, its own metrics and the loss tokens."""
+    return {"loss": float(value), **{k: float(v) for k, v in metrics.items()}, "tokens": float(batch.num_loss_tokens)}
