@@ -166,6 +166,15 @@ class SFTDataConfig(RowSourceConfig):
     system_prompt: str | None = Field(None, description="system message prepended to every conversation (null: model default)")
 
 
+class PreferenceDataConfig(PromptFormatConfig, RowSourceConfig):
+    """Preference data (pairs, or KTO's labelled answers), and how prompts and answers become tokens (as the
+    policy samples them): `purplerl prefs` and `purplerl reward-model`."""
+
+    source: str | None = Field(None, description="preference data: a .jsonl/.json/.parquet file, a prepared dir or 'hf:ORG/NAME' (pairs: prompt + chosen + rejected as text or chat messages, HH-RLHF dialogues, UltraFeedback message lists; KTO rows: prompt + completion + label)")  # noqa: E501
+    max_answer_tokens: int = Field(256, ge=1, description="answers longer than this (with their end-of-turn token) are cut at the end")  # noqa: E501
+    skip_bad_rows: bool = Field(False, description="leave out rows that hold no usable example (counted, the first one named) instead of stopping at the first: public sets like HH-RLHF hold a few")  # noqa: E501
+
+
 class DataConfig(EvalDataConfig):
     """Prompts of an RL recipe: source, format, and the order they are drawn in."""
 

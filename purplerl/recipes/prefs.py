@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from purplerl.config import RowSourceConfig
-from purplerl.config.base import Section, Template, read_when
+from purplerl.config import PreferenceDataConfig
+from purplerl.config.base import Section, read_when
 from purplerl.recipes.summary import summarize_run
 from purplerl.train.preference import prefs_prepare
 from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
@@ -18,15 +18,6 @@ from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
 
 def _loss(*names: str):
     return lambda p: p.loss in names, f"prefs.loss is {' or '.join(names)}"
-
-
-class PreferenceDataConfig(RowSourceConfig):
-    """The preference data of a run: its source and how prompts are rendered."""
-
-    source: str | None = Field(None, description="pairs (prompt/chosen/rejected: text, chat messages, HH-RLHF dialogues or UltraFeedback message lists) or KTO rows (prompt/completion/label): a .jsonl/.json/.parquet file, a prepared dir or 'hf:ORG/NAME'")  # noqa: E501
-    template: Template = Field("chat", description="'chat' uses the tokenizer's chat template; 'base' plain text")
-    system_prompt: str | None = Field(None, description="system message prepended to every prompt (null: model default)")  # noqa: E501
-    max_prompt_tokens: int = Field(256, ge=8, description="prompts longer than this are cut from the left")
 
 
 class PrefsConfig(Section):
@@ -40,7 +31,6 @@ class PrefsConfig(Section):
     desirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of desirable answers")  # noqa: E501
     undesirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of undesirable answers")  # noqa: E501
     unpaired: read_when(bool, *_loss("kto")) = Field(False, description="the data holds KTO rows (prompt/completion/label); false: pairs, each a desirable and an undesirable answer")  # noqa: E501
-    max_answer_tokens: int = Field(256, ge=1, description="answers longer than this (with their end-of-turn token) are cut at the end")  # noqa: E501
     eval_split: str | None = Field(None, description="held-out split of the data source (null: hold out eval_fraction of the prompts)")  # noqa: E501
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the prompts held out when eval_split is null (0: no eval)")  # noqa: E501
     eval_every: int = Field(10, ge=0, description="score the held-out examples every N steps and at the last step (0: never)")  # noqa: E501

@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from purplerl.config import PreferenceDataConfig
 from purplerl.recipes.summary import summarize_run
 from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
-from purplerl.train.reward_model import PreferenceDataConfig, RewardModelConfig, reward_model_prepare
+from purplerl.train.reward_model import RewardModelConfig, reward_model_prepare
 
 RewardModelSettings = run_settings("reward-model", data=(PreferenceDataConfig, "the preference pairs"),
                                    reward_model=(RewardModelConfig, "the reward model (purplerl reward-model)"))

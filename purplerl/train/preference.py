@@ -145,10 +145,14 @@ def load_items(config: Any, split: str | None = None) -> list[PreferencePair] | 
     if config.data.source is None:
         raise UserError("--data names the preference data: a .jsonl/.json/.parquet file, a prepared dir or "
                         "'hf:ORG/NAME' (pairs: prompt/chosen/rejected; KTO: prompt/completion/label)")
-    if config.prefs.loss == "kto" and config.prefs.unpaired:
-        return list(load_labelled(config.data, split).items)
-    pairs = list(load_pairs(config.data, split).items)
-    return unpaired(pairs) if config.prefs.loss == "kto" else pairs
+    kto = config.prefs.loss == "kto"
+    loaded = (load_labelled if kto and config.prefs.unpaired else load_pairs)(config.data, split,
+                                                                              config.data.skip_bad_rows)
+    if loaded.skipped:
+        print(f"{loaded.where}: left out {len(loaded.skipped)} bad rows, the first: {loaded.skipped[0]}",
+              file=sys.stderr)
+    items = list(loaded.items)
+    return unpaired(items) if kto and not config.prefs.unpaired else items
 
 
 def _partners(n: int, seed: int) -> list[int]:
@@ -163,7 +167,7 @@ def _partners(n: int, seed: int) -> list[int]:
 
 def encode_items(engine: Engine, items: Sequence[Any], config: Any, seed: int) -> tuple[list[Example], dict]:
     d, tokenizer = config.data, engine.tokenizer
-    max_answer = config.prefs.max_answer_tokens
+    max_answer = config.data.max_answer_tokens
     if not items or isinstance(items[0], PreferencePair):
         return encode_pairs(tokenizer, items, d.template, d.system_prompt, d.max_prompt_tokens, max_answer)
     if len(items) < 2:

@@ -22,7 +22,7 @@ from pydantic import Field
 from purplerl.algorithms.pairwise import BradleyTerryParams
 from purplerl.algorithms.registry import Loss
 from purplerl.algorithms.reward_model import ensemble_pair_metrics
-from purplerl.config import PromptFormatConfig, RowSourceConfig, Section
+from purplerl.config import Section
 from purplerl.data.preference import EncodedPair, encode_pairs, held_out_by_prompt, load_pairs, pair_batch
 from purplerl.data.sft import LengthBuckets
 from purplerl.engines.base import Engine
@@ -31,14 +31,6 @@ from purplerl.runs.reward_model import member_scores
 from purplerl.train.loop import EarlyStop, StepFn, adam_params, mean_metrics, never_stop
 from purplerl.train.recipe import Bind
 from purplerl.types import PreferencePair
-
-
-class PreferenceDataConfig(PromptFormatConfig, RowSourceConfig):
-    """Preference pairs, and how their prompts and answers become tokens (as the policy samples them)."""
-
-    source: str = Field("", description="preference pairs: a .jsonl/.json/.parquet file, a prepared dir or 'hf:ORG/NAME' (prompt + chosen + rejected, HH-RLHF dialogues, UltraFeedback message lists)")  # noqa: E501
-    max_answer_tokens: int = Field(256, ge=1, description="answers longer than this (with their end-of-turn token) are cut at the end")  # noqa: E501
-    skip_bad_rows: bool = Field(False, description="leave out rows that hold no usable pair (counted in data/skipped_rows) instead of stopping at the first: public sets like HH-RLHF hold a few")  # noqa: E501
 
 
 class RewardModelConfig(Section):
