@@ -87,9 +87,16 @@ class Evaluator:
         self._base: Any = None
         self._judges: dict[str, Any] = {}
 
-    def _engine(self, model: str, cfg: PipelineEvalConfig) -> Any:
+    def _engine(self, model: str, cfg: PipelineEvalConfig, samples: bool = True) -> Any:
+        # a model that only scores needs no merged copy of its weights to sample from
         return make_engine(ModelConfig(name=model, device=cfg.device, dtype=cfg.dtype),
-                           settings=EngineSettings(merged_sampler=False))
+                           settings=None if samples else EngineSettings(merged_sampler=False))
+
+    def close(self) -> None:
+        """Release the start model's engine (the judges hold theirs until they are collected)."""
+        if self._base is not None:
+            self._base.close()
+            self._base = None
 
     def evaluate(self, label: str, model: str, cfg: PipelineEvalConfig) -> dict[str, Any]:
         """OUT/evals/LABEL.json: the eval of `model` with its answers and the validator's text checks, computed
@@ -102,10 +109,12 @@ class Evaluator:
             if saved.get("key") == key:
                 return saved
         self.notify(f"pipeline: evaluating {label} ({model})")
-        engine = self._engine(model, cfg)
         requests = {kind: held_out_requests(kind, cfg.limit, getattr(cfg, f"{kind}_prompts")) for kind in KINDS}
-        result = measure(engine, eval_size(cfg), requests, label, self.notify, answers=True)
-        del engine
+        engine = self._engine(model, cfg)
+        try:
+            result = measure(engine, eval_size(cfg), requests, label, self.notify, answers=True)
+        finally:
+            engine.close()
         answers = result.pop("answers")
         metrics = {name: value for name, value in result.items() if "/" in name}
         metrics.update({name: {"mean": value} for name, value in self.validate(benign_rows(answers)).items()})
@@ -121,7 +130,7 @@ class Evaluator:
                             DegenerateBounds(v.max_empty_frac, v.max_top_share, v.min_distinct))
         if v.nll:
             if self._base is None:
-                self._base = self._engine(self.settings.model, self.settings.eval)
+                self._base = self._engine(self.settings.model, self.settings.eval, samples=False)
             nll = answer_nll(self._base, rows)
             if nll is not None:
                 found[NLL] = nll

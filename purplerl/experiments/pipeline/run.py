@@ -61,6 +61,17 @@ def run_pipeline(settings: PipelineSettings, announce: Callable[[str], None] = p
     history = History.open(out, settings)
     out.mkdir(parents=True, exist_ok=True)
     evaluator = Evaluator(settings, out / EVALS_DIR, announce)
+    try:
+        final = run_stages(settings, history, evaluator, announce)
+    finally:
+        evaluator.close()
+    history.finish(final)
+    return history.data
+
+
+def run_stages(settings: PipelineSettings, history: History, evaluator: Evaluator,
+               announce: Callable[[str], None]) -> str:
+    """Every stage not decided yet, each from the position the ones before it left; the model they end with."""
     start = evaluator.evaluate("start", settings.model, settings.eval)
     history.record_start(settings.model, start["metrics"])
     position = Position(settings.model, "start", start)
@@ -76,8 +87,7 @@ def run_pipeline(settings: PipelineSettings, announce: Callable[[str], None] = p
         if stage.role() == "policy" and entry["decision"] == PASSED:
             position = Position(entry["model_out"], stage.name,
                                 evaluator.evaluate(stage.name, entry["model_out"], settings.eval))
-    history.finish(position.model)
-    return history.data
+    return position.model
 
 
 def run_stage(settings: PipelineSettings, stage: StageConfig, position: Position, evaluator: Evaluator,
