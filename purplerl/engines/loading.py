@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from purplerl.devices import resolve_device
-from purplerl.engines.hub import require_hub_model
 from purplerl.engines.model_cache import build_lock, has_manifest, seal_entry, to_stderr, verify_entry
 from purplerl.errors import UserError, first_line
 from purplerl.files import looks_local, write_durably
+from purplerl.hub import require_hub_model
 
 EMBEDDED_PREFIX = "embedded:"
 # embedded name -> (distribution that ships the GGUF, file name inside it)
@@ -157,7 +157,7 @@ def resolve_model_path(name: str) -> str:
 
 def model_source(name: str, revision: str | None = None) -> str:
     """`resolve_model_path`, and for a hub id the check that the hub or the local HF cache can serve it now
-    (engines/hub.py): offline, transformers would retry for a minute before failing."""
+    (purplerl/hub.py): offline, transformers would retry for a minute before failing."""
     path = resolve_model_path(name)
     if not name.startswith(EMBEDDED_PREFIX) and not looks_local(name):
         require_hub_model(name, revision)

@@ -15,6 +15,7 @@ import torch
 from purplerl.devices import resolve_device
 from purplerl.errors import ExperimentError, UserError, first_line
 from purplerl.files import looks_local
+from purplerl.hub import require_hub_model
 from purplerl.rewards.base import Scorer
 from purplerl.rewards.schema import scrub_surrogates
 
@@ -57,6 +58,8 @@ def load_pretrained(auto_class: Any, model: str, what: str) -> tuple[Any, Any]:
     if local and not Path(model).expanduser().is_dir():
         raise UserError(f"{what} not found: {model} is not a directory")
     where = str(Path(model).expanduser()) if local else model
+    if not local:
+        require_hub_model(model, None)  # offline and not cached: one line now, not a minute of retries
     try:
         # The model first: its errors ("Unrecognized model in ...") say more than the tokenizer's.
         loaded = auto_class.from_pretrained(where)

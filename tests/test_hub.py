@@ -1,4 +1,4 @@
-"""A hub id that is not cached locally fails in one line within seconds when the hub is unreachable or HF_HUB_OFFLINE
+"""purplerl.hub: a hub id that is not cached locally fails in one line within seconds when the hub is unreachable or HF_HUB_OFFLINE
 is set (transformers alone retries for ~50 s, 22 lines of warnings); a hub that answers, whatever the status, is
 reachable."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from purplerl.engines.hub import hub_unreachable
+from purplerl.hub import hub_unreachable
 from tests.conftest import serve_on_loopback
 
 MODEL = "someorg/some-model"
@@ -66,4 +66,21 @@ def test_an_uncached_hub_id_offline_is_one_line_within_seconds(tmp_path: Path, s
     assert lines[0].startswith(f"error: cannot load model '{MODEL}': ")
     assert "not in the local Hugging Face cache" in lines[0]
     assert ("unreachable" if setting == "closed_port" else "HF_HUB_OFFLINE is set") in lines[0]
-    assert elapsed < 20, f"took {elapsed:.0f} s: a hang guard, transformers' retries take ~50 s"
+    assert elapsed < 45, f"took {elapsed:.0f} s: a hang guard (~5 s unloaded), transformers' retries take ~50 s"
+
+
+def test_a_classifier_hub_id_offline_is_one_line_too(tmp_path: Path) -> None:
+    """The reward scorers load their models through the same check (rewards/toxicity.py load_pretrained)."""
+    code = ("from transformers import AutoModelForSequenceClassification\n"
+            "from purplerl.errors import UserError\n"
+            "from purplerl.rewards.toxicity import load_pretrained\n"
+            "try:\n"
+            f"    load_pretrained(AutoModelForSequenceClassification, {MODEL!r}, 'toxicity classifier')\n"
+            "except UserError as err:\n"
+            "    print(err)\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], env=offline_env(tmp_path, HF_HUB_OFFLINE="1"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith(f"cannot load model '{MODEL}': "), done.stdout + done.stderr
+    assert "HF_HUB_OFFLINE is set" in done.stdout and "Traceback" not in done.stderr
+    assert time.monotonic() - start < 45  # a hang guard: ~5 s unloaded
