@@ -89,8 +89,9 @@ class TrainBatch:
 
     Which optional inputs must be present depends on the loss (`LossDef.inputs`): policy-gradient losses read
     sampling logprobs and advantages, an in-loss KL the reference logprobs, pairwise losses `pairs_P2` (a reward
-    model's margin loss `margins_P` too), KTO `kto_labels_N`. Pairs and KTO labels couple rows (a pair's two answers;
-    KTO's reference point from its KL rows), so such a batch is trained whole."""
+    model's margin loss `margins_P` too), KTO `kto_labels_N`, a critic's value loss `old_values_NT` and
+    `returns_NT`. Pairs and KTO labels couple rows (a pair's two answers; KTO's reference point from its KL rows),
+    so such a batch is trained whole."""
 
     input_ids_NT: torch.Tensor  # long [N, T], prompt + completion tokens, pad after the end
     attention_mask_NT: torch.Tensor  # long [N, T], 1 on real tokens
@@ -104,10 +105,15 @@ class TrainBatch:
     kto_labels_N: torch.Tensor | None = None
     # float [P], the margin m of each pair in a reward model's -log sigmoid(r_c - r_r - m) (TRL's `margin` column)
     margins_P: torch.Tensor | None = None
+    # float [N, T], a critic's value of each target token's state when the rollout was scored, 0 off-mask (PPO's
+    # value clipping keeps the critic near them)
+    old_values_NT: torch.Tensor | None = None
+    returns_NT: torch.Tensor | None = None  # float [N, T], the critic's regression targets (GAE returns), 0 off-mask
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids_NT.shape)
-        for name in ("attention_mask_NT", "loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT"):
+        for name in ("attention_mask_NT", "loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT",
+                     "old_values_NT", "returns_NT"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape:
                 raise ValueError(f"TrainBatch.{name} has shape {tuple(value.shape)}, expected {shape}")
@@ -134,12 +140,13 @@ class TrainBatch:
             return None if t is None else t[rows]
 
         return TrainBatch(self.input_ids_NT[rows], self.attention_mask_NT[rows], self.loss_mask_NT[rows],
-                          pick(self.sampling_logprobs_NT), pick(self.advantages_NT), pick(self.ref_logprobs_NT))
+                          pick(self.sampling_logprobs_NT), pick(self.advantages_NT), pick(self.ref_logprobs_NT),
+                          old_values_NT=pick(self.old_values_NT), returns_NT=pick(self.returns_NT))
 
     def inputs(self) -> dict[str, torch.Tensor]:
         """The loss inputs present, by name (with the loss mask)."""
         names = ("loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2",
-                 "kto_labels_N", "margins_P")
+                 "kto_labels_N", "margins_P", "old_values_NT", "returns_NT")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     @property

@@ -67,6 +67,7 @@ DEFEND = ("tests/recipes/test_defend_tamper.py",)
 REGISTERED = ("tests/engines/test_registered_losses.py", "tests/engines/test_engine_contract.py")
 ADAPTER = ("tests/eval/test_adapter_loaded.py",)
 PROMPTING = ("tests/eval/test_checkpoint_prompting.py",)
+CRITIC = ("tests/algorithms/test_critic.py", "tests/engines/test_critic_engine.py")
 
 A, K, G, L = ("purplerl/algorithms/advantages.py", "purplerl/algorithms/kl.py", "purplerl/algorithms/logprobs.py",
               "purplerl/algorithms/losses.py")
@@ -79,6 +80,7 @@ ET, ES, EM = ("purplerl/engines/local_training.py", "purplerl/engines/local_scor
 TI, TR, TS = ("purplerl/experiments/tamper/__init__.py", "purplerl/experiments/tamper/runs.py",
               "purplerl/experiments/tamper/stats.py")
 PO = "purplerl/runs/policy.py"
+CR, TC = "purplerl/algorithms/critic.py", "purplerl/train/critic.py"
 
 MUTATIONS = [
     # ---- advantages
@@ -158,8 +160,8 @@ MUTATIONS = [
     # ---- the loop
     Mutation("loop-kl-direction", LP, "kl_N = sequence_kl(sampled_NT, ref_NT, mask_NT, estimator)",
              "kl_N = sequence_kl(ref_NT, sampled_NT, mask_NT, estimator)", LOOP),
-    Mutation("loop-estimator-swapped", LP, "compute_advantages(\n        config.training.advantage,",
-             'compute_advantages(\n        "grpo",', LOOP),
+    Mutation("loop-estimator-swapped", LP, "estimate_advantages(\n        config.training.advantage,",
+             'estimate_advantages(\n        "grpo",', LOOP),
     Mutation("loop-advantage-std-dropped", LP, "scale_by_std=config.training.advantage_std)", "scale_by_std=False)",
              LOOP),
     Mutation("loop-kl-always-in-loss", LP, "kl_beta=kl_placement(config).loss_beta,", "kl_beta=config.reward.kl_beta,",
@@ -184,6 +186,25 @@ MUTATIONS = [
              '"current" if t.ppo_epochs == 1 or t.mini_batches == 1 else "sampler"', LOOP),
     Mutation("loop-minibatches-ignored", LP, "torch.tensor_split(order, t.mini_batches)",
              "torch.tensor_split(order, 1)", LOOP),
+    # ---- the critic: GAE, whitening, the value loss, its values
+    Mutation("gae-next-value-undiscounted", CR, "delta_N = rewards_NT[:, t] + gamma * next_value_N - values_NT[:, t]",
+             "delta_N = rewards_NT[:, t] + next_value_N - values_NT[:, t]", CRITIC),
+    Mutation("gae-lambda-dropped", CR, "advantage_N = delta_N + gamma * lam * next_advantage_N",
+             "advantage_N = delta_N + gamma * next_advantage_N", CRITIC),
+    Mutation("gae-pad-value-bootstrapped", CR, "next_value_N = torch.where(on_N, values_NT[:, t], next_value_N)",
+             "next_value_N = values_NT[:, t]", CRITIC),
+    Mutation("gae-returns-without-values", CR, "returns_NT = torch.where(on_NT, advantages_NT + values_NT, 0.0)",
+             "returns_NT = torch.where(on_NT, advantages_NT, 0.0)", CRITIC),
+    Mutation("gae-reward-at-first-token", CR, "last_N = (on_NT * positions_T).argmax(-1)",
+             "last_N = on_NT.int().argmax(-1)", CRITIC),
+    Mutation("whiten-population-variance", CR, "var = ((values - mean) ** 2).sum() / (count - 1)",
+             "var = ((values - mean) ** 2).sum() / count", CRITIC),
+    Mutation("value-loss-min-of-clipped", CR, "torch.maximum(unclipped_loss_NT, clipped_loss_NT)",
+             "torch.minimum(unclipped_loss_NT, clipped_loss_NT)", CRITIC),
+    Mutation("critic-values-not-shifted", CR, "shifted_NT = F.pad(values_NT[:, :-1], (1, 0))",
+             "shifted_NT = values_NT", CRITIC),
+    Mutation("critic-lr-ignored", TC, "lr=c.lr if c.lr is not None else t.lr", "lr=t.lr",
+             ("tests/train/test_critic_update.py",)),
     # ---- the registered losses (what the engine computes for each name)
     Mutation("registry-kl-subtracted", RG, "loss_NT = loss_NT + params.kl_beta * kl_NT",
              "loss_NT = loss_NT - params.kl_beta * kl_NT", LOSS + ENGINE),

@@ -542,10 +542,12 @@ def test_leaf_field_counts_per_command():
     # fields, nor a prompt format beyond its data's template and system prompt. judges.terms (+1) lets any text
     # reward term judge eval and tamper-test. engine.threads (OMP_NUM_THREADS does it) and engine.micro_batch_size
     # (engine.micro_batch_tokens bounds a pass) were removed (-2 for every command with an engine section);
-    # data prepare's safety-prefs brought prepare.model and prepare.attack_run (+2)
+    # data prepare's safety-prefs brought prepare.model and prepare.attack_run (+2); the registered reward_model term
+    # its parameters (reward.reward_model, 5); GAE its training.gamma and training.lam (+2, read only when
+    # training.advantage takes a critic's values)
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 102, "defend": 106, "tamper-test": 130, "sft": 54, "eval": 38, "sample": 15,
-                      "data prepare": 12, "align": 3, "verl export": 111}
+    assert counts == {"attack": 109, "defend": 113, "tamper-test": 137, "sft": 54, "eval": 38, "sample": 15,
+                      "data prepare": 12, "align": 3, "verl export": 118}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

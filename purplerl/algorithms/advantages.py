@@ -8,6 +8,8 @@ Two levels, both registries:
 - `ADVANTAGE_ESTIMATORS` holds every estimator at token level, called through `compute_advantages(name,
   rewards_BG, mask_NT, ...)` and returning `(advantages_NT, metrics)`. A sequence-level estimator puts its
   advantage on every completion token of its row; REINFORCE++ computes per-token returns.
+- `CRITIC_ESTIMATORS` holds the estimators that take a critic's values (GAE), which also give the critic's
+  returns. `estimate_advantages` calls an estimator of either registry and is what the loop calls.
 
 Rows are group-major: row b*G + g of an [N, T] tensor is completion g of prompt b (N = B*G), and
 `mask_NT` marks the completion tokens as targets (see `purplerl.types`). A new estimator is a new
@@ -19,11 +21,13 @@ non-finite rewards or KL, mismatched shapes, a completion without tokens) raises
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from purplerl.algorithms.checks import check_knobs, check_mask, check_rewards_BG, check_token_tensor
+from purplerl.algorithms.critic import CriticAdvantageFn, gae_advantages
 from purplerl.errors import ExperimentError, UserError
 
 # Rewards whose max and min differ by less than this count as one value (a zero-variance group).
@@ -41,22 +45,6 @@ class TokenAdvantageFn(Protocol):
     def __call__(self, rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *, kl_NT: torch.Tensor | None = ...,
                  kl_beta: float = ..., scale_by_std: bool = ...,
                  eps: float = ...) -> tuple[torch.Tensor, Metrics]: ...
-
-
-def check_rewards_BG(rewards_BG: torch.Tensor, who: str, min_group_size: int = 2) -> None:
-    """Raise ExperimentError unless rewards are a finite [B, G] tensor with B >= 1 and G >= min_group_size."""
-    if rewards_BG.ndim != 2:
-        raise ExperimentError(f"{who}: rewards must have shape [B, G], got {tuple(rewards_BG.shape)}")
-    num_groups, group_size = rewards_BG.shape
-    if num_groups == 0:
-        raise ExperimentError(f"{who}: empty batch (B=0 groups of rewards)")
-    if group_size < min_group_size:
-        raise ExperimentError(f"{who}: group size G={group_size}; this estimator needs G >= {min_group_size}")
-    bad = ~torch.isfinite(rewards_BG)
-    if bad.any():
-        b, g = (int(i) for i in bad.nonzero()[0])
-        raise ExperimentError(f"{who}: non-finite reward {rewards_BG[b, g].item()} at group {b}, "
-                              f"completion {g} ({int(bad.sum())} non-finite in all)")
 
 
 def _zero_variance_B(rewards_BG: torch.Tensor) -> torch.Tensor:
@@ -153,42 +141,20 @@ ADVANTAGES: dict[str, AdvantageFn] = {
 }
 
 
-def _check_knobs(who: str, kl_beta: float, eps: float) -> None:
-    if not (math.isfinite(kl_beta) and kl_beta >= 0):
-        raise UserError(f"{who}: kl_beta must be a finite number >= 0, got {kl_beta}")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise UserError(f"{who}: eps must be a finite number >= 0, got {eps}")
-
-
-def _check_mask(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, who: str) -> torch.Tensor:
-    """The boolean completion-token mask, after checking it has B*G rows and no row is empty."""
-    num_rows = rewards_BG.shape[0] * rewards_BG.shape[1]
-    if mask_NT.ndim != 2 or mask_NT.shape[0] != num_rows:
-        raise ExperimentError(f"{who}: mask must have shape [B*G={num_rows}, T] (rewards {tuple(rewards_BG.shape)}), "
-                              f"got {tuple(mask_NT.shape)}")
-    on_NT = mask_NT != 0
-    empty_N = ~on_NT.any(dim=1)
-    if empty_N.any():
-        n = int(empty_N.nonzero()[0])
-        raise ExperimentError(f"{who}: row {n} (group {n // rewards_BG.shape[1]}, completion "
-                              f"{n % rewards_BG.shape[1]}) has no completion tokens to carry its advantage")
-    return on_NT
-
-
 def _sequence_level(name: str, seq_fn: AdvantageFn) -> TokenAdvantageFn:
     """Token-level form of a sequence-level estimator: its advantage on every completion token of the row."""
 
     def estimator(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *, kl_NT: torch.Tensor | None = None,
                   kl_beta: float = 0.0, scale_by_std: bool = False,
                   eps: float = 1e-6) -> tuple[torch.Tensor, Metrics]:
-        _check_knobs(name, kl_beta, eps)
+        check_knobs(name, kl_beta, eps)
         # A per-token KL has no place in a group baseline: for these estimators the KL enters the scalar
         # reward before the advantages, or the loss as its own term. Passing it here is a wiring bug.
         if kl_NT is not None and kl_beta > 0:
             raise ExperimentError(f"{name}: a per-token KL (kl_NT with kl_beta={kl_beta}) was passed to a "
                                   f"sequence-level estimator; put the KL in the reward or in the loss")
         advantages_BG, metrics = seq_fn(rewards_BG, scale_by_std=scale_by_std, eps=eps)
-        on_NT = _check_mask(rewards_BG, mask_NT, name)
+        on_NT = check_mask(rewards_BG, mask_NT, name)
         advantages_N1 = advantages_BG.reshape(-1, 1).to(mask_NT.device)
         return torch.where(on_NT, advantages_N1, 0.0), metrics
 
@@ -234,19 +200,14 @@ def reinforce_pp_advantages(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *, 
     whitening) and `kl_reward_mean` (mean of -kl_beta * kl over completion tokens).
     """
     who = "reinforce_pp"
-    _check_knobs(who, kl_beta, eps)
+    check_knobs(who, kl_beta, eps)
     check_rewards_BG(rewards_BG, who, min_group_size=1)
-    on_NT = _check_mask(rewards_BG, mask_NT, who)
+    on_NT = check_mask(rewards_BG, mask_NT, who)
     token_rewards_NT = torch.zeros(mask_NT.shape, dtype=torch.float32, device=mask_NT.device)
     if kl_beta > 0:
         if kl_NT is None:
             raise ExperimentError(f"{who}: kl_beta={kl_beta} but no per-token KL (kl_NT) was given")
-        if kl_NT.shape != mask_NT.shape:
-            raise ExperimentError(f"{who}: kl_NT shape {tuple(kl_NT.shape)} != mask shape {tuple(mask_NT.shape)}")
-        bad_NT = on_NT & ~torch.isfinite(kl_NT)
-        if bad_NT.any():
-            n, t = (int(i) for i in bad_NT.nonzero()[0])
-            raise ExperimentError(f"{who}: non-finite KL {kl_NT[n, t].item()} at row {n}, token {t}")
+        check_token_tensor(who, "KL", "kl_NT", kl_NT, mask_NT, on_NT)
         token_rewards_NT = torch.where(on_NT, -kl_beta * kl_NT.detach().float(), 0.0)
     kl_reward_mean = float(token_rewards_NT[on_NT].mean().item())
     rows_N = torch.arange(mask_NT.shape[0], device=mask_NT.device)
@@ -271,19 +232,34 @@ ADVANTAGE_ESTIMATORS: dict[str, TokenAdvantageFn] = {
     **{name: _sequence_level(name, fn) for name, fn in ADVANTAGES.items()},
     "reinforce_pp": reinforce_pp_advantages,
 }
-
+CRITIC_ESTIMATORS: dict[str, CriticAdvantageFn] = {"gae": gae_advantages}
+# training.advantage's choices: the estimators without a critic, then those that take its values
+ESTIMATOR_NAMES = (*ADVANTAGE_ESTIMATORS, *CRITIC_ESTIMATORS)
 
 # Estimators that take the per-token KL into their token rewards (so the KL must not also enter the scalar reward)
-TOKEN_KL_ESTIMATORS = frozenset({"reinforce_pp"})
+TOKEN_KL_ESTIMATORS = frozenset({"reinforce_pp", "gae"})
+
+
+def _known(name: str) -> None:
+    if name not in ESTIMATOR_NAMES:
+        raise UserError(f"unknown advantage estimator '{name}' (known: {', '.join(sorted(ESTIMATOR_NAMES))})")
 
 
 def takes_token_kl(name: str) -> bool:
-    get_advantage_estimator(name)
+    _known(name)
     return name in TOKEN_KL_ESTIMATORS
+
+
+def takes_values(name: str) -> bool:
+    """Whether estimator `name` needs a critic's values (and gives the critic's returns)."""
+    _known(name)
+    return name in CRITIC_ESTIMATORS
 
 
 def get_advantage_estimator(name: str) -> TokenAdvantageFn:
     """Look up a token-level estimator by name, raising UserError that lists the known names."""
+    if name in CRITIC_ESTIMATORS:
+        raise UserError(f"advantage estimator '{name}' takes a critic's values: call estimate_advantages with them")
     if name not in ADVANTAGE_ESTIMATORS:
         raise UserError(f"unknown advantage estimator '{name}' (known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))})")
     return ADVANTAGE_ESTIMATORS[name]
@@ -303,3 +279,34 @@ def compute_advantages(name: str, rewards_BG: torch.Tensor, mask_NT: torch.Tenso
     return get_advantage_estimator(name)(rewards_BG, mask_NT, kl_NT=kl_NT, kl_beta=kl_beta,
                                          scale_by_std=scale_by_std, eps=eps)
 
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What an advantage estimator gives the loop."""
+
+    advantages_NT: torch.Tensor  # float32 [N, T], 0 off the mask
+    metrics: Metrics
+    returns_NT: torch.Tensor | None = None  # float32 [N, T], the critic's targets (CRITIC_ESTIMATORS), else None
+
+
+def estimate_advantages(name: str, rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *,
+                        kl_NT: torch.Tensor | None = None, kl_beta: float = 0.0,
+                        values_NT: torch.Tensor | None = None, gamma: float = 1.0, lam: float = 1.0,
+                        scale_by_std: bool = False, eps: float | None = None) -> Estimate:
+    """Estimator `name` of either registry: `compute_advantages` for those without a critic, the critic's
+    estimator (GAE) with the critic's values `values_NT` ([N, T], aligned to targets), `gamma` and `lam` for the
+    others. `eps`: None keeps the estimator's own. GAE always whitens and ignores `scale_by_std`, as reinforce_pp.
+    Values given to an estimator without a critic, or missing for one with, raise ExperimentError (a wiring bug)."""
+    tolerance = {} if eps is None else {"eps": eps}
+    if takes_values(name):
+        if values_NT is None:
+            raise ExperimentError(f"{name}: needs a critic's values of the completion tokens (values_NT)")
+        advantages_NT, returns_NT, metrics = CRITIC_ESTIMATORS[name](
+            rewards_BG, mask_NT, values_NT, kl_NT=kl_NT, kl_beta=kl_beta, gamma=gamma, lam=lam, **tolerance)
+        return Estimate(advantages_NT, metrics, returns_NT)
+    if values_NT is not None:
+        raise ExperimentError(f"{name}: a critic's values were passed to an estimator without a critic")
+    advantages_NT, metrics = compute_advantages(name, rewards_BG, mask_NT, kl_NT=kl_NT, kl_beta=kl_beta,
+                                                scale_by_std=scale_by_std, **tolerance)
+    return Estimate(advantages_NT, metrics)

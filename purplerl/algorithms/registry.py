@@ -36,7 +36,7 @@ Consumes = Literal["logprobs", "logits", "sequences", "values"]
 Metrics = dict[str, float]
 # the inputs a loss may read from a TrainBatch (its fields of the same names)
 BATCH_INPUTS = ("sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2", "kto_labels_N",
-                "margins_P")
+                "margins_P", "old_values_NT", "returns_NT")
 
 
 @dataclass(frozen=True)

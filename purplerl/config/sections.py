@@ -13,7 +13,7 @@ from purplerl.files import looks_local, plain_name_problem
 
 # choices read from the algorithm registries (when a value is checked), never typed again here
 POLICY_LOSS = Registry("purplerl.algorithms.registry:POLICY_GRADIENT_LOSSES", "policy-gradient loss").field()
-ADVANTAGE = Registry("purplerl.algorithms.advantages:ADVANTAGE_ESTIMATORS", "advantage estimator").field()
+ADVANTAGE = Registry("purplerl.algorithms.advantages:ESTIMATOR_NAMES", "advantage estimator").field()
 LOSS_AGGREGATION = Registry("purplerl.algorithms.losses:LOSS_AGGREGATIONS", "loss aggregation").field()
 KL_ESTIMATOR = Registry("purplerl.algorithms.kl:KL_ESTIMATORS", "KL estimator").field()
 TRACKER_NAMES = ("wandb", "tensorboard", "mlflow")  # purplerl.train.trackers opens each
@@ -98,6 +98,11 @@ def _collapse(t: Any) -> bool:
     return t.collapse_stop
 
 
+def _critic(t: Any) -> bool:
+    from purplerl.algorithms.advantages import takes_values  # the registry, read when a value is checked
+    return takes_values(t.advantage)
+
+
 class RLTrainingConfig(TrainingConfig):
     """An RL recipe's training: the optimizer, the policy-gradient loss, and the stop rules every RL recipe has."""
 
@@ -105,7 +110,9 @@ class RLTrainingConfig(TrainingConfig):
     clip_low: read_when(float, _clipped, "training.loss clips the ratio (ppo_clip)") = Field(0.2, ge=0.0, lt=1.0, description="PPO clip epsilon below 1")
     clip_high: read_when(float, _clipped, "training.loss clips the ratio (ppo_clip)") = Field(0.2, ge=0.0, description="PPO clip epsilon above 1 (> clip_low: clip-higher)")
     advantage: ADVANTAGE = Field("grpo", description="advantage estimator (algorithms.advantages)")
-    advantage_std: bool = Field(False, description="divide GRPO advantages by the group std")
+    advantage_std: read_when(bool, lambda t: not _critic(t), "training.advantage takes no critic's values") = Field(False, description="divide GRPO advantages by the group std")
+    gamma: read_when(float, _critic, "training.advantage takes a critic's values (gae)") = Field(1.0, ge=0.0, le=1.0, description="GAE discount of later tokens' rewards (1: none, TRL's default)")
+    lam: read_when(float, _critic, "training.advantage takes a critic's values (gae)") = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (Schulman et al. 2016): 1 is the return minus the critic's value, 0 the one-step TD error; TRL's default 0.95")
     loss_agg: LOSS_AGGREGATION = Field("token_mean", description="how per-token losses become one number (seq_mean_token_sum_norm: Dr. GRPO)")
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each rollout batch")
     mini_batches: int = Field(1, ge=1, description="optimizer steps per pass (the rollout batch is split into this many)")

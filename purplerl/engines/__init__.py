@@ -51,4 +51,15 @@ def check_init_adapter(model: ModelConfig, engine: EngineConfig) -> str | None:
     return check_adapter_fits(model.init_adapter, model.name, model.revision, "model.init_adapter")
 
 
-__all__ = ["ENGINES", "Engine", "EngineSettings", "check_init_adapter", "make_engine"]
+def check_heads(model: ModelConfig, engine: EngineConfig, who: str) -> None:
+    """Refuse, before any model loads, an engine without scalar heads on named adapters (a critic, a reward model):
+    only the local engine has them, over a LoRA base (purplerl.engines.adapters). `who` names what needs one."""
+    if engine.kind != "local":
+        raise UserError(f"{who} needs a scalar head on a named adapter, which only engine.kind local has (not "
+                        f"{engine.kind})")
+    if model.finetune != "lora":
+        raise UserError(f"{who} needs a LoRA adapter with a scalar head beside the policy's over the frozen base: "
+                        "use model.finetune lora")
+
+
+__all__ = ["ENGINES", "Engine", "EngineSettings", "check_heads", "check_init_adapter", "make_engine"]

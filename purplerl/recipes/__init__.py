@@ -4,12 +4,13 @@ summary metrics, early stops and hooks), one row here, and its tests."""
 
 from purplerl.recipes.attack import ATTACK
 from purplerl.recipes.defend import DEFEND
+from purplerl.recipes.ppo import PPO
 from purplerl.recipes.prefs import PREFS
 from purplerl.recipes.reward_model import REWARD_MODEL
 from purplerl.recipes.sft import SFT
 from purplerl.train.recipe import Recipe
 
-RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (ATTACK, DEFEND, SFT, PREFS, REWARD_MODEL)}
+RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (ATTACK, DEFEND, SFT, PREFS, REWARD_MODEL, PPO)}
 
 __all__ = ["RECIPES", "Recipe", "build_config", "load_config", "recipe_of"]
 

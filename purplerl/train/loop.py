@@ -1,8 +1,9 @@
 """The RL loop: sample -> score -> advantages -> batch -> train -> log -> checkpoint.
 
 `rl_step` is one step, read top to bottom; `run_loop` repeats it, logs, checkpoints and stops early.
-Recipes differ only in their hooks (`RecipeHooks`: reward, update, early stop) and prompts; where the KL
-penalty acts is decided once (`kl_placement`) from the config and the advantage estimator's declared needs.
+Recipes differ only in their hooks (`RecipeHooks`: reward, update, early stop, a critic's values) and prompts;
+where the KL penalty acts is decided once (`kl_placement`) from the config and the advantage estimator's declared
+needs, and an estimator that takes a critic's values (GAE) gets them from the recipe's `values` hook.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from typing import Any, Protocol
 
 import torch
 
-from purplerl.algorithms.advantages import compute_advantages, takes_token_kl
+from purplerl.algorithms.advantages import estimate_advantages, takes_token_kl, takes_values
 from purplerl.algorithms.kl import get_kl_estimator, sequence_kl
 from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import TrainingConfig
 from purplerl.data import PromptSampler
 from purplerl.engines.base import Engine
 from purplerl.engines.distributed import SINGLE, World
-from purplerl.errors import ExperimentError
+from purplerl.errors import ExperimentError, UserError
 from purplerl.runs.layout import EVALS_FILE, METRICS_FILE, SAMPLES_FILE
 from purplerl.train.batch import sequence_tensors
 from purplerl.train.checkpoint import save_checkpoint
@@ -46,6 +47,13 @@ class RewardFn(Protocol):
 class UpdateFn(Protocol):
     def __call__(self, engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
         """Train on the step's batch: forward_backward + optim_step calls; returns their metrics."""
+        ...
+
+
+class ValuesFn(Protocol):
+    def __call__(self, engine: Engine, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A critic's value of each completion token's state [N, T] (aligned to targets, 0 off the loss mask) for
+        the rollout's sequence tensors (input_ids_NT, attention_mask_NT, loss_mask_NT, ...)."""
         ...
 
 
@@ -109,15 +117,23 @@ def policy_loss(config: Any) -> Loss:
 
 
 def rl_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
-    """ppo_epochs passes over the rollout batch, each split into mini_batches optimizer steps.
+    """The policy-gradient loss for ppo_epochs passes over the rollout batch, each split into mini_batches
+    optimizer steps.
 
     The sampling logprobs stay the importance-sampling denominator for every pass: they are the behaviour
     policy's, which is what the ratio must correct for after the first update."""
+    return minibatch_updates(engine, batch, config, step, policy_loss(config), adam_params(config.training))
+
+
+def minibatch_updates(engine: Engine, batch: TrainBatch, config: Any, step: int, loss: Loss,
+                      adam: AdamParams) -> dict[str, float]:
+    """`loss` on the active adapter: ppo_epochs passes over the batch, each split into mini_batches optimizer
+    steps. The split is a function of (seed, step, epoch): every loss of a step (a policy's, its critic's) sees the
+    same mini-batches."""
     t = config.training
     n = batch.num_sequences
     if t.mini_batches > n:
         raise ExperimentError(f"step {step}: training.mini_batches={t.mini_batches} exceeds the {n} sequences")
-    loss = policy_loss(config)
     rows: list[dict[str, float]] = []
     for epoch in range(t.ppo_epochs):
         order = torch.arange(n)
@@ -125,7 +141,7 @@ def rl_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict
             order = torch.randperm(n, generator=torch.Generator().manual_seed(sampling_seed(t.seed, step) + epoch))
         for rows_idx in torch.tensor_split(order, t.mini_batches):
             metrics = engine.forward_backward(batch.select(rows_idx), loss)
-            rows.append({**metrics, **engine.optim_step(adam_params(t))})
+            rows.append({**metrics, **engine.optim_step(adam)})
     return {**mean_metrics(rows), "updates": float(len(rows))}
 
 
@@ -140,6 +156,7 @@ class RecipeHooks:
     reward: RewardFn
     update: UpdateFn = rl_update  # the train phase; e.g. the defense's Token Noiser steps
     early_stop: Callable[[dict[str, float]], str | None] = never_stop  # step metrics -> reason to stop, or None
+    values: ValuesFn | None = None  # a critic, for an advantage estimator that takes its values (GAE)
 
 
 EvaluateFn = Callable[[Engine, int], dict[str, Any]]  # (live engine, step) -> one evals.jsonl row, without "step"
@@ -212,10 +229,13 @@ def rl_step(step: int, config: Any, parts: LoopParts) -> tuple[dict[str, float],
     clock.append(time.perf_counter())
 
     kl_NT = get_kl_estimator(estimator)(sampled_NT, ref_NT) * mask_NT if kl.token_beta else None
-    advantages_NT, adv_metrics = compute_advantages(
+    critic = _critic_inputs(step, config, parts, tensors)
+    estimate = estimate_advantages(
         config.training.advantage, rewards.total_N.view(len(records), s.group_size), mask_NT, kl_NT=kl_NT,
-        kl_beta=kl.token_beta, scale_by_std=config.training.advantage_std)
-    batch = TrainBatch(advantages_NT=advantages_NT, ref_logprobs_NT=ref_NT if kl.loss_beta else None, **tensors)
+        kl_beta=kl.token_beta, **critic, scale_by_std=config.training.advantage_std)
+    advantages_NT, adv_metrics = estimate.advantages_NT, estimate.metrics
+    batch = TrainBatch(advantages_NT=advantages_NT, ref_logprobs_NT=ref_NT if kl.loss_beta else None, **tensors,
+                       old_values_NT=critic.get("values_NT"), returns_NT=estimate.returns_NT)
     train_metrics = parts.hooks.update(parts.engine, batch, config, step)
     _check_finite("loss", step, torch.tensor([train_metrics["loss"], train_metrics["grad_norm"]]))
     clock.append(time.perf_counter())
@@ -227,6 +247,18 @@ def rl_step(step: int, config: Any, parts: LoopParts) -> tuple[dict[str, float],
     metrics = {**step_metrics(whole.completions, whole.rewards, whole.kl_N, whole.mask_NT, whole.adv_metrics,
                               train_metrics, clock), **rollout_metrics}
     return metrics, sample_rows(step, whole.prompts, whole.completions, whole.rewards, whole.advantages_N)
+
+
+def _critic_inputs(step: int, config: Any, parts: LoopParts, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The critic's values of the rollout and the estimator's knobs, for an estimator that takes them; else none."""
+    t = config.training
+    if not takes_values(t.advantage):
+        return {}
+    if parts.hooks.values is None:
+        raise UserError(f"training.advantage '{t.advantage}' needs a critic's values and this recipe trains none")
+    values_NT = parts.hooks.values(parts.engine, tensors)
+    _check_finite("critic values", step, values_NT)
+    return {"values_NT": values_NT, "gamma": t.gamma, "lam": t.lam}
 
 
 def step_metrics(completions: list[Completion], rewards: RewardBreakdown, kl_N: torch.Tensor, mask_NT: torch.Tensor,

@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
+from purplerl.algorithms.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS, takes_values
 from purplerl.data import PromptSampler, load_prompts
+from purplerl.engines import check_heads
 from purplerl.engines.base import Engine
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
@@ -23,6 +25,7 @@ from purplerl.train.loop import (
     RewardFn,
     StepFn,
     UpdateFn,
+    ValuesFn,
     reward_kl_beta,
     rl_step,
     rl_update,
@@ -63,16 +66,31 @@ def rl_stops(config: Any, *rules: EarlyStop) -> EarlyStop:
     return first_stop(*rules)
 
 
+def check_critic(config: Any, values: ValuesFn | None) -> None:
+    """A recipe with a critic (a `values` hook) needs an estimator that takes its values, such an estimator a
+    critic, and a critic an engine with scalar heads: refused in one line before the engine loads."""
+    advantage = config.training.advantage
+    if takes_values(advantage):
+        check_heads(config.model, config.engine, f"training.advantage '{advantage}' learns a critic: it")
+    if takes_values(advantage) and values is None:
+        raise UserError(f"training.advantage '{advantage}' needs a critic's values and this recipe trains none: "
+                        f"choose an estimator without one ({', '.join(ADVANTAGE_ESTIMATORS)})")
+    if values is not None and not takes_values(advantage):
+        raise UserError(f"this recipe trains a critic for an estimator that takes its values "
+                        f"({', '.join(CRITIC_ESTIMATORS)}), not training.advantage '{advantage}'")
+
+
 def rl_prepare(reward: Callable[[Any], RewardFn], stops: Callable[[Any], EarlyStop],
-               update: UpdateFn = rl_update) -> Prepare:
+               update: UpdateFn = rl_update, values: ValuesFn | None = None) -> Prepare:
     """`prepare` for an RL recipe: its prompts, reward and stop rules are made (and checked) before the engine
-    exists, so a bad scorer fails in seconds, not minutes."""
+    exists, so a bad scorer fails in seconds, not minutes. `values`: the recipe's critic (GAE's values)."""
 
     def prepare(config: Any) -> Bind:
+        check_critic(config, values)
         records = load_prompts(config.data)
         sampler = PromptSampler(records, config.training.batch_size, config.training.seed,
                                 shuffle=config.data.shuffle)
-        hooks = RecipeHooks(reward=reward(config), update=update, early_stop=stops(config))
+        hooks = RecipeHooks(reward=reward(config), update=update, early_stop=stops(config), values=values)
 
         def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:
             d = config.data

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from purplerl.algorithms.critic import ValueLossParams
 from purplerl.algorithms.losses import aggregate_token_mean, importance_sampling_loss, kl_penalty_loss, ppo_clip_loss
 from purplerl.algorithms.pairwise import BradleyTerryParams, DPOParams, KTOParams, ORPOParams, SimPOParams
 from purplerl.algorithms.registry import (
@@ -107,6 +108,7 @@ def test_registry_declares_what_each_loss_consumes_and_reads() -> None:
         "kto": ("sequences", ("ref_logprobs_NT", "kto_labels_N"), KTOParams),
         "orpo": ("sequences", ("pairs_P2",), ORPOParams),
         "bradley_terry": ("values", ("pairs_P2",), BradleyTerryParams),
+        "ppo_value": ("values", ("old_values_NT", "returns_NT"), ValueLossParams),
     }
     assert get_loss_def("ppo_clip") is LOSS_REGISTRY["ppo_clip"]
     with pytest.raises(UserError, match="unknown loss 'reinforce_pp'"):

@@ -1,0 +1,60 @@
+"""`purplerl ppo`: PPO with a critic, the classic RLHF loop (Ziegler et al. 2019; Stiennon et al. 2020; InstructGPT,
+Ouyang et al. 2022), as TRL's PPOTrainer runs it.
+
+Each step: sample -> the frozen base's logprobs -> reward (the registered terms of `reward.terms`) -> the critic's
+values -> per-token rewards r_t = -kl_beta * KL_t (k1: logp_policy - logp_base per completion token) plus the
+sequence reward at the last token -> GAE(gamma, lam) advantages, whitened, and returns -> the policy's clipped
+surrogate (ppo_clip) and the critic's clipped value loss, each for ppo_epochs x mini_batches optimizer steps. The
+critic is a LoRA adapter with a scalar head over the policy's frozen base (purplerl.train.critic).
+
+The default reward is the attack's (toxicity - 0.3 x repetition on the aligned model): PPO red-teams as GRPO does.
+The RLHF form rewards a trained reward model: `--reward.terms '{reward_model: 1}' --reward.reward_model.run RUN`
+(purplerl reward-model), and `--critic.init RUN/checkpoints/step_N/member0` starts the critic from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from purplerl.recipes.summary import summarize_run
+from purplerl.train.critic import CriticConfig, critic_prepare
+from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.train.rl import registered_reward, rl_stops
+
+TERMS = {"toxicity": 1.0, "repetition": -0.3}
+
+PPOReward = reward_section("ppo", TERMS)
+PPOSettings = rl_settings("ppo", PPOReward, critic=(CriticConfig, "the critic (value function) and its loss"))
+
+
+def summarize(run_dir: Path, summary: dict[str, Any], config: Any) -> str:
+    return summarize_run(run_dir, summary, PPO.summary_metrics)
+
+
+# PPO's own defaults are TRL's PPOConfig's: GAE with gamma 1 and lam 0.95 (the training fields), KL coefficient
+# 0.05 in the token rewards, 4 PPO epochs, ratio clip 0.2, value clip 0.2, vf_coef 0.1 (the critic section).
+PPO = Recipe(
+    name="ppo",
+    settings=PPOSettings,
+    help="""PPO with a critic (the classic RLHF loop): GAE advantages from a value head on its own adapter over the
+    policy's base, the KL to the base in the per-token rewards, the clipped surrogate and a clipped value loss.
+
+    The reward is any registered terms (--reward.terms); a trained reward model: --reward.terms '{reward_model: 1}'
+    --reward.reward_model.run RUN. The critic trains on the local engine only.""",
+    prepare=critic_prepare(registered_reward, rl_stops),
+    defaults={"model": {"name": "embedded:smollm2-135m-safe"},
+              "training": {"advantage": "gae", "loss": "ppo_clip", "ppo_epochs": 4},
+              "reward": {"kl_beta": 0.05, "terms": TERMS}},
+    run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta),
+              RunNamePart("lam", lambda c: c.training.lam),
+              RunNamePart("E", lambda c: c.training.ppo_epochs), RunNamePart("B", lambda c: c.training.batch_size)),
+    summary_metrics={"reward/mean": "mean reward", "train/value_loss": "value loss",
+                     "adv/explained_variance": "explained variance of the returns", "kl/mean": "KL to the base"},
+    flat={**RL_FLAT, "gamma": "training.gamma", "lam": "training.lam", "ppo_epochs": "training.ppo_epochs",
+          "vf_coef": "critic.vf_coef", "cliprange_value": "critic.cliprange_value"},
+    summarize=summarize,
+    fixed_on_resume=FIXED_ON_RESUME | {"critic.init"},
+)
+
+__all__ = ["PPO", "PPOSettings"]

@@ -1,0 +1,93 @@
+"""A critic for the RL loop: PPO with a value function, the classic RLHF loop (Ziegler et al. 2019; InstructGPT,
+Ouyang et al. 2022; TRL's PPOTrainer). The critic is its own LoRA adapter with a scalar head (`critic`) over the
+policy's frozen base: the policy is the `default` adapter, the KL reference the base with adapters off, so the
+three roles share one copy of the weights.
+
+Each step the critic values the rollout's completion tokens (`critic_values`, the loop's `values` hook) before the
+advantages, which GAE computes from them (algorithms.critic); the update then trains the policy (the run's
+policy-gradient loss, e.g. ppo_clip) and the critic (the clipped value loss `ppo_value` against the GAE returns)
+on the same ppo_epochs x mini_batches split. The two adapters never share a gradient: each loss trains only the
+active adapter, and the critic's loss does not depend on the policy's weights nor the policy's on the critic's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from purplerl.algorithms.critic import ValueLossParams, state_values
+from purplerl.algorithms.registry import Loss
+from purplerl.config.base import Section
+from purplerl.engines.adapter_fit import check_adapter_fits
+from purplerl.engines.base import Engine
+from purplerl.train.loop import EarlyStop, RewardFn, StepFn, adam_params, minibatch_updates, rl_update
+from purplerl.train.recipe import Bind, Prepare
+from purplerl.train.rl import rl_prepare
+from purplerl.types import TrainBatch
+
+POLICY, CRITIC = "default", "critic"  # the adapters: the policy (every engine's first) and its critic
+
+
+class CriticConfig(Section):
+    """The critic: a LoRA adapter with a scalar head over the policy's frozen base, and its value loss."""
+
+    vf_coef: float = Field(0.1, gt=0.0, description="weight of the value loss (TRL's vf_coef); the critic has its own optimizer, so it scales the critic's gradient")  # noqa: E501
+    cliprange_value: float = Field(0.2, gt=0.0, description="the value loss clips the critic's new values to within this of the values the advantages were computed with (TRL's cliprange_value)")  # noqa: E501
+    lr: float | None = Field(None, gt=0.0, lt=1.0, description="the critic's AdamW learning rate (null: training.lr)")  # noqa: E501
+    init: str | None = Field(None, description="a PEFT adapter dir to start the critic from, with its scalar head when it saved one (a reward-model checkpoint's member0: InstructGPT starts the value function from the reward model); null: a fresh adapter and head")  # noqa: E501
+
+
+def critic_values(engine: Engine, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The critic's value of each completion token's state [N, T] (its head read at the position before the token),
+    0 off the completion: the loop's `values` hook."""
+    engine.use_adapter(CRITIC)
+    try:
+        values_NT = engine.values(tensors["input_ids_NT"], tensors["attention_mask_NT"])
+    finally:
+        engine.use_adapter(POLICY)
+    return state_values(values_NT, tensors["loss_mask_NT"])
+
+
+def critic_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
+    """The clipped value loss on the critic, on the policy's mini-batches: value_loss, value_clip_frac,
+    value_mean (its predictions), critic_grad_norm."""
+    c, t = config.critic, config.training
+    loss = Loss("ppo_value", ValueLossParams(clip_range=c.cliprange_value, coef=c.vf_coef))
+    adam = dataclasses.replace(adam_params(t), lr=c.lr if c.lr is not None else t.lr)
+    engine.use_adapter(CRITIC)
+    try:
+        metrics = minibatch_updates(engine, batch, config, step, loss, adam)
+    finally:
+        engine.use_adapter(POLICY)
+    return {"value_loss": metrics["value_loss"], "value_clip_frac": metrics["value_clip_frac"],
+            "value_mean": metrics["value_mean"], "critic_grad_norm": metrics["grad_norm"]}
+
+
+def policy_and_critic_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
+    """The policy's update (`rl_update`), then the critic's on the same mini-batches."""
+    return {**rl_update(engine, batch, config, step), **critic_update(engine, batch, config, step)}
+
+
+def critic_prepare(reward: Callable[[Any], RewardFn], stops: Callable[[Any], EarlyStop]) -> Prepare:
+    """`prepare` for an RL recipe with a critic: `rl_prepare` with the critic's values and update; binding adds the
+    critic's adapter and head (a resumed run's came with its checkpoint)."""
+    prepare_rl = rl_prepare(reward, stops, policy_and_critic_update, values=critic_values)
+
+    def prepare(config: Any) -> Bind:
+        if config.critic.init is not None:  # a misfit fails in one line now, not after the model loaded
+            check_adapter_fits(config.critic.init, config.model.name, config.model.revision, "critic.init")
+        bind_rl = prepare_rl(config)
+
+        def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:
+            if CRITIC not in engine.adapters:
+                engine.create_adapter(CRITIC, init=config.critic.init, head=True)
+            return bind_rl(engine, run_dir)
+
+        return bind
+
+    return prepare
