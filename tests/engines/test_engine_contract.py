@@ -33,16 +33,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from purplerl.algorithms.pairwise import DPOParams, KTOParams, ORPOParams, SimPOParams
 from purplerl.algorithms.registry import (
     LOSS_REGISTRY,
     CrossEntropyParams,
     CustomLoss,
-    DPOParams,
-    KTOParams,
     Loss,
-    ORPOParams,
     PolicyGradientParams,
-    SimPOParams,
     TokenNoiserParams,
 )
 from purplerl.config import EngineConfig, ModelConfig
