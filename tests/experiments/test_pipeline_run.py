@@ -198,14 +198,16 @@ def test_a_reward_model_stage_judges_the_later_stages(tiny_model_dir: Path, data
     grpo = {"name": "grpo", "kind": "attack", "config": {
         "reward": {"terms": {"reward_model": 1.0}, "reward_model": {"run": "${stages.rm}"}},
         "sampling": {"group_size": 2, "max_new_tokens": 4}}}
+    # PPO's checkpoint holds the policy and its critic: the policy is what is merged
+    ppo = {"name": "ppo", "kind": "ppo", "config": {**grpo["config"], "training": {"ppo_epochs": 1}}}
     stages = [_sft("before", data),
               {"name": "rm", "kind": "reward-model", "config": {"data": {"source": str(data / "pairs.jsonl")},
                                                                "reward_model": {"eval_fraction": 0.0}}},
-              _sft("sft", data), grpo]
+              _sft("sft", data), grpo, ppo]
     settings = read_pipeline(_pipeline(tiny_model_dir, out, stages, judge="rm",
                                        gates=[{"metric": "judge/win_rate", "min": 0.0}]))
     history = run_pipeline(settings, announce=lambda _: None)
-    before, rm, sft, attack = history["stages"]
+    before, rm, sft, attack, critic = history["stages"]
     # the reward model trains on the current model; the policy stays where it was
     before_model = str(out.resolve() / "models" / "before")
     assert (rm["decision"], rm["model_in"], rm["model_after"], sft["model_in"]) == ("done", *[before_model] * 3)
@@ -214,13 +216,16 @@ def test_a_reward_model_stage_judges_the_later_stages(tiny_model_dir: Path, data
     # before the reward model exists there is no judge: the gate is skipped, saying why
     assert "judge/win_rate" not in before["metrics"]
     assert (before["gates"][0]["passed"], before["gates"][0]["reason"]) == (None, "not measured")
-    for entry in (sft, attack):
+    assert [e["decision"] for e in (sft, attack, critic)] == ["passed"] * 3
+    assert critic["model_in"] == str(out.resolve() / "models" / "grpo")
+    for entry in (sft, attack, critic):
         win = entry["metrics"]["judge/win_rate"]
         assert 0.0 <= win["low"] <= win["mean"] <= win["high"] <= 1.0 and win["n"] == 3
         assert entry["gates"][0]["passed"] is True
     # the reward/judge check reads the training samples of a stage trained on a reward
     assert "validator/high_reward_low_judge" not in sft["metrics"]
-    assert 0.0 <= attack["metrics"]["validator/high_reward_low_judge"]["mean"] <= 1.0
+    for entry in (attack, critic):
+        assert 0.0 <= entry["metrics"]["validator/high_reward_low_judge"]["mean"] <= 1.0
 
 
 def test_a_refine_stage_writes_the_next_stages_sft_data(tiny_model_dir: Path, data: Path, tmp_path: Path) -> None:

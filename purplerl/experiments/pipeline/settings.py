@@ -129,7 +129,7 @@ class StageConfig(Section):
     """One stage of the pipeline."""
 
     name: str = Field(description="the stage's name: its dirs, `${stages.NAME}` and `judge: NAME`")
-    kind: str = Field(description="a recipe (sft, prefs, attack, defend, reward-model...), refine or eval")
+    kind: str = Field(description="a recipe (sft, prefs, attack (GRPO), ppo, defend, reward-model...), refine or eval")
     config: dict[str, Any] = Field(default_factory=dict, description="a recipe's sections (as in its --config file); refine: the refiner's RefineConfig fields; eval: fields of the eval section")  # noqa: E501
     gates: list[GateConfig] = Field(default_factory=list, description="gates that replace the pipeline's on the same metric, or add to them")  # noqa: E501
     judge: str | None = Field(None, description="a reward-model stage judging this stage's win rate (null: the pipeline's judge)")  # noqa: E501
