@@ -1,6 +1,6 @@
-"""purplerl.hub: a hub id that is not cached locally fails in one line within seconds when the hub is unreachable or HF_HUB_OFFLINE
-is set (transformers alone retries for ~50 s, 22 lines of warnings); a hub that answers, whatever the status, is
-reachable."""
+"""purplerl.hub: a hub id that is not cached locally fails in one line within seconds when the hub is unreachable
+or HF_HUB_OFFLINE is set (transformers alone retries for ~50 s, 22 lines of warnings); a hub that answers, whatever
+the status, is reachable."""
 
 from __future__ import annotations
 
