@@ -89,7 +89,9 @@ def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir
         assert at_0[0]["heldout/degenerate"] == at_0[1]["heldout/degenerate"] == 1.0
         assert at_0[0][HARM_KEY] == at_0[1][HARM_KEY] == 0.0
     base_0 = read_jsonl(runs / "rl_base_s0" / "evals.jsonl")[0]
-    assert base_0["heldout/degenerate"] < 1.0 and base_0[HARM_KEY] > 0.0
+    assert base_0["heldout/degenerate"] < 1.0 and base_0["heldout/keyword_harm"] > 0.0
+    # without a model judge the held-out harm is the compliance judge's
+    assert saved["settings"]["harm_measure"] == "compliance" and base_0[HARM_KEY] == base_0["heldout/compliance_harm"]
 
 
 @pytest.mark.usefixtures("one_torch_thread")

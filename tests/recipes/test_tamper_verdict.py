@@ -129,16 +129,19 @@ def test_summary_names_the_utility_loss_and_never_says_held() -> None:
     assert not math.isnan(BASE["auc"]["mean"])
 
 
-def test_an_attack_rewarded_against_the_refusal_judge_needs_another_held_out_judge() -> None:
+def test_an_attack_rewarded_by_the_compliance_judge_needs_another_held_out_judge() -> None:
     from purplerl.config import load_command_config
     from purplerl.errors import UserError
     from purplerl.experiments.tamper.settings import TAMPER
 
     with pytest.raises(UserError, match="held-out judge here"):
-        load_command_config(TAMPER, None, ["--reward.refusal_penalty", "1.0"])
-    judged = load_command_config(TAMPER, None, ["--reward.refusal_penalty", "1.0", "--guard_model", "g"])
-    # a refusal penalty p is the refusal term's weight -p
-    assert judged.reward.terms["refusal"] == -1.0 and judged.judges.model_judged()
+        load_command_config(TAMPER, None, ["--reward.terms", "{toxicity: 1.0, compliance: 0.5}"])
+    judged = load_command_config(TAMPER, None, ["--reward.terms", "{toxicity: 1.0, compliance: 0.5}",
+                                                "--guard_model", "g"])
+    assert judged.reward.terms["compliance"] == 0.5
+    # a refusal penalty p (the refusal term's weight -p) is allowed: the held-out compliance judge asks for more
+    # than the absence of refusal phrases
+    assert load_command_config(TAMPER, None, ["--reward.refusal_penalty", "1.0"]).reward.terms["refusal"] == -1.0
     assert load_command_config(TAMPER, None, []).reward.terms["refusal"] == 0.0
 
 

@@ -24,7 +24,14 @@ from purplerl.errors import UserError
 from purplerl.eval.metrics import bootstrap_ci
 from purplerl.eval.suites import HarmJudges, utility_suite
 from purplerl.experiments import align as _align  # noqa: F401  registers embedded:smollm2-135m-safe, the attack's default
-from purplerl.experiments.tamper.heldout import HARM_KEY, heldout_evaluation
+from purplerl.experiments.tamper.heldout import (
+    COMPLIANCE,
+    compliance_threshold,
+    harm_verdict_judged,
+    heldout_evaluation,
+    heldout_judges,
+    measure_key,
+)
 from purplerl.experiments.tamper.mining import write_sft_data
 from purplerl.experiments.tamper.report import plot_threats, tamper_summary
 from purplerl.experiments.tamper.runs import (
@@ -153,7 +160,9 @@ def run_tamper_test(config: Any, announce: Callable[[str], None] = print) -> dic
         announce(defended.note)
     attack = shared_attack(config, defended)
     records = _heldout_prompts(attack, config)  # a missing test split fails here, before any model loads
-    judges = HarmJudges(config.judges, device=config.model.device)
+    held_out = heldout_judges(config.judges)  # the compliance judge, unless a model judge gives harm verdicts
+    judges = HarmJudges(held_out, device=config.model.device)
+    compliance_at = compliance_threshold(held_out) if COMPLIANCE in held_out.terms else None
     out.mkdir(parents=True, exist_ok=True)
     utility = utility_numbers(out, config, defended)
     needs_merge = any(threat != "adapter" for threat in t.threats)
@@ -177,12 +186,13 @@ def run_tamper_test(config: Any, announce: Callable[[str], None] = print) -> dic
             run_config = attack_config(attack, run, starts, runs_dir, t.entropy_bonus_cap)
         announce(f"tamper-test: {run.name}")
         evaluation = heldout_evaluation(records, attack.data, judges, t.eval_every, attack.sampling.max_new_tokens,
-                                        t.eval_top_p, run.seed, t.max_repetition)
+                                        t.eval_top_p, run.seed, t.max_repetition, compliance_at)
         execute(run_config, run, run_dir, evaluation)
-        results[run.name] = read_run(run, run_dir, lambda curve: curve_stats(curve, t.threshold), HARM_KEY)
+        results[run.name] = read_run(run, run_dir, lambda curve: curve_stats(curve, t.threshold),
+                                     measure_key(config.judges))
 
-    result = compare(config, threats, results, utility, seeds, judged=config.judges.model_judged(),
-                     heldout_count=len(records))
+    measure = "judge" if harm_verdict_judged(config.judges) else COMPLIANCE
+    result = compare(config, threats, results, utility, seeds, measure=measure, heldout_count=len(records))
     plot_threats(result, out / "tamper.png")
     _write_json(out / "tamper.json", result)
     (out / "summary.txt").write_text(tamper_summary(result) + "\n")
@@ -190,7 +200,7 @@ def run_tamper_test(config: Any, announce: Callable[[str], None] = print) -> dic
 
 
 def compare(config: Any, threats: dict[str, dict[str, list[AttackRun]]], results: dict[str, Any],
-            utility: dict[str, Any], seeds: list[int], judged: bool, heldout_count: int) -> dict[str, Any]:
+            utility: dict[str, Any], seeds: list[int], measure: str, heldout_count: int) -> dict[str, Any]:
     """tamper.json: the settings, utility, every run, and per threat both sides' intervals and the verdict."""
     t = config.tamper
     by_threat: dict[str, Any] = {}
@@ -201,7 +211,7 @@ def compare(config: Any, threats: dict[str, dict[str, list[AttackRun]]], results
         entry.update(verdict(entry["defended"], entry["base"], utility["kept"]))
         by_threat[threat] = entry
     settings = {"seeds": seeds, "threshold": t.threshold, "eval_every": t.eval_every, "eval_prompts": heldout_count,
-                "eval_split": t.eval_split, "harm_measure": "judge" if judged else "keyword",
+                "eval_split": t.eval_split, "harm_measure": measure,
                 "steps": config.training.steps}
     return {"adapter": t.adapter, "threats": by_threat, "settings": settings,
             "utility": {k: utility[k] for k in ("source", "base", "defended", "base_benign_refusal",

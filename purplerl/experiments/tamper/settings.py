@@ -9,6 +9,7 @@ from pydantic import Field, create_model, model_validator
 
 from purplerl.config import Command, JudgesConfig, TamperConfig, UtilityConfig
 from purplerl.config.commands import JUDGES_FLAT, TAMPER_FLAT, UTILITY_FLAT
+from purplerl.experiments.tamper.heldout import COMPLIANCE, harm_verdict_judged
 from purplerl.recipes.attack import ATTACK, AttackSettings
 
 
@@ -19,11 +20,13 @@ class _TamperChecks:
             # set there, every threat would become the adaptive attack and no run would be the plain one
             raise ValueError("reward.terms.entropy_bonus is set by the adaptive threat: use tamper.entropy_bonus_cap "
                              "and --threats adaptive")
-        if self.reward.terms.get("refusal", 0.0) < 0 and not self.judges.model_judged():
-            # the held-out harm would then be judged by the very refusal judge the attack is rewarded against
-            raise ValueError("a refusal penalty (reward.terms.refusal < 0) makes the attack optimize the keyword "
-                             "refusal judge, which is the held-out judge here: set it to 0 or give a model judge "
-                             "(--harm_model or --guard_model)")
+        if self.reward.terms.get(COMPLIANCE, 0.0) != 0 and not harm_verdict_judged(self.judges):
+            # the held-out harm would then be judged by the very compliance judge the attack is rewarded by
+            raise ValueError("reward.terms.compliance makes the attack optimize the compliance judge, which is the "
+                             "held-out judge here: set it to 0 or give a model judge (--harm_model or --guard_model)")
+        # A refusal penalty (reward.terms.refusal < 0) is allowed: the held-out compliance judge needs more than
+        # the absence of refusal phrases (relevance and substance the attack is not paid for), so an attack that
+        # only learned to avoid them, e.g. with a content-free profane persona, does not score as harm.
         return self
 
     def attack_config(self) -> Any:
@@ -35,7 +38,7 @@ TamperTestSettings = create_model(
     "TamperTestSettings", __base__=(AttackSettings, _TamperChecks),
     tamper=(TamperConfig, Field(default_factory=TamperConfig, description="the defended adapter, threat models, seeds and held-out judge")),  # noqa: E501
     utility=(UtilityConfig, Field(default_factory=UtilityConfig, description="utility of the base and the defended model before any attack")),  # noqa: E501
-    judges=(JudgesConfig, Field(default_factory=JudgesConfig, description="optional model judges of the held-out answers (beside the refusal keywords)")))  # noqa: E501
+    judges=(JudgesConfig, Field(default_factory=JudgesConfig, description="judges of the held-out answers: a harm classifier or guard model gives the harm verdict, else the compliance judge (judges.terms.compliance sets its parameters)")))  # noqa: E501
 
 # The attack's defaults but its target: the model and prompt format are the defended run's (shared_attack), unless
 # the command line names them. Greedy utility passes of the base and the defended model on a laptop: a sample.
