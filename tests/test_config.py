@@ -544,10 +544,11 @@ def test_leaf_field_counts_per_command():
     # (engine.micro_batch_tokens bounds a pass) were removed (-2 for every command with an engine section);
     # data prepare's safety-prefs brought prepare.model and prepare.attack_run (+2); the registered reward_model term
     # its parameters (reward.reward_model, 5); GAE its training.gamma and training.lam (+2, read only when
-    # training.advantage takes a critic's values)
+    # training.advantage takes a critic's values); the registered compliance judge its parameters
+    # (reward.compliance, 5: read only when the term is in reward.terms)
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 109, "defend": 113, "tamper-test": 137, "sft": 54, "eval": 38, "sample": 15,
-                      "data prepare": 12, "align": 3, "verl export": 118}
+    assert counts == {"attack": 114, "defend": 118, "tamper-test": 142, "sft": 54, "eval": 38, "sample": 15,
+                      "data prepare": 12, "align": 3, "verl export": 123}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():
