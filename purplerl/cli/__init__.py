@@ -61,10 +61,16 @@ def _run_recipe(recipe: Any, cfg: Any, resume: Path | None, restart: bool) -> No
         return
     quiet_libraries()
     if under_torchrun():
-        from purplerl.engines.launch import stop_quietly_on_sigterm
+        from purplerl.engines.launch import stop_quietly_on_sigterm, stop_silently_on_sigterm
 
         stop_quietly_on_sigterm()
-    summary = run_recipe(recipe, cfg, resume_dir=resume, restart=restart)
+        try:
+            summary = run_recipe(recipe, cfg, resume_dir=resume, restart=restart)
+        except BaseException:
+            stop_silently_on_sigterm()  # this rank's own error line follows; the agent's stop adds none
+            raise
+    else:
+        summary = run_recipe(recipe, cfg, resume_dir=resume, restart=restart)
     if os.environ.get("RANK", "0") != "0":  # rank 0 reports for the run
         return
     typer.echo(recipe.summarize(Path(summary["run_dir"]), summary, cfg))
