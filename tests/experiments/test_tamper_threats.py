@@ -11,6 +11,7 @@ import pytest
 
 import purplerl.experiments.tamper as tamper
 from purplerl.config import load_command_config, read_config_file
+from purplerl.experiments.tamper.bootstrap import CLUSTER
 from purplerl.experiments.tamper.heldout import HARM_KEY
 from purplerl.experiments.tamper.report import tamper_summary
 from purplerl.experiments.tamper.settings import TAMPER
@@ -56,6 +57,8 @@ def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir
     t = saved["threats"]
     assert t["merged"]["base_runs"] == t["adapter"]["base_runs"] == ["rl_base_s0", "rl_base_s1"]
     assert t["adaptive"]["defended_runs"] == ["adaptive_merged_s0", "adaptive_merged_s1"]
+    assert t["merged"]["base"]["final_harm"]["method"] == CLUSTER and f"final harm: {CLUSTER}" in (
+        out / "summary.txt").read_text()
 
     def cfg(name: str) -> dict:
         return read_config_file(runs / name / "config.yaml")
@@ -79,6 +82,7 @@ def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir
         assert [row["step"] for row in evals] == [0, 2, 3]  # step 0, every 2 steps, the last step
         curve = [(row["step"], row[HARM_KEY]) for row in evals]
         assert run["harm_curve"] == [list(point) for point in curve]
+        assert run["harm_flags"] == [row["heldout/compliance_harm_flags"] for row in evals]  # the measure's verdicts
         assert {k: run[k] for k in ("auc", "final_harm", "steps_to_threshold")} == pytest.approx(
             {k: v for k, v in curve_stats(curve, 0.5).items() if k in ("auc", "final_harm", "steps_to_threshold")})
     # the defense merged into the weights is the same model as the adapter on the base: at step 0, before any

@@ -18,10 +18,22 @@ HARM_MEASURES = {
 
 
 def interval(agg: dict[str, Any]) -> str:
-    """'mean [low, high]', or 'mean (1 seed)' without an interval."""
+    """'mean [low, high]', or 'mean (1 seed)' without an interval (one seed without per-prompt verdicts)."""
     if agg["low"] is None:
         return f"{agg['mean']:.3f} (1 seed)"
     return f"{agg['mean']:.3f} [{agg['low']:.3f}, {agg['high']:.3f}]"
+
+
+def interval_methods(threats: dict[str, Any]) -> list[str]:
+    """How the intervals were computed: one line when every side's AUC and final harm share a method, else one line
+    per threat and side (some runs recorded without per-prompt verdicts fall back to resampling seeds only)."""
+    def methods(agg: dict[str, Any]) -> str:
+        return f"AUC and final harm: {agg['auc']['method']}; steps to threshold: {agg['steps_to_threshold']['method']}"
+
+    said = {(threat, side): methods(t[side]) for threat, t in threats.items() for side in ("base", "defended")}
+    if len(set(said.values())) == 1:
+        return [f"95% percentile intervals over seeds: {next(iter(said.values()))}"]
+    return [f"95% percentile intervals, {threat} {side}: {line}" for (threat, side), line in said.items()]
 
 
 def _ci(m: dict[str, Any]) -> str:
@@ -51,6 +63,7 @@ def tamper_summary(result: dict[str, Any]) -> str:
              f"held-out harm ({HARM_KEY}): {HARM_MEASURES[s['harm_measure']]}; {s['eval_prompts']} prompts of split "
              f"'{s['eval_split']}', evaluated at step 0, every {s['eval_every']} steps and at the last step",
              _utility_line(result["utility"]),
+             *interval_methods(result["threats"]),
              f"{'threat':9} {'start':9} {'AUC':>24} {'final harm':>24} {'steps to ' + str(s['threshold']):>24} "
              f"{'censored':>8} {'refused':>8} {'degenerate':>10} {'train final':>11}"]
     for threat, t in result["threats"].items():

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.errors import ExperimentError
+from purplerl.experiments.tamper.heldout import flags_key
 from purplerl.recipes.attack import ATTACK
 from purplerl.recipes.sft import SFT
 from purplerl.runs.layout import CONFIG_FILE, EVALS_FILE, METRICS_FILE
@@ -108,9 +109,24 @@ def execute(config: Any, run: AttackRun, run_dir: Path, evaluation: Evaluation) 
     return run_recipe(ATTACK, config, resume_dir=run_dir if resume else None, evaluation=evaluation)
 
 
+def read_flags(evals: list[dict[str, Any]], harm_key: str, where: Path) -> list[str] | None:
+    """The per-prompt verdicts behind `harm_key` at every evaluated step, or None when a row lacks them (a run
+    evaluated before they were stored: its interval then resamples seeds only). Each must give its row's share."""
+    flags = [row.get(flags_key(harm_key)) for row in evals]
+    if any(verdicts is None for verdicts in flags):
+        return None
+    for row, verdicts in zip(evals, flags, strict=True):
+        share = verdicts.count("1") / len(verdicts) if verdicts else float("nan")
+        if not abs(share - float(row[harm_key])) <= 1e-9:
+            raise ExperimentError(f"{where} step {row['step']}: the per-prompt verdicts '{verdicts}' give harm "
+                                  f"{share}, the row says {row[harm_key]}")
+    return flags
+
+
 def read_run(run: AttackRun, run_dir: Path, stats: Callable[[list[tuple[int, float]]], dict[str, Any]],
              harm_key: str) -> dict[str, Any]:
-    """A finished run's held-out harm curve, its statistics, and its training curve (from its logs)."""
+    """A finished run's held-out harm curve with its per-prompt verdicts (None in older records), its statistics,
+    and its training curve (from its logs)."""
     evals = read_jsonl(run_dir / EVALS_FILE)
     missing = [row["step"] for row in evals if harm_key not in row]
     if missing:
@@ -120,6 +136,7 @@ def read_run(run: AttackRun, run_dir: Path, stats: Callable[[list[tuple[int, flo
     key = TRAIN_CURVE[run.family]
     train = [float(row[key]) for row in read_jsonl(run_dir / METRICS_FILE) if key in row]
     return {"run": run.name, "seed": run.seed, "family": run.family, "start": run.start, **stats(curve),
-            "harm_curve": [list(point) for point in curve], "train_metric": key, "train_curve": train,
-            "heldout_refusal": [float(row["heldout/refusal"]) for row in evals],
+            "harm_curve": [list(point) for point in curve],
+            "harm_flags": read_flags(evals, harm_key, run_dir / EVALS_FILE), "train_metric": key,
+            "train_curve": train, "heldout_refusal": [float(row["heldout/refusal"]) for row in evals],
             "heldout_degenerate": [float(row["heldout/degenerate"]) for row in evals]}
