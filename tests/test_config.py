@@ -46,7 +46,7 @@ def _verl_export() -> Command:
 
 # every command that reads settings, by its name on the command line
 COMMANDS: dict[str, Command] = {
-    "attack": ATTACK.command(), "defend": RECIPES["defend"].command(), "sft": RECIPES["sft"].command(),
+    **{name: recipe.command() for name, recipe in RECIPES.items()},
     "align": ALIGN, "tamper-test": TAMPER, "eval": EVAL, "sample": SAMPLE, "data prepare": PREPARE,
     "verl export": _verl_export()}
 
@@ -545,10 +545,13 @@ def test_leaf_field_counts_per_command():
     # data prepare's safety-prefs brought prepare.model and prepare.attack_run (+2); the registered reward_model term
     # its parameters (reward.reward_model, 5); GAE its training.gamma and training.lam (+2, read only when
     # training.advantage takes a critic's values); the registered compliance judge its parameters
-    # (reward.compliance, 5: read only when the term is in reward.terms)
+    # (reward.compliance, 5: read only when the term is in reward.terms). The preference recipes: prefs (sft's
+    # tree less sft's own section, plus prefs' own), reward-model (plus reward_model's own) and ppo (attack's
+    # tree with the critic section and the critic-only advantage settings).
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
     assert counts == {"attack": 114, "defend": 118, "tamper-test": 142, "sft": 54, "eval": 38, "sample": 15,
-                      "data prepare": 12, "align": 3, "verl export": 123}
+                      "data prepare": 12, "align": 3, "verl export": 123,
+                      "prefs": 61, "reward-model": 54, "ppo": 117}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from purplerl.engines.model_cache import build_lock, to_stderr, verify_entry
 from purplerl.errors import ExperimentError
 from purplerl.files import write_durably
 from purplerl.prompting import render_prompt
+from purplerl.recipes.prefs import PREFS
 from purplerl.recipes.sft import SFT
 from purplerl.runs.checkpoints import latest_checkpoint
 from purplerl.runs.layout import CONFIG_FILE
@@ -34,8 +36,8 @@ from purplerl.types import SamplingParams
 
 SAFE_MODEL = "smollm2-135m-safe"
 BASE_MODEL = "embedded:smollm2-135m-instruct"
-# Every setting of the build; all of it goes into the cache key.
-ALIGN_SETTINGS: dict[str, Any] = {
+# Stage 1, SFT: every setting of it goes into its key. These are v3's, so a cache that holds v3's SFT run reuses it.
+SFT_SETTINGS: dict[str, Any] = {
     "version": 3,
     # v1 (560 harmful, 288 benign once, 160 steps) refused 98% of held-out harmful requests but also 63% of benign
     # ones (greedy); v2 (benign answers twice as many as refusals) 89% and 49%; v3 trains twice as long
@@ -47,13 +49,31 @@ ALIGN_SETTINGS: dict[str, Any] = {
     "sft": {"steps": 320, "batch_size": 8, "lr": 3e-4, "lora_rank": 16, "lora_alpha": 32.0, "max_tokens": 320,
             "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
 }
+# Stage 2, DPO from the SFT model (its own reference) on the training split's preference pairs
+# (experiments/safety_prefs.py): benign requests prefer the base model's answer to a needless refusal, harmful ones
+# the refusal to the base model's compliant answer. v3 (SFT only) refused 41% of held-out benign requests.
+PREFS_SETTINGS: dict[str, Any] = {
+    "version": 4,
+    # the SFT data's benign conversations give the benign pairs (their answers are the base model's own); this many
+    # of its harmful requests are answered by the base model for the harmful pairs' rejected side
+    "harmful_requests": 192,
+    "prefs": {"steps": 120, "batch_size": 8, "lr": 5e-5, "beta": 0.1, "loss": "dpo", "lora_rank": 16,
+              "lora_alpha": 32.0, "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
+}
+ALIGN_SETTINGS: dict[str, Any] = {"sft": SFT_SETTINGS, "prefs": PREFS_SETTINGS}
 ANSWER_BATCH = 32
 
 
-def align_key() -> str:
-    """The cache key: the alignment data, the settings and the base model's cache dir."""
-    blob = json.dumps({"data": alignment_data_hash(), "settings": ALIGN_SETTINGS, "base": BASE_MODEL},
+def sft_key() -> str:
+    """The SFT stage's key: the alignment data, its settings and the base model."""
+    blob = json.dumps({"data": alignment_data_hash(), "settings": SFT_SETTINGS, "base": BASE_MODEL},
                       sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def align_key() -> str:
+    """The cache key of the aligned model: the SFT stage's key and the preference stage's settings."""
+    blob = json.dumps({"sft": sft_key(), "prefs": PREFS_SETTINGS}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -85,7 +105,7 @@ def whole_sentences(text: str, finished: bool) -> str:
 
 def self_distilled_answers(prompts: list, notify: Callable[[str], None]) -> list[tuple[Any, str]]:
     """(example, the base model's own answer) for the benign prompts, answers cut to whole sentences."""
-    a = ALIGN_SETTINGS["answer"]
+    a = SFT_SETTINGS["answer"]
     engine = make_engine(ModelConfig(name=BASE_MODEL))
     kept: list[tuple[Any, str]] = []
     for start in range(0, len(prompts), ANSWER_BATCH):
@@ -106,7 +126,7 @@ def self_distilled_answers(prompts: list, notify: Callable[[str], None]) -> list
 
 def build_data(path: Path, notify: Callable[[str], None]) -> None:
     """The SFT conversations (JSONL), written atomically: refusals for harmful, own answers for benign."""
-    s = ALIGN_SETTINGS
+    s = SFT_SETTINGS
     harmful = _pick(alignment_examples("train", "harmful"), s["harmful_examples"], 1)
     benign = _pick(alignment_examples("train", "benign"), s["benign_examples"], 2)
     rows = [{"uid": ex.uid, "messages": list(ex.conversation())} for ex in harmful]
@@ -118,7 +138,7 @@ def build_data(path: Path, notify: Callable[[str], None]) -> None:
 
 
 def _sft_config(sft: Recipe, work: Path, data: Path, progress: bool):
-    s = ALIGN_SETTINGS["sft"]
+    s = SFT_SETTINGS["sft"]
     return sft.build({
         "recipe": "sft",
         "model": {"name": BASE_MODEL, "lora_rank": s["lora_rank"], "lora_alpha": s["lora_alpha"]},
@@ -147,23 +167,89 @@ def aligned_model_dir(notify: Callable[[str], None] = to_stderr, progress: bool 
 
 
 def _build(work: Path, target: Path, notify: Callable[[str], None], progress: bool) -> Path:
-    data = work / "data.jsonl"
-    if not data.is_file():
-        build_data(data, notify)
-    config = _sft_config(SFT, work, data, progress)
-    run_dir = work / "sft"
-    resume = (run_dir / CONFIG_FILE).is_file()
-    notify(f"align: SFT of {BASE_MODEL} on {sum(1 for _ in data.open())} conversations "
-           f"({ALIGN_SETTINGS['sft']['steps']} steps) in {run_dir}")
-    summary = execute_run(SFT, config, run_dir, resume=resume)
-    adapter = latest_checkpoint(run_dir)
-    if adapter is None or summary["last_step"] < ALIGN_SETTINGS["sft"]["steps"]:
-        raise ExperimentError(f"align: the SFT run in {run_dir} did not finish (last step {summary['last_step']})")
-    notify(f"align: merging {adapter} into {BASE_MODEL}, hashing it into its manifest")
-    merge_adapter(adapter, target, BASE_MODEL, metadata={"purplerl_align.json": {
+    """SFT (its run in $PURPLERL_CACHE/align/<sft key>), merged; then DPO from that model (its run in
+    $PURPLERL_CACHE/align/<align key>), merged into `target`. Each stage resumes where a kill left it."""
+    sft_work = cache_dir() / "align" / sft_key()
+    sft_model = _sft_stage(sft_work, notify, progress)
+    pairs = work / "prefs"
+    if not (pairs / "train.jsonl").is_file():
+        build_pairs(pairs, sft_work / "data.jsonl", notify)
+    adapter = _finished_run(PREFS, _prefs_config(PREFS, work, pairs / "train.jsonl", sft_model, progress),
+                            work / "prefs-run", PREFS_SETTINGS["prefs"]["steps"], notify)
+    notify(f"align: merging {adapter} into the SFT model, hashing it into its manifest")
+    merge_adapter(adapter, target, str(sft_model), metadata={"purplerl_align.json": {
         "key": align_key(), "settings": ALIGN_SETTINGS, "data_hash": alignment_data_hash()}}, cache_entry=True)
     notify(f"align: cached {target}")
     return target
+
+
+def build_pairs(out_dir: Path, sft_data: Path, notify: Callable[[str], None]) -> None:
+    """The preference stage's pairs (out_dir/train.jsonl): each benign conversation of the SFT data prefers its
+    answer to a needless refusal; the first `harmful_requests` harmful ones prefer their refusal to the base model's
+    own sampled answer, kept when it is no refusal and not degenerate (experiments/safety_prefs.py)."""
+    from purplerl.experiments import safety_prefs as sp  # it imports this module
+
+    examples = {ex.uid: ex for kind in ("harmful", "benign") for ex in alignment_examples("train", kind)}
+    benign: dict[str, tuple[Any, str]] = {}
+    harmful: list[Any] = []
+    for line in sft_data.read_text().splitlines():
+        row = json.loads(line)
+        uid = row["uid"] if row["uid"] in examples else row["uid"].rsplit("-", 1)[0]  # benign rows repeat as uid-k
+        ex = examples[uid]
+        if ex.kind == "benign":
+            benign.setdefault(uid, (ex, row["messages"][-1]["content"]))
+        elif len(harmful) < PREFS_SETTINGS["harmful_requests"]:
+            harmful.append(ex)
+    notify(f"align: preference pairs from {len(benign)} benign conversations and {BASE_MODEL}'s answers to "
+           f"{len(harmful)} harmful requests")
+    judge, left_out = sp.RefusalJudge(), Counter()
+    rows = sp.benign_rows([("train", ex) for ex, _ in benign.values()], [a for _, a in benign.values()], judge,
+                          left_out)
+    answers = sp.model_answerer(BASE_MODEL, notify)(harmful)
+    rows += sp.harmful_rows([("train", ex) for ex in harmful], answers, judge, left_out)
+    notify(f"align: {sp.write_pairs(out_dir, rows, dict(left_out), ('train',)).describe()}")
+
+
+def _sft_stage(work: Path, notify: Callable[[str], None], progress: bool) -> Path:
+    """The SFT stage's merged model (work/model), trained and merged on first use."""
+    model = work / "model"
+    if (model / "config.json").is_file():
+        return model
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "data.jsonl"
+    if not data.is_file():
+        build_data(data, notify)
+    notify(f"align: SFT of {BASE_MODEL} on {sum(1 for _ in data.open())} conversations")
+    adapter = _finished_run(SFT, _sft_config(SFT, work, data, progress), work / "sft", SFT_SETTINGS["sft"]["steps"],
+                            notify)
+    notify(f"align: merging {adapter} into {BASE_MODEL}")
+    return merge_adapter(adapter, model, BASE_MODEL, metadata={"purplerl_align.json": {
+        "stage": "sft", "key": sft_key(), "settings": SFT_SETTINGS}})
+
+
+def _finished_run(recipe: Recipe, config: Any, run_dir: Path, steps: int, notify: Callable[[str], None]) -> Path:
+    """Run (or resume) a stage's run to its last step; its last checkpoint."""
+    notify(f"align: {recipe.name} run ({steps} steps) in {run_dir}")
+    summary = execute_run(recipe, config, run_dir, resume=(run_dir / CONFIG_FILE).is_file())
+    adapter = latest_checkpoint(run_dir)
+    if adapter is None or summary["last_step"] < steps:
+        raise ExperimentError(f"align: the {recipe.name} run in {run_dir} did not finish "
+                              f"(last step {summary['last_step']})")
+    return adapter
+
+
+def _prefs_config(prefs: Recipe, work: Path, data: Path, model: Path, progress: bool):
+    s = PREFS_SETTINGS["prefs"]
+    return prefs.build({
+        "recipe": "prefs",
+        "model": {"name": str(model), "lora_rank": s["lora_rank"], "lora_alpha": s["lora_alpha"]},
+        "data": {"source": str(data)},
+        "training": {"steps": s["steps"], "batch_size": s["batch_size"], "lr": s["lr"], "seed": s["seed"]},
+        "prefs": {"loss": s["loss"], "beta": s["beta"], "eval_fraction": s["eval_fraction"],
+                  "eval_every": s["eval_every"]},
+        "run": {"output_dir": str(work), "name": "prefs-run", "save_every": 20, "keep_last": 2},
+        "logging": {"progress": progress},
+    })
 
 
 # `embedded:smollm2-135m-safe` resolves to this build wherever this module was imported (the CLI and the tamper test

@@ -54,6 +54,10 @@ from purplerl.types import PreferencePair, SamplingParams
 Answerer = Callable[[Sequence[AlignExample]], list[str]]  # requests -> the model's answers, '' for none usable
 ANSWER_TOKENS = 128
 ANSWER_BATCH = 16
+# Answers are sampled as `purplerl align` samples its self-distilled ones: greedy decoding of the instruct model
+# loops on harmful requests (3 of 3 degenerate in a --limit 3 run), and the benign answers are then the same kind
+# as the SFT data's.
+ANSWER_SAMPLING = {"temperature": 0.7, "top_p": 0.9}
 # share of mined prompts outside the alignment data held out, about the alignment data's own test share
 MINED_TEST_SHARE = 0.25
 _TAMPER = TamperConfig.model_fields
@@ -86,31 +90,32 @@ class SafetyPrefs:
 
 
 def prepare_safety_prefs(out_dir: Path, answer: Answerer, attack_run: Path | None = None,
-                         limit: int | None = None) -> SafetyPrefs:
+                         limit: int | None = None, splits: Sequence[str] = SPLITS) -> SafetyPrefs:
     """Build the set (module docstring) into `out_dir`, the model's answers from `answer` (`model_answerer`);
-    `limit` caps the requests of each kind per split."""
+    `limit` caps the requests of each kind per split; `splits` are the splits written (`purplerl align` trains on
+    the training split only)."""
     samples = _attack_samples(attack_run) if attack_run is not None else None  # a bad dir fails before the model
-    requests = {kind: [(split, ex) for split in SPLITS for ex in _spread(alignment_examples(split, kind), limit)]
+    requests = {kind: [(split, ex) for split in splits for ex in _spread(alignment_examples(split, kind), limit)]
                 for kind in ("harmful", "benign")}
     judge, left_out = RefusalJudge(), Counter()
     benign = requests["benign"]
-    rows = _benign_rows(benign, answer([ex for _, ex in benign]), judge, left_out)
+    rows = benign_rows(benign, answer([ex for _, ex in benign]), judge, left_out)
     if samples is None:
         harmful = requests["harmful"]
-        rows += _harmful_rows(harmful, answer([ex for _, ex in harmful]), judge, left_out)
+        rows += harmful_rows(harmful, answer([ex for _, ex in harmful]), judge, left_out)
     else:
-        rows += _mined_rows(samples, limit, left_out)
-    return _write(out_dir, rows, dict(left_out))
+        rows += [row for row in _mined_rows(samples, limit, left_out) if row["split"] in splits]
+    return write_pairs(out_dir, rows, dict(left_out), splits)
 
 
 def model_answerer(model: str = EMBEDDED_MODEL, notify: Callable[[str], None] = print) -> Answerer:
-    """`greedy_answers` of `model`, loaded on the first call."""
+    """`model_answers` of `model`, loaded on the first call."""
     engines: list[Engine] = []
 
     def answer(examples: Sequence[AlignExample]) -> list[str]:
         if not engines:
             engines.append(make_engine(ModelConfig(name=model)))
-        return greedy_answers(engines[0], examples, notify)
+        return model_answers(engines[0], examples, notify)
 
     return answer
 
@@ -126,14 +131,17 @@ def prepare_command(cfg: PrepareConfig) -> SafetyPrefs:
     return prepare_safety_prefs(out, model_answerer(cfg.model, to_stderr), attack_run, cfg.limit)
 
 
-def greedy_answers(engine: Engine, examples: Sequence[AlignExample], notify: Callable[[str], None]) -> list[str]:
-    """The model's greedy answer to each request, a cut answer kept to its whole sentences ('' when none)."""
+def model_answers(engine: Engine, examples: Sequence[AlignExample], notify: Callable[[str], None],
+                  seed: int = 0) -> list[str]:
+    """The model's sampled answer to each request (ANSWER_SAMPLING, seeded per batch: the same answers every time), a
+    cut answer kept to its whole sentences ('' when none)."""
     answers: list[str] = []
     for start in range(0, len(examples), ANSWER_BATCH):
         records = to_prompt_records(examples[start:start + ANSWER_BATCH])
         tokens = [render_prompt(engine.tokenizer, r, template="chat", system_prompt=None, max_prompt_tokens=256)
                   for r in records]
-        groups = engine.sample(tokens, 1, SamplingParams(max_new_tokens=ANSWER_TOKENS, temperature=0.0))
+        groups = engine.sample(tokens, 1, SamplingParams(max_new_tokens=ANSWER_TOKENS, seed=seed + start,
+                                                         **ANSWER_SAMPLING))
         answers += [whole_sentences(g[0].text, g[0].finish_reason == "stop") for g in groups]
         notify(f"safety-prefs: answered {len(answers)}/{len(examples)} requests")
     return answers
@@ -164,7 +172,7 @@ def _unusable(answer: str, judge: RefusalJudge) -> str | None:
     return "refused by the model" if judge.refused(answer) else None
 
 
-def _benign_rows(requests: list[tuple[str, AlignExample]], answers: list[str], judge: RefusalJudge,
+def benign_rows(requests: list[tuple[str, AlignExample]], answers: list[str], judge: RefusalJudge,
                  left_out: Counter) -> list[dict[str, Any]]:
     rows = []
     for (split, ex), answer in zip(requests, answers, strict=True):
@@ -177,7 +185,7 @@ def _benign_rows(requests: list[tuple[str, AlignExample]], answers: list[str], j
     return rows
 
 
-def _harmful_rows(requests: list[tuple[str, AlignExample]], answers: list[str], judge: RefusalJudge,
+def harmful_rows(requests: list[tuple[str, AlignExample]], answers: list[str], judge: RefusalJudge,
                   left_out: Counter) -> list[dict[str, Any]]:
     rows = []
     for (split, ex), answer in zip(requests, answers, strict=True):
@@ -243,8 +251,9 @@ def _row(split: str, ex: AlignExample, chosen: str, rejected: str, chosen_from: 
             "tags": list(ex.tags), "chosen_from": chosen_from, "rejected_from": rejected_from}
 
 
-def _write(out_dir: Path, rows: list[dict[str, Any]], left_out: dict[str, int]) -> SafetyPrefs:
-    by_split = {split: [r for r in rows if r["split"] == split] for split in SPLITS}
+def write_pairs(out_dir: Path, rows: list[dict[str, Any]], left_out: dict[str, int],
+           splits: Sequence[str]) -> SafetyPrefs:
+    by_split = {split: [r for r in rows if r["split"] == split] for split in splits}
     for split, kept in by_split.items():
         if not kept:
             raise ExperimentError(f"safety-prefs: no pairs left for the {split} split (left out: {left_out})")

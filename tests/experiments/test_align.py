@@ -28,13 +28,16 @@ def test_picks_are_seeded_and_spread_over_categories() -> None:
     assert len(counts) == len({e.category for e in harmful}) and max(counts.values()) - min(counts.values()) <= 1
 
 
-def test_the_cache_key_follows_the_settings(monkeypatch) -> None:
-    key = align.align_key()
-    assert key == align.align_key()
-    monkeypatch.setitem(align.ALIGN_SETTINGS, "benign_repeat", 3)
-    assert align.align_key() != key
-
-
+def test_the_cache_keys_follow_each_stages_settings(monkeypatch) -> None:
+    key, sft = align.align_key(), align.sft_key()
+    assert key == align.align_key() and sft == align.sft_key() and key != sft
+    with monkeypatch.context() as mp:
+        mp.setitem(align.SFT_SETTINGS, "benign_repeat", 3)  # the SFT stage changes: both keys do
+        assert align.sft_key() != sft and align.align_key() != key
+    with monkeypatch.context() as mp:
+        mp.setitem(align.PREFS_SETTINGS, "requests", 100)  # only the preference stage changes: its SFT run is reused
+        assert align.sft_key() == sft and align.align_key() != key
+    assert (align.sft_key(), align.align_key()) == (sft, key)
 
 
 def _benign_topic_edit(monkeypatch, split: str) -> None:
@@ -92,3 +95,39 @@ def test_equal_data_rebuilt_from_equal_tables_keeps_the_key(monkeypatch) -> None
     for category, topics in list(benign_everyday.EVERYDAY_TOPICS.items()):
         monkeypatch.setitem(benign_everyday.EVERYDAY_TOPICS, category, tuple(dataclasses.replace(t) for t in topics))
     assert align.align_key() == key
+
+
+def test_the_preference_stage_pairs_come_from_the_sft_data_and_the_base_models_answers(monkeypatch, tmp_path) -> None:
+    import json
+
+    from purplerl.experiments import safety_prefs as sp
+
+    harmful, benign = alignment_examples("train", "harmful")[:3], alignment_examples("train", "benign")[:2]
+    rows = [{"uid": ex.uid, "messages": list(ex.conversation())} for ex in harmful]
+    rows += [{"uid": f"{ex.uid}-{k}", "messages": list(ex.conversation(f"Here is how, part {i}. Mix well first."))}
+             for i, ex in enumerate(benign) for k in range(2)]  # each benign conversation twice, as build_data writes
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    asked: list[list[str]] = []
+
+    def answerer(model, notify):
+        assert model == align.BASE_MODEL
+
+        def answer(examples):
+            asked.append([ex.uid for ex in examples])
+            return ["Sure. First get the tools, then do the thing step by step.", "I can't help with that.",
+                    "ok ok ok ok ok ok ok ok ok ok ok ok"][:len(examples)]
+        return answer
+
+    monkeypatch.setattr(sp, "model_answerer", answerer)
+    monkeypatch.setitem(align.PREFS_SETTINGS, "harmful_requests", 3)
+    align.build_pairs(tmp_path / "prefs", data, notify=lambda line: None)
+    assert asked == [[ex.uid for ex in harmful]]  # the base model answers the SFT data's harmful requests, once
+    pairs = [json.loads(line) for line in (tmp_path / "prefs" / "train.jsonl").read_text().splitlines()]
+    assert not (tmp_path / "prefs" / "test.jsonl").exists()
+    by_uid = {p["uid"]: p for p in pairs}
+    assert set(by_uid) == {benign[0].uid, benign[1].uid, harmful[0].uid}  # a refused and a looping answer: no pair
+    assert by_uid[benign[1].uid]["chosen"] == "Here is how, part 1. Mix well first."
+    assert by_uid[benign[1].uid]["rejected"] == sp.needless_refusal(benign[1])
+    assert (by_uid[harmful[0].uid]["chosen"], by_uid[harmful[0].uid]["rejected"]) == (
+        str(harmful[0].refusal), "Sure. First get the tools, then do the thing step by step.")

@@ -161,23 +161,29 @@ def test_the_output_dir_is_checked_before_the_model_loads(tmp_path) -> None:
         sp.prepare_command(cfg)
 
 
-def test_the_tiny_models_greedy_answers(monkeypatch, tiny_model_dir, one_torch_thread) -> None:
+def test_the_tiny_models_sampled_answers_are_seeded(monkeypatch, tiny_model_dir, one_torch_thread) -> None:
     monkeypatch.setattr(sp, "ANSWER_TOKENS", 12)
     examples = alignment_examples("train", "benign")[:3]
     answer = sp.model_answerer(str(tiny_model_dir), notify=lambda line: None)
     first = answer(examples)
-    assert len(first) == 3 and first == answer(examples)  # greedy: the same answers every time
+    assert len(first) == 3 and first == answer(examples)  # seeded sampling: the same answers every time
     assert all(text == "" or text.endswith((".", "!", "?")) for text in first)  # cut ones keep whole sentences
 
 
 def test_cli_runs_the_model_and_says_what_it_left_out(tiny_model_dir, tmp_path) -> None:
-    """The random tiny model never finishes a sentence, so every request is left out: one line, exit 1."""
+    """The random tiny model's sampled answers: its benign ones never finish a sentence (left out, counted), its
+    harmful ones are random text that is no refusal, so they stand as the rejected side of a pair."""
     proc = subprocess.run([sys.executable, "-m", "purplerl.cli", "data", "prepare", "safety-prefs", "--model",
                            str(tiny_model_dir), "--limit", "1", "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})  # a tiny model runs fastest on one thread
-    assert proc.returncode == 1, proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert "safety-prefs: no pairs left for the train split (left out: {'benign requests empty or degenerate " \
-           "answers': 2, 'harmful requests empty or degenerate answers': 2})" in last
-    assert "safety-prefs: answered 2/2 requests" in proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("safety-prefs: answered 2/2 requests") == 2  # benign, then harmful: one per split each
+    out = tmp_path / "out"
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"wrote {out / 'train.jsonl'} (1 pairs), {out / 'test.jsonl'} (1 pairs); left out: 2 benign requests empty "
+        "or degenerate answers")
+    for split in ("train", "test"):
+        (row,) = [json.loads(line) for line in (out / f"{split}.jsonl").read_text().splitlines()]
+        assert (row["kind"], row["chosen_from"], row["rejected_from"]) == ("harmful", "refusal", "model")
+        assert row["rejected"].strip() and row["chosen"] != row["rejected"]

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Regenerates docs/results/preferences/ (README.md there): the offline preference set, a reward model, DPO from the
+# base model and PPO against the reward model, 3 seeds each, then the measurements. Resumable: a finished step is
+# skipped, a killed run resumes. Run alone on the machine (two torch processes on 2 cores slow each other).
+#
+#   docs/results/preferences/run.sh [WORK_DIR]          (default runs/preferences)
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+W=${1:-runs/preferences}
+OUT=docs/results/preferences
+PY=.venv/bin/python
+P=.venv/bin/purplerl
+SEEDS=${SEEDS:-"0 1 2"}
+mkdir -p "$W"
+
+run() {  # run NAME ARGS...: a recipe run in $W/runs/NAME, resumed when it exists
+  local name=$1; shift
+  local recipe=$1; shift
+  if [ -f "$W/runs/$name/config.yaml" ]; then
+    $P "$recipe" --resume "$W/runs/$name" --logging.progress false
+  else
+    $P "$recipe" "$@" --output_dir "$W/runs" --name "$name" --logging.progress false
+  fi
+}
+
+# 1. the offline preference set: the base model's sampled answers, 240 harmful and 240 benign requests per split
+[ -f "$W/data/test.jsonl" ] || $P data prepare safety-prefs --out "$W/data" --limit 240
+
+# 2. a Bradley-Terry reward model on the training split
+run rm reward-model --data "$W/data/train.jsonl" --steps 100 --batch_size 8 --lr 1e-4 --reward_model.eval_every 25
+$PY $OUT/measure.py rm "$W/runs/rm" "$W/data/test.jsonl" > $OUT/rm.json
+
+# 3. DPO from the base model (its own reference), 3 seeds
+for s in $SEEDS; do
+  run dpo_s$s prefs --data "$W/data/train.jsonl" --steps 120 --batch_size 8 --lr 5e-5 --prefs.beta 0.1 \
+    --prefs.eval_every 40 --seed "$s"
+done
+$PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/dpo_s$s"; done) > $OUT/dpo.json
+
+# 4. PPO with a critic against the reward model, on the training split's requests, 30 steps, 3 seeds
+for s in $SEEDS; do
+  run ppo_s$s ppo --model embedded:smollm2-135m-instruct --data "$W/data/train.jsonl" --steps 30 \
+    --reward.terms '{reward_model: 1}' --reward.reward_model.run "$W/runs/rm" --seed "$s"
+done
+$PY $OUT/measure.py ppo $(for s in $SEEDS; do echo "$W/runs/ppo_s$s"; done) > $OUT/ppo.json
