@@ -5,16 +5,15 @@
   samples.jsonl as tamper-test's sft threat mines them (harm score >= tamper.sft_min_toxicity, not a refusal,
   not degenerate, distinct); a mined prompt that is no alignment request is refused with a refusal composed
   for its category the same way. The alignment data itself holds no harmful answers (only refusals), so
-  without an attack run the rejected answer is `--model`'s own greedy answer to the request, kept only when the
-  keyword refusal judge finds no refusal in it; a request the model refuses gets no pair. That side is thin:
-  the embedded instruct model refused 3 of 6 harmful requests and answered the other 3 degenerately (greedy
-  repetition) in a --limit 3 run, so a usable harmful side needs --attack_run.
-- Benign requests, the look-alikes of harmful ones included: chosen = `--model`'s own greedy answer (the
+  without an attack run the rejected answer is `--model`'s own sampled answer to the request (ANSWER_SAMPLING),
+  kept only when the keyword refusal judge finds no refusal in it and it is not degenerate; a request the model
+  refuses gets no pair.
+- Benign requests, the look-alikes of harmful ones included: chosen = `--model`'s own sampled answer (the
   self-distillation of `purplerl align`), kept when it is no refusal; rejected = a needless refusal, an opener
   of the alignment refusals plus an over-cautious reason, both drawn by hashing the request's uid.
 
 Answers cut at ANSWER_TOKENS keep their whole sentences only, and degenerate ones (empty, or repeating their
-3-grams past tamper.max_repetition) are left out. Every draw is a hash or greedy decoding, so a model gives the
+3-grams past tamper.max_repetition) are left out. Every draw is a hash or seeded sampling, so a model gives the
 same file every time. Each pair keeps its request's split: the alignment data's test split holds out whole
 templates and whole topics; a mined prompt outside it is held out by a hash of the prompt. Written as
 OUT/train.jsonl and OUT/test.jsonl (the file is the split) in the preference pair format (prompt, chosen,
