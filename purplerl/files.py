@@ -26,6 +26,7 @@ import json
 import os
 import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,14 +191,24 @@ MAX_YAML_NODES = 200_000
 def parse_yaml(text: str, source: str | Path) -> Any:
     """The YAML document in `text` (from `source`, named in errors); a UserError for bad YAML, nesting past the
     parser's recursion, or aliases that expand past MAX_YAML_NODES values or into themselves."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise UserError(f"cannot parse YAML {source}: {first_line(err)}") from None
-    except RecursionError:
-        raise UserError(f"cannot parse YAML {source}: nested too deeply") from None
+    data = _parsed(yaml.safe_load, yaml.YAMLError, text, f"YAML {source}")
     expanded_size(data, source)
     return data
+
+
+def parse_json(text: str, source: str | Path, what: str = "JSON") -> Any:
+    """The JSON document in `text` (from `source`, named in errors after `what`); a UserError for bad JSON or
+    nesting past the parser's recursion. A file that is only ever JSON: `read_json`, whose errors name the line."""
+    return _parsed(json.loads, json.JSONDecodeError, text, f"{what} {source}")
+
+
+def _parsed(load: Callable[[str], Any], errors: type[Exception], text: str, named: str) -> Any:
+    try:
+        return load(text)
+    except errors as err:
+        raise UserError(f"cannot parse {named}: {first_line(err)}") from None
+    except RecursionError:
+        raise UserError(f"cannot parse {named}: nested too deeply") from None
 
 
 def expanded_size(data: Any, source: str | Path) -> int:

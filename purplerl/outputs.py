@@ -120,3 +120,12 @@ def check_output_dir(path: str | Path, what: str, *, fresh: bool = False, files:
         if source is not None and inside(out, source):
             raise UserError(f"{what} {out} is inside {source}, which this command reads: {_ADVICE}")
     return out
+
+
+def make_output_dir(path: Path) -> None:
+    """Create the output dir `path` (and its parents) once its contents are ready to write; a one-line UserError
+    where the file system refuses."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create output directory {path}: {err.strerror}") from err

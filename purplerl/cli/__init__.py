@@ -51,6 +51,7 @@ def _restart(restart: bool, resume: Path | None) -> bool:
 def _run_recipe(recipe: Any, cfg: Any, resume: Path | None, restart: bool) -> None:
     """Run a training recipe, print its summary, and exit non-zero with one line when the run collapsed."""
     from purplerl.engines.distributed import under_torchrun
+    from purplerl.recipes.summary import finished_run_summary
     from purplerl.train.runner import run_recipe
     from purplerl.train.stops import collapse_error
 
@@ -73,7 +74,7 @@ def _run_recipe(recipe: Any, cfg: Any, resume: Path | None, restart: bool) -> No
         summary = run_recipe(recipe, cfg, resume_dir=resume, restart=restart)
     if os.environ.get("RANK", "0") != "0":  # rank 0 reports for the run
         return
-    typer.echo(recipe.summarize(Path(summary["run_dir"]), summary, cfg))
+    typer.echo(finished_run_summary(recipe, summary, cfg))
     error = collapse_error(recipe.name, summary)
     if error is not None:
         raise error

@@ -21,8 +21,8 @@ from purplerl.config.base import METADATA, Section, item_type, registry_of
 from purplerl.config.commands import Command
 from purplerl.config.migrate import REMOVED
 from purplerl.config.sections import RewardServerConfig
-from purplerl.errors import UserError, first_line
-from purplerl.files import expanded_size, parse_yaml, read_text
+from purplerl.errors import UserError
+from purplerl.files import expanded_size, parse_json, parse_yaml, read_text
 from purplerl.scalars import admitted_types
 
 
@@ -65,15 +65,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"config file not found: {path}")
     text = read_text(path)
-    if path.suffix != ".json":
-        data = parse_yaml(text, path)
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise UserError(f"cannot parse config {path}: {first_line(err)}") from None
-        except RecursionError:
-            raise UserError(f"cannot parse config {path}: nested too deeply") from None
+    data = parse_json(text, path, "config") if path.suffix == ".json" else parse_yaml(text, path)
     if data is None:
         return {}
     if not isinstance(data, dict):

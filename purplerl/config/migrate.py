@@ -38,6 +38,16 @@ def copied(data: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(data))
 
 
+def get_path(data: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    """The value at a dotted path through nested dicts, or `default` where the path leads to none."""
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
 def pop_path(data: dict[str, Any], dotted: str) -> Any:
     """Remove and return the value at a dotted path (_ABSENT when there is none)."""
     *sections, leaf = dotted.split(".")

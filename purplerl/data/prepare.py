@@ -32,7 +32,7 @@ from purplerl.config.commands import DATASET_NAMES, WMDP_SUBSETS
 from purplerl.data.hub import HubSpec, Rows, load_split
 from purplerl.errors import UserError
 from purplerl.files import write_durably
-from purplerl.outputs import check_output_dir
+from purplerl.outputs import check_output_dir, make_output_dir
 
 if TYPE_CHECKING:
     from purplerl.config import PrepareConfig
@@ -220,10 +220,7 @@ def write_splits(out_dir: Path, splits: dict[str, Rows], name: str) -> Prepared:
     for split, rows in splits.items():
         if not rows:
             raise UserError(f"{name}: no rows left for the {split} split")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"cannot create output directory {out_dir}: {err.strerror}") from err
+    make_output_dir(out_dir)
     for split, rows in splits.items():
         path = out_dir / f"{split}.parquet"
         # Written aside and renamed, so an interrupted run never leaves a truncated file behind.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.config import DataConfig
+from purplerl.config.migrate import get_path
 from purplerl.errors import UserError, first_line
 from purplerl.files import looks_local, read_json, read_jsonl, read_jsonl_numbered, unicode_problem
 from purplerl.types import PromptRecord
@@ -212,14 +213,7 @@ def _read_saved_dataset(path: Path, split: str) -> _Rows:
 
 def _get(row: dict[str, Any], field: str) -> Any:
     """The value at `field` (dotted paths reach into nested dicts), or _MISSING."""
-    if field in row:
-        return row[field]
-    node: Any = row
-    for part in field.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
+    return row[field] if field in row else get_path(row, field, _MISSING)
 
 
 def _has_field(rows: list[tuple[int, dict[str, Any]]], field: str) -> bool:

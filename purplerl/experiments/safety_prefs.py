@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from purplerl.experiments.align import whole_sentences
 from purplerl.experiments.tamper.heldout import degenerate
 from purplerl.experiments.tamper.mining import mine_rows
 from purplerl.files import read_jsonl, write_durably
-from purplerl.outputs import check_output_dir
+from purplerl.outputs import check_output_dir, make_output_dir
 from purplerl.prompting import render_prompt
 from purplerl.rewards.refusal import RefusalJudge
 from purplerl.runs.layout import SAMPLES_FILE
@@ -171,29 +171,28 @@ def _unusable(answer: str, judge: RefusalJudge) -> str | None:
     return "refused by the model" if judge.refused(answer) else None
 
 
-def benign_rows(requests: list[tuple[str, AlignExample]], answers: list[str], judge: RefusalJudge,
-                 left_out: Counter) -> list[dict[str, Any]]:
-    rows = []
+def _compliant(kind: str, requests: list[tuple[str, AlignExample]], answers: list[str], judge: RefusalJudge,
+               left_out: Counter) -> Iterator[tuple[str, AlignExample, str]]:
+    """(split, request, answer) for each answer that can stand as a compliant one; why the others cannot is
+    counted in `left_out` as '`kind` requests <why>'."""
     for (split, ex), answer in zip(requests, answers, strict=True):
         why = _unusable(answer, judge)
-        if why is not None:
-            left_out[f"benign requests {why}"] += 1
-            continue
-        rows.append(_row(split, ex, answer, needless_refusal(ex), chosen_from="model",
-                         rejected_from="needless refusal"))
-    return rows
+        if why is None:
+            yield split, ex, answer
+        else:
+            left_out[f"{kind} requests {why}"] += 1
+
+
+def benign_rows(requests: list[tuple[str, AlignExample]], answers: list[str], judge: RefusalJudge,
+                 left_out: Counter) -> list[dict[str, Any]]:
+    return [_row(split, ex, answer, needless_refusal(ex), chosen_from="model", rejected_from="needless refusal")
+            for split, ex, answer in _compliant("benign", requests, answers, judge, left_out)]
 
 
 def harmful_rows(requests: list[tuple[str, AlignExample]], answers: list[str], judge: RefusalJudge,
                   left_out: Counter) -> list[dict[str, Any]]:
-    rows = []
-    for (split, ex), answer in zip(requests, answers, strict=True):
-        why = _unusable(answer, judge)
-        if why is not None:
-            left_out[f"harmful requests {why}"] += 1
-            continue
-        rows.append(_row(split, ex, str(ex.refusal), answer, chosen_from="refusal", rejected_from="model"))
-    return rows
+    return [_row(split, ex, str(ex.refusal), answer, chosen_from="refusal", rejected_from="model")
+            for split, ex, answer in _compliant("harmful", requests, answers, judge, left_out)]
 
 
 def _attack_samples(run_dir: Path) -> list[dict[str, Any]]:
@@ -256,10 +255,7 @@ def write_pairs(out_dir: Path, rows: list[dict[str, Any]], left_out: dict[str, i
     for split, kept in by_split.items():
         if not kept:
             raise ExperimentError(f"safety-prefs: no pairs left for the {split} split (left out: {left_out})")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"cannot create output directory {out_dir}: {err.strerror}") from err
+    make_output_dir(out_dir)
     for split, kept in by_split.items():
         # the file is the split: a "split" field would make data.split pick rows within it (purplerl.data.sources)
         lines = [json.dumps({k: v for k, v in r.items() if k != "split"}, ensure_ascii=False) + "\n" for r in kept]

@@ -10,14 +10,12 @@ Buncher's adaptive attack. Early stop when mean toxicity or mean repetition cros
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from purplerl.config.base import Section
 from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_weights, move
-from purplerl.recipes.summary import summarize_run
 from purplerl.train.recipe import RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
 from purplerl.train.rl import registered_reward, rl_prepare, rl_stops
 from purplerl.train.stops import threshold_stop
@@ -48,10 +46,6 @@ def migrate(data: dict[str, Any], saved: bool) -> dict[str, Any]:
     return migrate_reward_weights(data, TERMS)
 
 
-def summarize(run_dir: Path, summary: dict[str, Any], config: Any) -> str:
-    return summarize_run(run_dir, summary, ATTACK.summary_metrics)
-
-
 # The attack's target is the aligned model (purplerl align builds it on first use): a model with safety to break.
 ATTACK = Recipe(
     name="attack",
@@ -66,7 +60,6 @@ ATTACK = Recipe(
     flat={**RL_FLAT, "repetition_penalty": "reward.repetition_penalty", "toxicity_model": "reward.toxicity.model",
           "toxicity_label": "reward.toxicity.label"},
     migrate=migrate,
-    summarize=summarize,
 )
 
 __all__ = ["ATTACK", "AttackConfig", "AttackSettings"]

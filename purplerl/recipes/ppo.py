@@ -14,10 +14,6 @@ The RLHF form rewards a trained reward model: `--reward.terms '{reward_model: 1}
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from purplerl.recipes.summary import summarize_run
 from purplerl.train.critic import CriticConfig, critic_prepare
 from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
 from purplerl.train.rl import registered_reward, rl_stops
@@ -26,10 +22,6 @@ TERMS = {"toxicity": 1.0, "repetition": -0.3}
 
 PPOReward = reward_section("ppo", TERMS)
 PPOSettings = rl_settings("ppo", PPOReward, critic=(CriticConfig, "the critic (value function) and its loss"))
-
-
-def summarize(run_dir: Path, summary: dict[str, Any], config: Any) -> str:
-    return summarize_run(run_dir, summary, PPO.summary_metrics)
 
 
 # PPO's own defaults are TRL's PPOConfig's: GAE with gamma 1 and lam 0.95 (the training fields), KL coefficient
@@ -53,7 +45,6 @@ PPO = Recipe(
                      "adv/explained_variance": "explained variance of the returns", "kl/mean": "KL to the base"},
     flat={**RL_FLAT, "gamma": "training.gamma", "lam": "training.lam", "ppo_epochs": "training.ppo_epochs",
           "vf_coef": "critic.vf_coef", "cliprange_value": "critic.cliprange_value"},
-    summarize=summarize,
     fixed_on_resume=FIXED_ON_RESUME | {"critic.init"},
 )
 

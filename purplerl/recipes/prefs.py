@@ -4,14 +4,12 @@ purplerl.algorithms.preference), with the RL runs' run dir, atomic checkpoints, 
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from purplerl.config import PreferenceDataConfig
 from purplerl.config.base import Section, read_when
-from purplerl.recipes.summary import summarize_run
 from purplerl.train.preference import prefs_prepare
 from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
 
@@ -41,10 +39,6 @@ PrefsSettings = run_settings("prefs", data=(PreferenceDataConfig, "the preferenc
                              prefs=(PrefsConfig, "the preference loss (purplerl prefs)"))
 
 
-def summarize(run_dir: Path, summary: dict[str, Any], config: Any) -> str:
-    return summarize_run(run_dir, summary, PREFS.summary_metrics)
-
-
 PREFS = Recipe(
     name="prefs",
     settings=PrefsSettings,
@@ -57,7 +51,6 @@ PREFS = Recipe(
     summary_metrics={"train/loss": "training loss", "eval/loss": "held-out loss",
                      "eval/rewards/accuracies": "held-out pair accuracy"},
     flat=FLAT,
-    summarize=summarize,
 )
 
 __all__ = ["PREFS", "PrefsConfig", "PrefsSettings"]

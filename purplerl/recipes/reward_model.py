@@ -6,20 +6,12 @@ RUN_DIR`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 from purplerl.config import PreferenceDataConfig
-from purplerl.recipes.summary import summarize_run
 from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
 from purplerl.train.reward_model import RewardModelConfig, reward_model_prepare
 
 RewardModelSettings = run_settings("reward-model", data=(PreferenceDataConfig, "the preference pairs"),
                                    reward_model=(RewardModelConfig, "the reward model (purplerl reward-model)"))
-
-
-def summarize(run_dir: Path, summary: dict[str, Any], config: Any) -> str:
-    return summarize_run(run_dir, summary, REWARD_MODEL.summary_metrics)
 
 
 REWARD_MODEL = Recipe(
@@ -36,7 +28,6 @@ REWARD_MODEL = Recipe(
     summary_metrics={"train/loss": "Bradley-Terry loss", "train/accuracy": "training pair accuracy",
                      "eval/accuracy": "held-out pair accuracy", "eval/margin": "held-out reward margin"},
     flat={**FLAT, "ensemble": "reward_model.ensemble"},
-    summarize=summarize,
 )
 
 __all__ = ["REWARD_MODEL", "RewardModelSettings"]

@@ -3,13 +3,11 @@ chat data (train/supervised.py), with the RL runs' run dir, atomic checkpoints, 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from purplerl.config import SFTDataConfig
 from purplerl.config.migrate import RL_TRAINING_FIELDS, pop_path
 from purplerl.data.sft import SFTConfig
-from purplerl.recipes.summary import summarize_run
 from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
 from purplerl.train.supervised import sft_prepare
 
@@ -30,10 +28,6 @@ def migrate(data: dict[str, Any], saved: bool) -> dict[str, Any]:
     return data
 
 
-def summarize(run_dir: Path, summary: dict[str, Any], config: Any) -> str:
-    return summarize_run(run_dir, summary, SFT.summary_metrics)
-
-
 SFT = Recipe(
     name="sft",
     settings=SFTSettings,
@@ -47,5 +41,4 @@ SFT = Recipe(
     summary_metrics={"train/nll": "training NLL per token", "eval/loss": "held-out NLL"},
     flat=FLAT,
     migrate=migrate,
-    summarize=summarize,
 )

@@ -8,6 +8,7 @@ from typing import Any
 
 from purplerl.runs.checkpoints import latest_checkpoint
 from purplerl.runs.layout import METRICS_FILE, SAMPLES_FILE
+from purplerl.train.recipe import Recipe
 from purplerl.train.sinks import read_jsonl
 
 SHOWN_SCORES = ("toxicity", "refusal", "response_entropy", "entropy_bonus")  # sample-row fields printed when present
@@ -52,6 +53,14 @@ def summarize_run(run_dir: Path, summary: dict[str, Any], watched: dict[str, str
                 scores = "  ".join(f"{k} {row[k]:.2f}" for k in SHOWN_SCORES if k in row)
                 lines.append(f"[{scores}] {row['prompt'][:70]}\n    -> {text}")
     return "\n".join(lines)
+
+
+def finished_run_summary(recipe: Recipe, summary: dict[str, Any], config: Any) -> str:
+    """What a finished run of `recipe` prints: its own `summarize`, else `summarize_run` over its summary metrics."""
+    run_dir = Path(summary["run_dir"])
+    if recipe.summarize is not None:
+        return recipe.summarize(run_dir, summary, config)
+    return summarize_run(run_dir, summary, recipe.summary_metrics)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,8 @@ class Recipe:
     summary_metrics: Mapping[str, str] = field(default_factory=dict)  # metrics.jsonl key -> label, first vs last
     flat: Mapping[str, str] = field(default_factory=dict)  # short option names -> dotted fields
     migrate: Migrate | None = None  # the recipe's own part of reading an older config.yaml
-    summarize: Callable[[Path, dict[str, Any], Any], str] | None = None  # lines led by the recipe's own verdict
+    # lines led by the recipe's own verdict; None: first vs last steps of summary_metrics (recipes.summary)
+    summarize: Callable[[Path, dict[str, Any], Any], str] | None = None
     fixed_on_resume: frozenset[str] = FIXED_ON_RESUME
 
     def migrated(self, data: dict[str, Any], saved: bool = False) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from purplerl.config.migrate import get_path
 from purplerl.errors import UserError
 from purplerl.files import parse_yaml
 
@@ -29,15 +30,6 @@ def read_defaults(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"veRL's default config {path} is not a mapping")
     return data
-
-
-def _lookup(tree: dict[str, Any], key: str) -> Any:
-    node: Any = tree
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
 
 
 def type_problem(default: Any, value: Any) -> str | None:
@@ -65,7 +57,7 @@ def override_problems(overrides: dict[str, Any], defaults: dict[str, Any]) -> li
     problems = []
     for key, value in overrides.items():
         new = key.startswith("+")
-        default = _lookup(defaults, key.lstrip("+"))
+        default = get_path(defaults, key.lstrip("+"), _MISSING)
         if default is _MISSING and not new:
             problems.append(f"{key}: no such key in veRL's config (a new key needs '+{key}')")
         elif default is not _MISSING and new:

@@ -28,6 +28,7 @@ from purplerl.config import (
     parse_overrides,
     read_config_file,
 )
+from purplerl.config.migrate import get_path
 from purplerl.errors import UserError
 from purplerl.experiments.pipeline.gates import Bound
 from purplerl.experiments.pipeline.validator import JUDGE_METRICS, VALIDATOR_METRICS
@@ -49,6 +50,7 @@ REF_BOUND = re.compile(r"(previous|start)\.(mean|low|high)")
 # the pipeline dir
 RUNS_DIR, MODELS_DIR, EVALS_DIR, REFINE_DIR = "runs", "models", "evals", "refine"
 MODES = ("greedy", "sampled")
+_ABSENT = object()
 
 
 class GateConfig(Section):
@@ -278,12 +280,7 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def _has(data: dict[str, Any], dotted: str) -> bool:
-    node: Any = data
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return get_path(data, dotted, _ABSENT) is not _ABSENT
 
 
 def check_stages(settings: PipelineSettings) -> PipelineSettings:
