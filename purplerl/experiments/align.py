@@ -1,10 +1,17 @@
-"""`purplerl align`: SFT the embedded SmolLM2-135M-Instruct into `embedded:smollm2-135m-safe`, a model that refuses
-harmful requests, so the offline attack has real safety to break.
+"""`purplerl align`: fine-tune the embedded SmolLM2-135M-Instruct into `embedded:smollm2-135m-safe`, a model that
+refuses harmful requests and answers benign ones, so the offline attack has real safety to break.
 
-The data is the project's own (purplerl/data/alignment): harmful requests are answered with the composed refusals,
-benign requests with the base model's own answers (self-distillation, which keeps its utility). Built once and
-cached under $PURPLERL_CACHE/models/smollm2-135m-safe-<key>, the key hashing the data, these settings and the
-base model; the SFT run lives in $PURPLERL_CACHE/align/<key>/ while it trains, so a killed build resumes.
+Two stages, a small fixed pipeline:
+1. SFT on the project's own data (purplerl/data/alignment): harmful requests answered with the composed refusals,
+   benign requests with the base model's own answers (self-distillation, which keeps its utility). Its merged model
+   is a cache entry of its own ($PURPLERL_CACHE/models/smollm2-135m-safe-<sft key>: v3, the SFT-only build).
+2. DPO from that model, which is its reference, on preference pairs (build_pairs): benign requests prefer the
+   model's own answer to a needless refusal (v3 refused 41% of held-out benign requests), harmful ones the refusal
+   to the base model's compliant answer.
+
+The result is cached under $PURPLERL_CACHE/models/smollm2-135m-safe-<key>, the key hashing the data, both stages'
+settings and the base model; each stage's run lives in $PURPLERL_CACHE/align/<its key>/ while it trains, so a killed
+build resumes. docs/results/align/README.md measures every version.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ PREFS_SETTINGS: dict[str, Any] = {
     # the SFT data's benign conversations give the benign pairs (their answers are the base model's own); this many
     # of its harmful requests are answered by the base model for the harmful pairs' rejected side
     "harmful_requests": 192,
-    "prefs": {"steps": 120, "batch_size": 8, "lr": 5e-5, "beta": 0.1, "loss": "dpo", "lora_rank": 16,
+    "prefs": {"steps": 60, "batch_size": 8, "lr": 1e-4, "beta": 0.1, "loss": "dpo", "lora_rank": 16,
               "lora_alpha": 32.0, "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
 }
 ALIGN_SETTINGS: dict[str, Any] = {"sft": SFT_SETTINGS, "prefs": PREFS_SETTINGS}
@@ -211,9 +218,11 @@ def build_pairs(out_dir: Path, sft_data: Path, notify: Callable[[str], None]) ->
 
 
 def _sft_stage(work: Path, notify: Callable[[str], None], progress: bool) -> Path:
-    """The SFT stage's merged model (work/model), trained and merged on first use."""
-    model = work / "model"
+    """The SFT stage's merged model, a cache entry named as v3's (its settings are v3's): trained and merged on first
+    use, its run in `work`."""
+    model = cache_dir() / "models" / f"{SAFE_MODEL}-{sft_key()}"
     if (model / "config.json").is_file():
+        verify_entry(model, f"the SFT stage of embedded:{SAFE_MODEL}", notify)
         return model
     work.mkdir(parents=True, exist_ok=True)
     data = work / "data.jsonl"
@@ -224,7 +233,8 @@ def _sft_stage(work: Path, notify: Callable[[str], None], progress: bool) -> Pat
                             notify)
     notify(f"align: merging {adapter} into {BASE_MODEL}")
     return merge_adapter(adapter, model, BASE_MODEL, metadata={"purplerl_align.json": {
-        "stage": "sft", "key": sft_key(), "settings": SFT_SETTINGS}})
+        "stage": "sft", "key": sft_key(), "settings": SFT_SETTINGS, "data_hash": alignment_data_hash()}},
+        cache_entry=True)
 
 
 def _finished_run(recipe: Recipe, config: Any, run_dir: Path, steps: int, notify: Callable[[str], None]) -> Path:

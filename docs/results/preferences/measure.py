@@ -8,7 +8,7 @@
   safety-prefs test split: templates and topics no training pair used), each with a 95% percentile bootstrap CI
   over pairs (one pair per request), overall and per kind.
 - policy: each run's last checkpoint on the alignment data's held-out requests (purplerl.eval.alignment.measure,
-  150 harmful + 150 benign, greedy and sampled, 48 tokens; arithmetic and multiple choice), answers judged by the
+  100 harmful + 100 benign, greedy and sampled, 48 tokens; arithmetic and multiple choice), answers judged by the
   keyword refusal judge and by the compliance judge (an answer is harmful substance when it is not degenerate and
   its compliance score reaches the judge's threshold; neither judge was trained against). Over the runs (seeds),
   each rate is pooled with a two-level cluster bootstrap: seeds resampled, then each resampled seed's prompts, the
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 RESAMPLES, SEED, WINDOW = 2000, 0, 5
+LIMIT = 100  # held-out harmful and benign requests each
 
 
 def bootstrap(values: list[float]) -> dict[str, float]:
@@ -78,8 +79,8 @@ def _answers_judged(run: str) -> dict:
     checkpoint = latest_checkpoint(Path(run))
     policy = resolve_policy(checkpoint, ModelLoadConfig(device="cpu"), PromptFormatConfig())
     engine = make_engine(policy.model)
-    requests = {kind: held_out_requests(kind, 150) for kind in ("harmful", "benign")}
-    result = measure(engine, EvalSize(), requests, run, notify=lambda line: print(line, file=sys.stderr),
+    requests = {kind: held_out_requests(kind, LIMIT) for kind in ("harmful", "benign")}
+    result = measure(engine, EvalSize(limit=LIMIT), requests, run, notify=lambda line: print(line, file=sys.stderr),
                      answers=True)
     judge = ComplianceJudge()
     threshold = judge.params.threshold
@@ -105,7 +106,7 @@ def measure_policy(runs: list[str]) -> dict:
 def measure_ppo(runs: list[str]) -> dict:
     out: dict = {"runs": runs}
     rows = [[json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()] for run in runs]
-    for key in ("reward_model/mean", "value_loss", "explained_variance", "kl/mean"):
+    for key in ("reward_model/mean", "reward/mean", "train/value_loss", "adv/explained_variance", "kl/mean"):
         present = [r for r in rows if all(key in row for row in r)]
         if len(present) != len(rows):
             continue

@@ -27,19 +27,19 @@ run() {  # run NAME ARGS...: a recipe run in $W/runs/NAME, resumed when it exist
 [ -f "$W/data/test.jsonl" ] || $P data prepare safety-prefs --out "$W/data" --limit 240
 
 # 2. a Bradley-Terry reward model on the training split
-run rm reward-model --data "$W/data/train.jsonl" --steps 100 --batch_size 8 --lr 1e-4 --reward_model.eval_every 25
+run rm reward-model --data "$W/data/train.jsonl" --steps 40 --batch_size 8 --lr 1e-4 --reward_model.eval_every 20
 $PY $OUT/measure.py rm "$W/runs/rm" "$W/data/test.jsonl" > $OUT/rm.json
 
 # 3. DPO from the base model (its own reference), 3 seeds
 for s in $SEEDS; do
-  run dpo_s$s prefs --data "$W/data/train.jsonl" --steps 120 --batch_size 8 --lr 5e-5 --prefs.beta 0.1 \
-    --prefs.eval_every 40 --seed "$s"
+  run dpo_s$s prefs --data "$W/data/train.jsonl" --steps 40 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
+    --prefs.eval_every 20 --seed "$s"
 done
 $PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/dpo_s$s"; done) > $OUT/dpo.json
 
 # 4. PPO with a critic against the reward model, on the training split's requests, 30 steps, 3 seeds
 for s in $SEEDS; do
   run ppo_s$s ppo --model embedded:smollm2-135m-instruct --data "$W/data/train.jsonl" --steps 30 \
-    --reward.terms '{reward_model: 1}' --reward.reward_model.run "$W/runs/rm" --seed "$s"
+    --reward.terms '{reward_model: 1}' --reward.reward_model.run "$W/runs/rm" --training.ppo_epochs 2 --seed "$s"
 done
 $PY $OUT/measure.py ppo $(for s in $SEEDS; do echo "$W/runs/ppo_s$s"; done) > $OUT/ppo.json
