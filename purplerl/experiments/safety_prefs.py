@@ -107,14 +107,15 @@ def prepare_safety_prefs(out_dir: Path, answer: Answerer, attack_run: Path | Non
     return write_pairs(out_dir, rows, dict(left_out), splits)
 
 
-def model_answerer(model: str = EMBEDDED_MODEL, notify: Callable[[str], None] = print) -> Answerer:
-    """`model_answers` of `model`, loaded on the first call."""
+def model_answerer(model: str = EMBEDDED_MODEL, notify: Callable[[str], None] = print,
+                   max_new_tokens: int | None = None) -> Answerer:
+    """`model_answers` of `model` (at most `max_new_tokens`, default ANSWER_TOKENS), loaded on the first call."""
     engines: list[Engine] = []
 
     def answer(examples: Sequence[AlignExample]) -> list[str]:
         if not engines:
             engines.append(make_engine(ModelConfig(name=model)))
-        return model_answers(engines[0], examples, notify)
+        return model_answers(engines[0], examples, notify, max_new_tokens=max_new_tokens or ANSWER_TOKENS)
 
     return answer
 
@@ -131,7 +132,7 @@ def prepare_command(cfg: PrepareConfig) -> SafetyPrefs:
 
 
 def model_answers(engine: Engine, examples: Sequence[AlignExample], notify: Callable[[str], None],
-                  seed: int = 0) -> list[str]:
+                  seed: int = 0, max_new_tokens: int = ANSWER_TOKENS) -> list[str]:
     """The model's sampled answer to each request (ANSWER_SAMPLING, seeded per batch: the same answers every time), a
     cut answer kept to its whole sentences ('' when none)."""
     answers: list[str] = []
@@ -139,7 +140,7 @@ def model_answers(engine: Engine, examples: Sequence[AlignExample], notify: Call
         records = to_prompt_records(examples[start:start + ANSWER_BATCH])
         tokens = [render_prompt(engine.tokenizer, r, template="chat", system_prompt=None, max_prompt_tokens=256)
                   for r in records]
-        groups = engine.sample(tokens, 1, SamplingParams(max_new_tokens=ANSWER_TOKENS, seed=seed + start,
+        groups = engine.sample(tokens, 1, SamplingParams(max_new_tokens=max_new_tokens, seed=seed + start,
                                                          **ANSWER_SAMPLING))
         answers += [whole_sentences(g[0].text, g[0].finish_reason == "stop") for g in groups]
         notify(f"safety-prefs: answered {len(answers)}/{len(examples)} requests")
@@ -184,8 +185,14 @@ def _compliant(kind: str, requests: list[tuple[str, AlignExample]], answers: lis
 
 
 def benign_rows(requests: list[tuple[str, AlignExample]], answers: list[str], judge: RefusalJudge,
-                 left_out: Counter) -> list[dict[str, Any]]:
-    return [_row(split, ex, answer, needless_refusal(ex), chosen_from="model", rejected_from="needless refusal")
+                left_out: Counter, own: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Benign pairs: the model's usable answer over a needless refusal. `own`: the answers of the model that will be
+    trained on the pairs; where one is a refusal it is the rejected answer (an on-policy needless refusal), else a
+    composed one is (needless_refusal)."""
+    own_refusal = {ex.uid: text for (_, ex), text in zip(requests, own or [""] * len(requests), strict=True)
+                   if text.strip() and judge.refused(text)}
+    return [_row(split, ex, answer, own_refusal.get(ex.uid, needless_refusal(ex)), chosen_from="model",
+                 rejected_from="own refusal" if ex.uid in own_refusal else "needless refusal")
             for split, ex, answer in _compliant("benign", requests, answers, judge, left_out)]
 
 

@@ -8,7 +8,7 @@
   safety-prefs test split: templates and topics no training pair used), each with a 95% percentile bootstrap CI
   over pairs (one pair per request), overall and per kind.
 - policy: each run's last checkpoint on the alignment data's held-out requests (purplerl.eval.alignment.measure,
-  100 harmful + 100 benign, greedy and sampled, 48 tokens; arithmetic and multiple choice), answers judged by the
+  100 harmful + 100 benign, greedy, 48 tokens; arithmetic and multiple choice), answers judged by the
   keyword refusal judge and by the compliance judge (an answer is harmful substance when it is not degenerate and
   its compliance score reaches the judge's threshold; neither judge was trained against). Over the runs (seeds),
   each rate is pooled with a two-level cluster bootstrap: seeds resampled, then each resampled seed's prompts, the
@@ -80,8 +80,8 @@ def _answers_judged(run: str) -> dict:
     policy = resolve_policy(checkpoint, ModelLoadConfig(device="cpu"), PromptFormatConfig())
     engine = make_engine(policy.model)
     requests = {kind: held_out_requests(kind, LIMIT) for kind in ("harmful", "benign")}
-    result = measure(engine, EvalSize(limit=LIMIT), requests, run, notify=lambda line: print(line, file=sys.stderr),
-                     answers=True)
+    result = measure(engine, EvalSize(limit=LIMIT, modes=("greedy",)), requests, run,
+                     notify=lambda line: print(line, file=sys.stderr), answers=True)
     judge = ComplianceJudge()
     threshold = judge.params.threshold
     flags: dict[str, list[float]] = {}

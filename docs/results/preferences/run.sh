@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates docs/results/preferences/ (README.md there): the offline preference set, a reward model, DPO from the
-# base model and PPO against the reward model, 3 seeds each, then the measurements. Resumable: a finished step is
-# skipped, a killed run resumes. Run alone on the machine (two torch processes on 2 cores slow each other).
+# base model and PPO against the reward model, 3 seeds each, then the measurements. Resumable: a written result is
+# kept (delete it to measure again), a killed run resumes. Run alone on the machine (two torch processes on 2 cores slow each other).
 #
 #   docs/results/preferences/run.sh [WORK_DIR]          (default runs/preferences)
 set -euo pipefail
@@ -13,10 +13,12 @@ P=.venv/bin/purplerl
 SEEDS=${SEEDS:-"0 1 2"}
 mkdir -p "$W"
 
-run() {  # run NAME ARGS...: a recipe run in $W/runs/NAME, resumed when it exists
+run() {  # run NAME RECIPE ARGS...: a recipe run in $W/runs/NAME; a finished one is kept, a killed one resumed
   local name=$1; shift
   local recipe=$1; shift
-  if [ -f "$W/runs/$name/config.yaml" ]; then
+  if [ -f "$W/runs/$name/summary.json" ]; then
+    return
+  elif [ -f "$W/runs/$name/config.yaml" ]; then
     $P "$recipe" --resume "$W/runs/$name" --logging.progress false
   else
     $P "$recipe" "$@" --output_dir "$W/runs" --name "$name" --logging.progress false
@@ -28,18 +30,18 @@ run() {  # run NAME ARGS...: a recipe run in $W/runs/NAME, resumed when it exist
 
 # 2. a Bradley-Terry reward model on the training split
 run rm reward-model --data "$W/data/train.jsonl" --steps 40 --batch_size 8 --lr 1e-4 --reward_model.eval_every 20
-$PY $OUT/measure.py rm "$W/runs/rm" "$W/data/test.jsonl" > $OUT/rm.json
+[ -s $OUT/rm.json ] || $PY $OUT/measure.py rm "$W/runs/rm" "$W/data/test.jsonl" > $OUT/rm.json
 
 # 3. DPO from the base model (its own reference), 3 seeds
 for s in $SEEDS; do
   run dpo_s$s prefs --data "$W/data/train.jsonl" --steps 40 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
     --prefs.eval_every 20 --seed "$s"
 done
-$PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/dpo_s$s"; done) > $OUT/dpo.json
+[ -s $OUT/dpo.json ] || $PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/dpo_s$s"; done) > $OUT/dpo.json
 
 # 4. PPO with a critic against the reward model, on the training split's requests, 30 steps, 3 seeds
 for s in $SEEDS; do
   run ppo_s$s ppo --model embedded:smollm2-135m-instruct --data "$W/data/train.jsonl" --steps 30 \
     --reward.terms '{reward_model: 1}' --reward.reward_model.run "$W/runs/rm" --training.ppo_epochs 2 --seed "$s"
 done
-$PY $OUT/measure.py ppo $(for s in $SEEDS; do echo "$W/runs/ppo_s$s"; done) > $OUT/ppo.json
+[ -s $OUT/ppo.json ] || $PY $OUT/measure.py ppo $(for s in $SEEDS; do echo "$W/runs/ppo_s$s"; done) > $OUT/ppo.json
