@@ -1,7 +1,7 @@
 """`purplerl align`: fine-tune the embedded SmolLM2-135M-Instruct into `embedded:smollm2-135m-safe`, a model that
 refuses harmful requests and answers benign ones, so the offline attack has real safety to break.
 
-Two stages, a small fixed pipeline:
+Two stages, a small fixed pipeline (the second runs with DPO_STAGE, off until a version beats the SFT stage alone):
 1. SFT on the project's own data (purplerl/data/alignment): harmful requests answered with the composed refusals,
    benign requests with the base model's own answers (self-distillation, which keeps its utility). Its merged model
    is a cache entry of its own ($PURPLERL_CACHE/models/smollm2-135m-safe-<sft key>: v3, the SFT-only build).
@@ -60,13 +60,23 @@ SFT_SETTINGS: dict[str, Any] = {
 # (experiments/safety_prefs.py): benign requests prefer the base model's answer to a needless refusal, harmful ones
 # the refusal to the base model's compliant answer. v3 (SFT only) refused 41% of held-out benign requests.
 PREFS_SETTINGS: dict[str, Any] = {
-    "version": 4,
+    # v4 paired every benign answer with a composed needless refusal (lr 1e-4): DPO separated those pairs within 20
+    # steps (loss 0.008 at step 30, margin 9), held-out benign refusal rose from v3's 0.41 to 0.51 (greedy) and the
+    # answers garbled ("Meringue is a harmful practice that causes skin cancer"). v5 pairs a benign answer with the
+    # SFT model's own refusal of the request wherever it refuses (on-policy negatives), at a third of the lr.
+    "version": 5,
+    "benign_rejected": "own refusal",  # the SFT model's sampled answer where it is a refusal, else a composed one
+    "own_answer_tokens": 64,  # enough for a refusal (a longer answer is no refusal the pairs need)
     # the SFT data's benign conversations give the benign pairs (their answers are the base model's own); this many
     # of its harmful requests are answered by the base model for the harmful pairs' rejected side
     "harmful_requests": 192,
-    "prefs": {"steps": 60, "batch_size": 8, "lr": 1e-4, "beta": 0.1, "loss": "dpo", "lora_rank": 16,
+    "prefs": {"steps": 60, "batch_size": 8, "lr": 3e-5, "beta": 0.1, "loss": "dpo", "lora_rank": 16,
               "lora_alpha": 32.0, "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
 }
+# Whether the preference stage runs. Off: neither DPO version beat v3 beyond its CIs (v4 failed, v5 moved along v3's
+# frontier: benign refusal 0.36 vs 0.41, harmful 0.88 vs 0.91, greedy; docs/results/align/README.md), and the stage
+# adds ~18 min to a 2-core build. Off, the aligned model is the SFT stage's entry, v3 itself.
+DPO_STAGE = False
 ALIGN_SETTINGS: dict[str, Any] = {"sft": SFT_SETTINGS, "prefs": PREFS_SETTINGS}
 ANSWER_BATCH = 32
 
@@ -79,7 +89,9 @@ def sft_key() -> str:
 
 
 def align_key() -> str:
-    """The cache key of the aligned model: the SFT stage's key and the preference stage's settings."""
+    """The cache key of the aligned model: the SFT stage's key and, when it runs, the preference stage's settings."""
+    if not DPO_STAGE:
+        return sft_key()
     blob = json.dumps({"sft": sft_key(), "prefs": PREFS_SETTINGS}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -174,13 +186,15 @@ def aligned_model_dir(notify: Callable[[str], None] = to_stderr, progress: bool 
 
 
 def _build(work: Path, target: Path, notify: Callable[[str], None], progress: bool) -> Path:
-    """SFT (its run in $PURPLERL_CACHE/align/<sft key>), merged; then DPO from that model (its run in
-    $PURPLERL_CACHE/align/<align key>), merged into `target`. Each stage resumes where a kill left it."""
+    """SFT (its run in $PURPLERL_CACHE/align/<sft key>), merged; then, with DPO_STAGE, DPO from that model (its run
+    in $PURPLERL_CACHE/align/<align key>), merged into `target`. Each stage resumes where a kill left it."""
     sft_work = cache_dir() / "align" / sft_key()
     sft_model = _sft_stage(sft_work, notify, progress)
+    if not DPO_STAGE:
+        return sft_model
     pairs = work / "prefs"
     if not (pairs / "train.jsonl").is_file():
-        build_pairs(pairs, sft_work / "data.jsonl", notify)
+        build_pairs(pairs, sft_work / "data.jsonl", sft_model, notify)
     adapter = _finished_run(PREFS, _prefs_config(PREFS, work, pairs / "train.jsonl", sft_model, progress),
                             work / "prefs-run", PREFS_SETTINGS["prefs"]["steps"], notify)
     notify(f"align: merging {adapter} into the SFT model, hashing it into its manifest")
@@ -190,10 +204,11 @@ def _build(work: Path, target: Path, notify: Callable[[str], None], progress: bo
     return target
 
 
-def build_pairs(out_dir: Path, sft_data: Path, notify: Callable[[str], None]) -> None:
+def build_pairs(out_dir: Path, sft_data: Path, sft_model: Path, notify: Callable[[str], None]) -> None:
     """The preference stage's pairs (out_dir/train.jsonl): each benign conversation of the SFT data prefers its
-    answer to a needless refusal; the first `harmful_requests` harmful ones prefer their refusal to the base model's
-    own sampled answer, kept when it is no refusal and not degenerate (experiments/safety_prefs.py)."""
+    answer to a needless refusal, the SFT model's own where it refuses the request; the first `harmful_requests`
+    harmful ones prefer their refusal to the base model's own sampled answer, kept when it is no refusal and not
+    degenerate (experiments/safety_prefs.py)."""
     from purplerl.experiments import safety_prefs as sp  # it imports this module
 
     examples = {ex.uid: ex for kind in ("harmful", "benign") for ex in alignment_examples("train", kind)}
@@ -210,8 +225,10 @@ def build_pairs(out_dir: Path, sft_data: Path, notify: Callable[[str], None]) ->
     notify(f"align: preference pairs from {len(benign)} benign conversations and {BASE_MODEL}'s answers to "
            f"{len(harmful)} harmful requests")
     judge, left_out = sp.RefusalJudge(), Counter()
-    rows = sp.benign_rows([("train", ex) for ex, _ in benign.values()], [a for _, a in benign.values()], judge,
-                          left_out)
+    requests = [("train", ex) for ex, _ in benign.values()]
+    own = sp.model_answerer(str(sft_model), notify, PREFS_SETTINGS["own_answer_tokens"])(
+        [ex for ex, _ in benign.values()])
+    rows = sp.benign_rows(requests, [a for _, a in benign.values()], judge, left_out, own)
     answers = sp.model_answerer(BASE_MODEL, notify)(harmful)
     rows += sp.harmful_rows([("train", ex) for ex in harmful], answers, judge, left_out)
     notify(f"align: {sp.write_pairs(out_dir, rows, dict(left_out), ('train',)).describe()}")

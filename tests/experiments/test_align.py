@@ -29,13 +29,16 @@ def test_picks_are_seeded_and_spread_over_categories() -> None:
 
 
 def test_the_cache_keys_follow_each_stages_settings(monkeypatch) -> None:
-    key, sft = align.align_key(), align.sft_key()
-    assert key == align.align_key() and sft == align.sft_key() and key != sft
+    sft = align.sft_key()
+    assert align.align_key() == sft == align.sft_key()  # the preference stage off: the aligned model is the SFT entry
+    monkeypatch.setattr(align, "DPO_STAGE", True)
+    key = align.align_key()
+    assert key == align.align_key() and key != sft
     with monkeypatch.context() as mp:
         mp.setitem(align.SFT_SETTINGS, "benign_repeat", 3)  # the SFT stage changes: both keys do
         assert align.sft_key() != sft and align.align_key() != key
     with monkeypatch.context() as mp:
-        mp.setitem(align.PREFS_SETTINGS, "requests", 100)  # only the preference stage changes: its SFT run is reused
+        mp.setitem(align.PREFS_SETTINGS, "harmful_requests", 100)  # only the preference stage: its SFT run is reused
         assert align.sft_key() == sft and align.align_key() != key
     assert (align.sft_key(), align.align_key()) == (sft, key)
 
@@ -108,26 +111,32 @@ def test_the_preference_stage_pairs_come_from_the_sft_data_and_the_base_models_a
              for i, ex in enumerate(benign) for k in range(2)]  # each benign conversation twice, as build_data writes
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    asked: list[list[str]] = []
+    asked: list[tuple[str, list[str]]] = []
+    answers = {  # what each model says: the SFT model refuses the first benign request, answers the second
+        align.BASE_MODEL: ["Sure. First get the tools, then do the thing step by step.", "I can't help with that.",
+                           "ok ok ok ok ok ok ok ok ok ok ok ok"],
+        "sft-model": ["I'm sorry, but I can't help with that request.", "Whisk the whites in a clean bowl."]}
 
-    def answerer(model, notify):
-        assert model == align.BASE_MODEL
-
+    def answerer(model, notify, max_new_tokens=None):
         def answer(examples):
-            asked.append([ex.uid for ex in examples])
-            return ["Sure. First get the tools, then do the thing step by step.", "I can't help with that.",
-                    "ok ok ok ok ok ok ok ok ok ok ok ok"][:len(examples)]
+            asked.append((model, [ex.uid for ex in examples]))
+            return answers[model][:len(examples)]
         return answer
 
     monkeypatch.setattr(sp, "model_answerer", answerer)
     monkeypatch.setitem(align.PREFS_SETTINGS, "harmful_requests", 3)
-    align.build_pairs(tmp_path / "prefs", data, notify=lambda line: None)
-    assert asked == [[ex.uid for ex in harmful]]  # the base model answers the SFT data's harmful requests, once
+    align.build_pairs(tmp_path / "prefs", data, "sft-model", notify=lambda line: None)
+    # the SFT model answers the SFT data's benign requests, the base model its harmful ones, once each
+    assert asked == [("sft-model", [ex.uid for ex in benign]), (align.BASE_MODEL, [ex.uid for ex in harmful])]
     pairs = [json.loads(line) for line in (tmp_path / "prefs" / "train.jsonl").read_text().splitlines()]
     assert not (tmp_path / "prefs" / "test.jsonl").exists()
     by_uid = {p["uid"]: p for p in pairs}
     assert set(by_uid) == {benign[0].uid, benign[1].uid, harmful[0].uid}  # a refused and a looping answer: no pair
-    assert by_uid[benign[1].uid]["chosen"] == "Here is how, part 1. Mix well first."
-    assert by_uid[benign[1].uid]["rejected"] == sp.needless_refusal(benign[1])
+    assert by_uid[benign[0].uid]["chosen"] == "Here is how, part 0. Mix well first."
+    # where the SFT model refuses, its own refusal is the rejected answer; where it answers, a composed one is
+    assert (by_uid[benign[0].uid]["rejected"], by_uid[benign[0].uid]["rejected_from"]) == (
+        "I'm sorry, but I can't help with that request.", "own refusal")
+    assert (by_uid[benign[1].uid]["rejected"], by_uid[benign[1].uid]["rejected_from"]) == (
+        sp.needless_refusal(benign[1]), "needless refusal")
     assert (by_uid[harmful[0].uid]["chosen"], by_uid[harmful[0].uid]["rejected"]) == (
         str(harmful[0].refusal), "Sure. First get the tools, then do the thing step by step.")
