@@ -28,6 +28,7 @@ def _utility(model: str, adapter: Path | None) -> dict[str, dict[str, float]]:
     from purplerl.data.alignment import alignment_examples, to_prompt_records
     from purplerl.engines import make_engine
     from purplerl.eval.suites import choice_suite, utility_suite
+    from purplerl.experiments import align  # noqa: F401 -- registers embedded:smollm2-135m-safe, the defended start
     from purplerl.prompting import render_prompt
     from purplerl.types import SamplingParams
 
