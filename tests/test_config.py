@@ -551,7 +551,7 @@ def test_leaf_field_counts_per_command():
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
     assert counts == {"attack": 114, "defend": 118, "tamper-test": 142, "sft": 54, "eval": 38, "sample": 15,
                       "data prepare": 12, "align": 3, "verl export": 123,
-                      "prefs": 61, "reward-model": 54, "ppo": 117}
+                      "prefs": 62, "reward-model": 54, "ppo": 117}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

@@ -16,6 +16,7 @@ from purplerl.algorithms.preference import (
     check_dpo_loss_type,
     check_label_smoothing,
     check_positive,
+    check_sft_weight,
     check_simpo_gamma,
     dpo_loss,
     kto_loss,
@@ -38,10 +39,12 @@ class DPOParams:
     # sigmoid (DPO), hinge (SLiC, arXiv 2305.10425) or ipo (arXiv 2310.12036, length-averaged; beta is its tau)
     loss_type: Literal["sigmoid", "hinge", "ipo"] = "sigmoid"
     label_smoothing: float = 0.0  # cDPO's probability that a pair's label is flipped, in [0, 0.5); sigmoid only
+    sft_weight: float = 0.0  # RPO's alpha (arXiv 2404.19733): weight of the chosen answers' NLL added to the loss
 
     def __post_init__(self) -> None:
         check_beta("dpo", self.beta)
         check_dpo_loss_type(self.loss_type, self.label_smoothing)
+        check_sft_weight(self.sft_weight)
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,8 @@ def dpo_sequence_loss(logprobs_NT: torch.Tensor, inputs: Mapping[str, torch.Tens
     logps_N, ref_N, lengths_N = _sequences(logprobs_NT, inputs, reference=True)
     loss, metrics = dpo_loss(logps_N[c], logps_N[r], ref_N[c], ref_N[r], beta=params.beta,
                              loss_type=params.loss_type, label_smoothing=params.label_smoothing,
-                             chosen_lengths_P=lengths_N[c], rejected_lengths_P=lengths_N[r])
+                             chosen_lengths_P=lengths_N[c], rejected_lengths_P=lengths_N[r],
+                             sft_weight=params.sft_weight)
     return loss, {**metrics, "reward_margin": metrics["rewards/margins"],
                   "pair_accuracy": metrics["rewards/accuracies"]}
 

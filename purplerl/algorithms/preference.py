@@ -49,6 +49,11 @@ def check_label_smoothing(who: str, label_smoothing: float) -> None:
         raise UserError(f"{who} label_smoothing must be in [0, 0.5), got {label_smoothing}")
 
 
+def check_sft_weight(sft_weight: float) -> None:
+    if not sft_weight >= 0.0 or math.isinf(sft_weight):
+        raise UserError(f"dpo sft_weight must be a finite number >= 0, got {sft_weight}")
+
+
 def check_dpo_loss_type(loss_type: str, label_smoothing: float) -> None:
     if loss_type not in DPO_LOSS_TYPES:
         raise UserError(f"dpo loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
@@ -92,7 +97,7 @@ def sigmoid_loss(logits_P: torch.Tensor, label_smoothing: float = 0.0) -> torch.
 def dpo_loss(chosen_logps_P: torch.Tensor, rejected_logps_P: torch.Tensor, ref_chosen_logps_P: torch.Tensor,
              ref_rejected_logps_P: torch.Tensor, *, beta: float, loss_type: str = "sigmoid",
              label_smoothing: float = 0.0, chosen_lengths_P: torch.Tensor | None = None,
-             rejected_lengths_P: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+             rejected_lengths_P: torch.Tensor | None = None, sft_weight: float = 0.0) -> tuple[torch.Tensor, Metrics]:
     """Mean over pairs of DPO's loss on h = (logp_c - ref_c) - (logp_r - ref_r):
         sigmoid  -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)  (Rafailov et al. 2023, arXiv 2305.18290;
                  eps > 0: cDPO)
@@ -101,9 +106,14 @@ def dpo_loss(chosen_logps_P: torch.Tensor, rejected_logps_P: torch.Tensor, ref_c
     IPO's h_avg divides each answer's log-ratio by its loss-token count (so the lengths are required): TRL does so
     (DPOTrainer, loss_type "ipo"), stating the IPO authors confirmed it is the form behind their reported results;
     with summed log-ratios the square grows with answer length and beta's scale depends on it. For IPO beta is the
-    paper's tau. Rewards in the metrics are beta * the summed log-ratios for every loss type, as TRL logs them."""
+    paper's tau. Rewards in the metrics are beta * the summed log-ratios for every loss type, as TRL logs them.
+
+    sft_weight alpha > 0 adds alpha * NLL of the chosen answers (RPO, Pang et al. 2024, arXiv 2404.19733: the
+    preference term alone may lower the chosen answer's likelihood as long as the rejected one falls faster), the
+    NLL pooled over every chosen loss token (TRL's loss_type "sft" with loss_weights); metric `nll_loss`."""
     check_beta("dpo", beta)
     check_dpo_loss_type(loss_type, label_smoothing)
+    check_sft_weight(sft_weight)
     _check_aligned("dpo", chosen=chosen_logps_P, rejected=rejected_logps_P, ref_chosen=ref_chosen_logps_P,
                    ref_rejected=ref_rejected_logps_P)
     chosen_logratios_P = chosen_logps_P - ref_chosen_logps_P.detach()
@@ -120,7 +130,16 @@ def dpo_loss(chosen_logps_P: torch.Tensor, rejected_logps_P: torch.Tensor, ref_c
         logits_P = beta * (chosen_logratios_P - rejected_logratios_P)
         losses_P = sigmoid_loss(logits_P, label_smoothing) if loss_type == "sigmoid" else torch.relu(1.0 - logits_P)
     metrics = _pair_metrics(beta * chosen_logratios_P, beta * rejected_logratios_P, chosen_logps_P, rejected_logps_P)
-    return losses_P.mean(), metrics
+    if sft_weight == 0.0:
+        return losses_P.mean(), metrics
+    if chosen_lengths_P is None:
+        raise ExperimentError("dpo: sft_weight > 0 averages the chosen answers' NLL over their tokens, and no lengths "
+                              "were given")
+    _check_aligned("dpo", chosen=chosen_logps_P, chosen_lengths=chosen_lengths_P)
+    _check_lengths("dpo", chosen_lengths_P)
+    nll = -chosen_logps_P.sum() / chosen_lengths_P.sum()
+    metrics["nll_loss"] = float(nll.detach())
+    return losses_P.mean() + sft_weight * nll, metrics
 
 
 def simpo_loss(chosen_logps_P: torch.Tensor, rejected_logps_P: torch.Tensor, chosen_lengths_P: torch.Tensor,

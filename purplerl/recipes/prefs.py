@@ -25,6 +25,7 @@ class PrefsConfig(Section):
     beta: float | None = Field(None, gt=0, description="the loss's beta (orpo: its lambda); null: the loss's default (0.1; simpo 2.0)")  # noqa: E501
     dpo_form: read_when(Literal["sigmoid", "hinge", "ipo"], *_loss("dpo")) = Field("sigmoid", description="sigmoid (DPO), hinge (SLiC), ipo (IPO, length-averaged log-ratios)")  # noqa: E501
     label_smoothing: read_when(float, *_loss("dpo", "simpo")) = Field(0.0, ge=0.0, lt=0.5, description="probability that a pair's label is flipped (conservative DPO); sigmoid forms only")  # noqa: E501
+    sft_weight: read_when(float, *_loss("dpo")) = Field(0.0, ge=0.0, description="weight of the chosen answers' NLL added to DPO's loss (RPO, Pang et al. 2024; TRL's loss_type sft); 0: plain DPO")  # noqa: E501
     gamma: read_when(float, *_loss("simpo")) = Field(1.0, ge=0.0, description="SimPO's target reward margin")
     desirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of desirable answers")  # noqa: E501
     undesirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of undesirable answers")  # noqa: E501

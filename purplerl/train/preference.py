@@ -135,6 +135,7 @@ def loss_of(config: Any) -> Loss:
     p = config.prefs
     loss_def = LOSS_REGISTRY[p.loss]
     given = {"beta": p.beta, "loss_type": p.dpo_form, "label_smoothing": p.label_smoothing, "gamma": p.gamma,
+             "sft_weight": p.sft_weight,
              "desirable_weight": p.desirable_weight, "undesirable_weight": p.undesirable_weight}
     names = {f.name for f in dataclasses.fields(loss_def.params)}
     return Loss(p.loss, loss_def.params(**{k: v for k, v in given.items() if k in names and v is not None}))

@@ -56,6 +56,23 @@ def test_dpo_sigmoid_by_hand() -> None:
     assert bool((gc < 0).all() and (gr > 0).all())  # descent raises the chosen answers and lowers the rejected
 
 
+def test_rpo_adds_the_chosen_answers_pooled_nll_by_hand() -> None:
+    # NLL pooled over the chosen tokens: (3 + 5) / (2 + 4) = 4/3; alpha 0.5: 0.805474 + 0.666667 = 1.472141
+    c, r = _policy()
+    loss, metrics = dpo_loss(c, r, torch.tensor(REF_CHOSEN), torch.tensor(REF_REJECTED), beta=0.5,
+                             chosen_lengths_P=LEN_CHOSEN, rejected_lengths_P=LEN_REJECTED, sft_weight=0.5)
+    loss.backward()
+    assert loss.item() == pytest.approx(1.472141, abs=1e-6) and metrics["nll_loss"] == pytest.approx(4 / 3)
+    # d NLL / d logp_c = -1/6 per chosen answer, times alpha: the pull up is added to DPO's; the rejected is untouched
+    dpo_grad = -0.25 * torch.sigmoid(-torch.tensor([0.5, -0.75]))
+    assert torch.allclose(c.grad, dpo_grad - 0.5 / 6) and torch.allclose(r.grad, -dpo_grad)
+    with pytest.raises(ExperimentError, match="dpo: sft_weight > 0 averages the chosen answers' NLL"):
+        dpo_loss(c, r, torch.tensor(REF_CHOSEN), torch.tensor(REF_REJECTED), beta=0.5, sft_weight=0.5)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(UserError, match="dpo sft_weight must be a finite number >= 0"):
+            DPOParams(sft_weight=bad)
+
+
 def test_cdpo_label_smoothing_by_hand() -> None:
     # -(1 - eps) log s(z) - eps log s(-z) = softplus(-z) + eps z: 0.805474 + 0.1 * mean(0.5, -0.75) = 0.792974
     loss, _, gc, gr = _dpo(label_smoothing=0.1)
@@ -381,14 +398,17 @@ TRL_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards
                "logps/rejected")
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "hinge", "ipo"])
-def test_dpo_matches_trl(loss_type: str) -> None:
+@pytest.mark.parametrize(("loss_type", "sft_weight"), [("sigmoid", 0.0), ("hinge", 0.0), ("ipo", 0.0),
+                                                       ("sigmoid", 0.7)])
+def test_dpo_matches_trl(loss_type: str, sft_weight: float) -> None:
     trl, _, _ = _trl()
     p, t, beta = 3, 7, 0.3
     base, mask, ref = _random_rows(2 * p, t, seed=1)
     base.requires_grad_(True)
+    # RPO in TRL: the loss types [form, "sft"] weighted [1, alpha]
+    types, weights = ([loss_type, "sft"], [1.0, sft_weight]) if sft_weight else ([loss_type], [1.0])
     trainer = _trainer(trl.DPOTrainer, _Model(lambda _ids: _fused(base)), ld_alpha=None, precompute_ref_logps=True,
-                       f_divergence_type="reverse_kl", loss_types=[loss_type], loss_weights=[1.0], beta=beta,
+                       f_divergence_type="reverse_kl", loss_types=types, loss_weights=weights, beta=beta,
                        label_smoothing=0.0, use_weighting=False)
     ids = torch.ones(2 * p, t, dtype=torch.long)
     ref_sums = ref.sum(-1)
@@ -400,7 +420,7 @@ def test_dpo_matches_trl(loss_type: str) -> None:
     pairs = torch.stack([torch.arange(p), torch.arange(p) + p], dim=1)
     ours, metrics = get_loss_def("dpo").fn(F.pad(base, (1, 0)), {"loss_mask_NT": mask.double(), "pairs_P2": pairs,
                                                                  "ref_logprobs_NT": F.pad(ref, (1, 0))},
-                                           DPOParams(beta=beta, loss_type=loss_type))
+                                           DPOParams(beta=beta, loss_type=loss_type, sft_weight=sft_weight))
     (our_grad,) = torch.autograd.grad(ours, base)
     _close(ours.item(), theirs.item())
     # TRL sums every position (its model returns 0 off the labels, with no gradient there): compare on the mask

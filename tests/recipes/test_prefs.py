@@ -55,6 +55,7 @@ def _metrics(run: Path) -> list[dict]:
 
 @pytest.mark.parametrize(("loss", "extra"), [
     ("dpo", ["--prefs.beta", "0.5"]), ("dpo", ["--prefs.dpo_form", "ipo", "--prefs.beta", "0.5"]),
+    ("dpo", ["--prefs.beta", "0.5", "--prefs.sft_weight", "1.0"]),
     ("simpo", []), ("orpo", ["--prefs.beta", "0.5"]), ("kto", ["--prefs.beta", "0.5"]),
 ])
 def test_each_loss_learns_the_preference_on_held_out_prompts(tiny_model_dir: Path, tmp_path: Path, env,
@@ -72,6 +73,9 @@ def test_each_loss_learns_the_preference_on_held_out_prompts(tiny_model_dir: Pat
         assert evals[-1]["eval/rewards/accuracies"] == 1.0
     if loss == "dpo" and "ipo" not in extra:  # IPO regresses the margin to 1/(2 beta) instead of growing it
         assert evals[-1]["eval/rewards/margins"] > evals[0]["eval/rewards/margins"] > 0
+    if "--prefs.sft_weight" in extra:  # RPO: the chosen answers' NLL is logged, and falls as they are learned
+        nll = [m["train/nll_loss"] for m in metrics]
+        assert nll[-1] < nll[0]
     # only losses against a reference keep one with the run
     assert (tmp_path / "r" / REFERENCE_FILE).is_file() == (loss in ("dpo", "kto"))
 
