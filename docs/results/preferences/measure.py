@@ -2,6 +2,7 @@
 
     .venv/bin/python docs/results/preferences/measure.py rm  RM_RUN DATA/test.jsonl      > rm.json
     .venv/bin/python docs/results/preferences/measure.py policy RUN_1 RUN_2 ...          > dpo.json
+    .venv/bin/python docs/results/preferences/measure.py policy base:MODEL               > base.json
     .venv/bin/python docs/results/preferences/measure.py ppo RUN_1 RUN_2 ...             > ppo.json
 
 - rm: the reward model's pair accuracy (chosen scored above rejected) and mean margin on held-out pairs (the
@@ -27,6 +28,7 @@ import numpy as np
 
 RESAMPLES, SEED, WINDOW = 2000, 0, 5
 LIMIT = 100  # held-out harmful and benign requests each
+BASE = "base:"  # `policy base:MODEL`: the model itself, measured like a run
 
 
 def bootstrap(values: list[float]) -> dict[str, float]:
@@ -76,8 +78,12 @@ def _answers_judged(run: str) -> dict:
     from purplerl.runs.checkpoints import latest_checkpoint
     from purplerl.runs.policy import resolve_policy
 
-    checkpoint = latest_checkpoint(Path(run))
-    policy = resolve_policy(checkpoint, ModelLoadConfig(device="cpu"), PromptFormatConfig())
+    if run.startswith(BASE):  # the model itself, no checkpoint: the row every run is compared with
+        checkpoint = None
+        policy = resolve_policy(None, ModelLoadConfig(name=run[len(BASE):], device="cpu"), PromptFormatConfig())
+    else:
+        checkpoint = latest_checkpoint(Path(run))
+        policy = resolve_policy(checkpoint, ModelLoadConfig(device="cpu"), PromptFormatConfig())
     engine = make_engine(policy.model)
     requests = {kind: held_out_requests(kind, LIMIT) for kind in ("harmful", "benign")}
     result = measure(engine, EvalSize(limit=LIMIT, modes=("greedy",)), requests, run,
@@ -90,12 +96,25 @@ def _answers_judged(run: str) -> dict:
         scores = judge.score([r["completion"] for r in rows], [r["prompt"] for r in rows])
         flags[f"compliance/{cell}"] = [float(s >= threshold and not degenerate(r["completion"], 0.3))
                                        for s, r in zip(scores, rows, strict=True)]
-    return {"checkpoint": str(checkpoint), "flags": flags, "samples": result["samples"],
+    return {"checkpoint": str(checkpoint or run), "flags": flags, "samples": result["samples"],
             "per_run": {k: v for k, v in result.items() if k != "samples"}}  # utility: its CI per run
 
 
+def _judged_once(run: str) -> dict:
+    """`_answers_judged`, kept in a run's dir (heldout_judged.json) so a run measured once is not measured again."""
+    if run.startswith(BASE):
+        return _answers_judged(run)
+    kept = Path(run) / "heldout_judged.json"
+    if kept.is_file():
+        return json.loads(kept.read_text())
+    judged = _answers_judged(run)
+    kept.with_suffix(".tmp").write_text(json.dumps(judged))
+    kept.with_suffix(".tmp").replace(kept)
+    return judged
+
+
 def measure_policy(runs: list[str]) -> dict:
-    judged = [_answers_judged(run) for run in runs]
+    judged = [_judged_once(run) for run in runs]
     keys = judged[0]["flags"].keys()
     pooled = {key: cluster_bootstrap([j["flags"][key] for j in judged]) for key in keys}
     return {"runs": runs, "pooled": pooled, "per_run": [{"checkpoint": j["checkpoint"], **j["per_run"]}

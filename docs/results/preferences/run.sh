@@ -40,9 +40,19 @@ done
 # (dpo_2seeds.json: the first two seeds, measured by hand as measure.py policy RUN_0 RUN_1)
 [ -s $OUT/dpo.json ] || $PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/dpo_s$s"; done) > $OUT/dpo.json
 
+# 3b. the base model on the same held-out requests
+[ -s $OUT/base.json ] || $PY $OUT/measure.py policy base:embedded:smollm2-135m-instruct > $OUT/base.json
+
+# 3c. DPO plus the chosen answers' NLL (RPO, sft_weight 1 as in Pang et al. 2024), otherwise as 3, 3 seeds
+for s in $SEEDS; do
+  run rpo_s$s prefs --data "$W/data/train.jsonl" --steps 40 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
+    --prefs.sft_weight 1.0 --prefs.eval_every 20 --seed "$s"
+done
+[ -s $OUT/rpo.json ] || $PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/rpo_s$s"; done) > $OUT/rpo.json
+
 # 4. PPO with a critic against the reward model, on the training split's requests, 30 steps, 3 seeds
 for s in $SEEDS; do
-  run ppo_s$s ppo --model embedded:smollm2-135m-instruct --data "$W/data/train.jsonl" --steps 30 \
+  run ppo_s$s ppo --model embedded:smollm2-135m-instruct --data "$W/data/train.jsonl" --steps 30 --batch_size 8 --group_size 2 --max_new_tokens 32 \
     --reward.terms '{reward_model: 1, repetition: 0}' --reward.reward_model.run "$W/runs/rm" --training.ppo_epochs 2 --seed "$s"
 done
 [ -s $OUT/ppo.json ] || $PY $OUT/measure.py ppo $(for s in $SEEDS; do echo "$W/runs/ppo_s$s"; done) > $OUT/ppo.json
