@@ -31,6 +31,7 @@ from purplerl.algorithms.logprobs import masked_mean
 from purplerl.algorithms.losses import LOSS_AGGREGATIONS, importance_sampling_loss, kl_penalty_loss, ppo_clip_loss
 from purplerl.algorithms.noiser import noise_term_weight, token_noiser_loss
 from purplerl.errors import UserError
+from purplerl.types import TrainBatch
 
 Consumes = Literal["logprobs", "logits", "sequences", "values"]
 Metrics = dict[str, float]
@@ -97,6 +98,10 @@ class Loss:
     aggregation: str = "token_mean"  # key in algorithms.losses.LOSS_AGGREGATIONS (per-token losses)
     length_norm: float | None = None  # constant divisor of seq_mean_token_sum_norm (Dr. GRPO): max_new_tokens
     seed: int = 0  # for losses that draw random numbers (the Token Noiser's noise)
+    # the aggregated loss is multiplied by this: a part of a batch trained on its own (gradient routing trains the
+    # rows of each label in their own passes) weighs its share of the batch, `normalizer_count(part) / (the
+    # batch's)`, so the parts' gradients sum to the whole batch's
+    scale: float = 1.0
 
     def __post_init__(self) -> None:
         definition = get_loss_def(self.name)
@@ -109,10 +114,21 @@ class Loss:
                             f"(known: {', '.join(sorted(LOSS_AGGREGATIONS))})")
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise UserError(f"loss temperature must be > 0, got {self.temperature}")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise UserError(f"loss scale must be a finite number > 0, got {self.scale}")
 
     @property
     def definition(self) -> LossDef:
         return get_loss_def(self.name)
+
+
+def normalizer_count(batch: TrainBatch, loss: Loss | None) -> int:
+    """The count the loss divides its sum by: loss tokens for token_mean, else sequences (a custom loss (None) and
+    the losses of whole sequences are means over the batch's sequences)."""
+    whole_batch = loss is not None and loss.definition.consumes in ("sequences", "values")
+    if loss is not None and not whole_batch and loss.aggregation == "token_mean":
+        return batch.num_loss_tokens
+    return batch.num_sequences
 
 
 @dataclass(frozen=True)

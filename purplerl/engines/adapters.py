@@ -1,7 +1,10 @@
 """Named LoRA adapters on one frozen PEFT base: each with its own trainable weights, fp32 masters and optimizer.
 
-One base carries the policy, or attacker + defender, or retain + forget adapters; only the active adapter
-samples, scores and trains, and `disable_adapter()` gives the base itself (the KL reference) for all of them.
+One base carries the policy, or attacker + defender, or retain + forget adapters; the active adapter samples,
+scores and trains, and `disable_adapter()` gives the base itself (the KL reference) for all of them. Several
+adapters may act together (`use`, gradient routing's retain + forget): the model then computes
+base(x) + sum over them of scale x LoRA update, each scale set through PEFT's per-layer `scaling` (alpha / r x
+scale), and only the adapters named as trained take gradients.
 Full-parameter fine-tuning (`FullWeights`) is the same machinery with one adapter, "default", whose weights
 are every parameter of the model.
 
@@ -14,7 +17,9 @@ optimizer, saved beside its LoRA weights (HEAD_FILE in the adapter's dir) and lo
 from __future__ import annotations
 
 import contextlib
+import math
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,13 +32,14 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 HEAD_FILE = "scalar_head.safetensors"  # an adapter's scalar head, in its dir: {"weight": [1, H], "bias": [1]}, fp32
 
 
-def lora_config(cfg: ModelConfig):
+def lora_config(cfg: ModelConfig, rank: int | None = None):
+    """The PEFT LoraConfig of `cfg` (its rank, or `rank`)."""
     from peft import LoraConfig
 
     targets = "all-linear" if cfg.lora_targets == "all-linear" else \
         [s.strip() for s in cfg.lora_targets.split(",") if s.strip()]
-    return LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=targets, task_type="CAUSAL_LM")
+    return LoraConfig(r=cfg.lora_rank if rank is None else rank, lora_alpha=cfg.lora_alpha,
+                      lora_dropout=cfg.lora_dropout, target_modules=targets, task_type="CAUSAL_LM")
 
 
 def adapter_dir(checkpoint: Path, name: str) -> Path:
@@ -123,7 +129,9 @@ class AdapterSet:
         self.model = model
         self.compute_dtype = compute_dtype
         self._adapters: dict[str, Adapter] = {}
-        self.active = "default"
+        self.active = "default"  # the first adapter of the mix: the one a single-adapter caller sees
+        self.mix: dict[str, float] = {"default": 1.0}  # the adapters acting now, each with its scale
+        self.trained: tuple[str, ...] = ("default",)  # those of the mix that take gradients
 
     @property
     def names(self) -> list[str]:
@@ -152,22 +160,30 @@ class AdapterSet:
         if not params:
             raise UserError(f"the LoRA adapter '{name}' has no trainable parameters")
         self._adapters[name] = new_adapter(params, self.compute_dtype, head)
-        self.activate(self.active if self.active in self._adapters else name)
+        if all(n in self._adapters for n in self.mix):  # the mix acting stays (the new adapter at rest)
+            self.use(self.mix, self.trained)
+        else:
+            self.activate(name)
 
-    def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None, head: bool = False) -> None:
-        """Add the adapter `name`: fresh, or loaded from the PEFT dir `init`; with `head`, a scalar head too (the
-        one saved in `init` when it holds one, else a fresh one)."""
+    def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None, head: bool = False,
+               rank: int | None = None) -> None:
+        """Add the adapter `name`: fresh (of `cfg`'s rank, or `rank`), or loaded from the PEFT dir `init`; with
+        `head`, a scalar head too (the one saved in `init` when it holds one, else a fresh one)."""
         if not _NAME.match(name):
             raise UserError(f"adapter name {name!r} must be a plain identifier (letters, digits, _)")
         if name in self._adapters:
             raise UserError(f"an adapter named '{name}' already exists")
+        if init is not None and rank is not None:
+            raise UserError(f"adapter '{name}' is loaded from {init}, which fixes its rank: give no rank")
+        if rank is not None and not 1 <= rank <= 1024:
+            raise UserError(f"adapter '{name}': LoRA rank {rank} is outside 1..1024")
         if init is not None:
             from purplerl.engines.loading import read_adapter_config
 
             read_adapter_config(init, f"adapter '{name}'")
             self.model.load_adapter(str(init), adapter_name=name, is_trainable=True)
         else:
-            self.model.add_adapter(name, lora_config(cfg))
+            self.model.add_adapter(name, lora_config(cfg, rank))
         scalar = new_head(self.model) if head else None  # drawn after the LoRA weights: they match a headless one's
         if scalar is not None and init is not None and (Path(init) / HEAD_FILE).is_file():
             try:
@@ -178,12 +194,49 @@ class AdapterSet:
         self.register(name, scalar)
 
     def activate(self, name: str) -> None:
-        self.get(name)
-        self.model.set_adapter(name)
-        self.active = name
-        for adapter_name, adapter in self._adapters.items():  # only the active adapter is trained
+        self.use({name: 1.0})
+
+    def use(self, scales: Mapping[str, float], trained: Collection[str] | None = None) -> None:
+        """Make the adapters of `scales` with a nonzero scale act together, each LoRA update times its scale (an
+        adapter at 0 is left out: exactly as if it were absent); `trained` (default: every acting adapter) take
+        gradients, the others none."""
+        for name in scales:
+            self.get(name)
+        mix = {name: float(scale) for name, scale in scales.items() if scale != 0}
+        if not mix or not all(math.isfinite(v) for v in mix.values()):
+            raise UserError(f"adapter scales {dict(scales)}: give at least one adapter a finite nonzero scale "
+                            "(the base alone is the reference, not a policy)")
+        trained = tuple(mix) if trained is None else tuple(trained)
+        idle = [name for name in trained if name not in mix]
+        if idle:
+            raise UserError(f"adapter '{idle[0]}' is trained but does not act (adapters acting: {', '.join(mix)})")
+        self.model.set_adapter(next(iter(mix)))
+        if len(mix) > 1:  # PeftModel takes one name; its LoRA model takes several
+            self.model.base_model.set_adapter(list(mix))
+        self._set_scales(mix)
+        self.active, self.mix, self.trained = next(iter(mix)), mix, trained
+        for adapter_name, adapter in self._adapters.items():
             for p in adapter.params:
-                p.requires_grad_(adapter_name == name)
+                p.requires_grad_(adapter_name in trained)
+
+    def _set_scales(self, mix: Mapping[str, float]) -> None:
+        """Every LoRA layer's scaling of each adapter: alpha / r x its scale in `mix` (1 outside it)."""
+        from peft.tuners.lora import LoraLayer
+
+        for module in self.model.modules():
+            if isinstance(module, LoraLayer):
+                for name in self._adapters:
+                    module.set_scale(name, mix.get(name, 1.0))
+
+    @property
+    def acting(self) -> list[Adapter]:
+        """The adapters of the mix."""
+        return [self._adapters[name] for name in self.mix]
+
+    def accumulate_master_grads(self) -> None:
+        """Move the trained adapters' compute-dtype gradients into their fp32 masters."""
+        for name in self.trained:
+            self._adapters[name].accumulate_master_grads()
 
     def load_weights(self, name: str, weights: Path) -> None:
         """Load an adapter's LoRA weights (a PEFT adapter_model.safetensors) and, when it has a head, the head saved
@@ -255,8 +308,12 @@ class FullWeights(AdapterSet):
     def register(self, name: str, head: torch.nn.Linear | None = None) -> None:
         raise UserError(f"cannot add adapter '{name}': {FULL_ONLY_DEFAULT}")
 
-    def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None, head: bool = False) -> None:
+    def create(self, name: str, cfg: ModelConfig, init: str | Path | None = None, head: bool = False,
+               rank: int | None = None) -> None:
         self.register(name)
 
-    def activate(self, name: str) -> None:
-        self.get(name)
+    def use(self, scales: Mapping[str, float], trained: Collection[str] | None = None) -> None:
+        for name in [*scales, *(trained or ())]:
+            self.get(name)
+        if dict(scales) != {"default": 1.0}:
+            raise UserError(f"adapter scales {dict(scales)}: {FULL_ONLY_DEFAULT}")

@@ -44,6 +44,12 @@ def refuse_heads(kind: str) -> UserError:
                      "--engine local")
 
 
+def refuse_mixing(kind: str) -> UserError:
+    """What an engine that runs one adapter at a time raises when asked to mix several (or to size one)."""
+    return UserError(f"the {kind} engine runs one adapter of model.lora_rank at a time: adapters acting together "
+                     "or of another rank (gradient routing) need --engine local")
+
+
 def check_batch(batch: TrainBatch, loss: Loss | None = None) -> None:
     """What every engine's `forward_backward` refuses: an input the loss declares but the batch lacks, or a
     batch with no completion token to train on."""
@@ -106,13 +112,28 @@ class Engine(Protocol):
     @property
     def active_adapter(self) -> str: ...
 
-    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
-        """Add an adapter: fresh, or loaded from a PEFT dir; with `head`, a scalar head Linear(hidden_size, 1) on
-        the final hidden state too (the PEFT dir's, when it saved one): a reward-model member or a critic."""
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False,
+                       rank: int | None = None) -> None:
+        """Add an adapter: fresh (of the model config's LoRA rank, or `rank`), or loaded from a PEFT dir; with
+        `head`, a scalar head Linear(hidden_size, 1) on the final hidden state too (the PEFT dir's, when it saved
+        one): a reward-model member or a critic. An engine that cannot give it another rank refuses `rank`."""
         ...
 
     def use_adapter(self, name: str) -> None:
         """Select the adapter that samples, scores and trains."""
+        ...
+
+    def use_adapters(self, scales: dict[str, float], trained: list[str] | tuple[str, ...] | None = None) -> None:
+        """Make several adapters act together on the frozen base: base + sum of scale x LoRA update (scale 0
+        leaves an adapter out, exactly as if absent). They sample and score as one model; `forward_backward`
+        accumulates gradients into those in `trained` only (default: every acting adapter), and `optim_step`
+        steps every acting adapter with one clip of their joint gradient norm (gradient routing's retain +
+        forget). Only the local engine mixes adapters; others refuse (`refuse_mixing`)."""
+        ...
+
+    @property
+    def adapter_scales(self) -> dict[str, float]:
+        """The acting adapters and their scales ({active_adapter: 1.0} when one adapter acts)."""
         ...
 
     def save(self, path: Path) -> None:

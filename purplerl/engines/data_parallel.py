@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from purplerl.algorithms.registry import CustomLoss, Loss
+from purplerl.algorithms.registry import CustomLoss, Loss, normalizer_count
 from purplerl.engines.distributed import World
+from purplerl.engines.loading import load_tensors
 from purplerl.engines.local import LocalEngine
-from purplerl.engines.local_training import load_tensors
 from purplerl.errors import UserError
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
@@ -40,14 +40,6 @@ RANK_RNG_FILE = "rng_ranks.pt"  # every rank's global RNG state, by rank
 def rank_seed(seed: int, rank: int) -> int:
     """A seed of its own for each rank; rank 0 keeps the single-process seed."""
     return seed if rank == 0 else (seed * 1_000_003 + 7_919 * rank) % (2**63 - 1)
-
-
-def normalizer_count(batch: TrainBatch, loss: Loss | None) -> int:
-    """The count the loss divides its sum by: loss tokens for token_mean, else sequences."""
-    whole_batch = loss is not None and loss.definition.consumes in ("sequences", "values")  # a mean over the batch
-    if loss is not None and not whole_batch and loss.aggregation == "token_mean":
-        return batch.num_loss_tokens
-    return batch.num_sequences
 
 
 def _rng_state() -> dict[str, Any]:
@@ -88,8 +80,9 @@ class DataParallelEngine:
                         p.copy_(m)
         self.inner.use_adapter(active)
 
-    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
-        self.inner.create_adapter(name, init, head=head)
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False,
+                       rank: int | None = None) -> None:
+        self.inner.create_adapter(name, init, head=head, rank=rank)
         self._broadcast_weights()
 
     def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
@@ -137,6 +130,10 @@ class DataParallelEngine:
 
     def use_adapter(self, name: str) -> None:
         self.inner.use_adapter(name)
+
+    def use_adapters(self, scales: dict[str, float], trained: list[str] | tuple[str, ...] | None = None) -> None:
+        # each rank's rows of each label differ in number, which `_global`'s one weight per call does not follow
+        raise UserError("adapters acting together (gradient routing) run in one process: set engine.procs 1")
 
     def save(self, path: Path) -> None:
         """A collective: every rank calls it with the same path; rank 0 writes the checkpoint and every rank's

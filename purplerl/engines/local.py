@@ -70,11 +70,19 @@ class LocalEngine:
     def heads(self) -> list[str]:
         return self.trainer.heads
 
-    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
-        self.trainer.create_adapter(name, init, head=head)
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False,
+                       rank: int | None = None) -> None:
+        self.trainer.create_adapter(name, init, head=head, rank=rank)
 
     def use_adapter(self, name: str) -> None:
         self.trainer.use_adapter(name)
+
+    def use_adapters(self, scales: dict[str, float], trained: list[str] | tuple[str, ...] | None = None) -> None:
+        self.trainer.use_adapters(scales, trained)
+
+    @property
+    def adapter_scales(self) -> dict[str, float]:
+        return self.trainer.adapter_scales
 
     def save(self, path: Path) -> None:
         self.trainer.save(path)

@@ -54,7 +54,7 @@ def draw(probs_NV: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 class LocalSampler:
-    """Draws completions from the trainer's active adapter: through `merged`, a plain copy of the base taken
+    """Draws completions from the trainer's acting adapter(s): through `merged`, a plain copy of the base taken
     before PEFT wrapped it, or through the trainer's model when there is none."""
 
     def __init__(self, trainer: LocalTrainer, merged: torch.nn.Module | None = None) -> None:
@@ -86,22 +86,26 @@ class LocalSampler:
 
     @torch.no_grad()
     def _sync(self) -> None:
-        """Write base weight + LoRA delta into the merged copy of every adapted layer."""
+        """Write base weight + the acting adapters' LoRA deltas (each with its scale, which PEFT's scaling holds)
+        into the merged copy of every adapted layer."""
         from peft.tuners.lora import LoraLayer
 
         model = self.trainer.model
-        adapter = model.active_adapter
+        acting = list(self.trainer.adapter_scales)
         shared = Counter(p.data_ptr() for _, p in self.merged.named_parameters(remove_duplicate=False))
         for name, module in model.get_base_model().named_modules():
             if not isinstance(module, LoraLayer):
                 continue
-            if adapter not in module.scaling:  # another adapter's layer: the copy must hold the base weight
+            here = [a for a in acting if a in module.scaling]
+            if not here:  # another adapter's layer: the copy must hold the base weight
                 self.merged.get_submodule(name).weight.copy_(module.get_base_layer().weight)
                 continue
-            if module.use_dora.get(adapter, False):
+            if any(module.use_dora.get(a, False) for a in here):
                 raise UserError(f"cannot merge the DoRA layer {name} for sampling: set engine.merged_sampler false")
             target = self.merged.get_submodule(name)
-            merged = module.get_base_layer().weight.float() + module.get_delta_weight(adapter).float()
+            merged = module.get_base_layer().weight.float()
+            for adapter in here:
+                merged = merged + module.get_delta_weight(adapter).float()
             if merged.shape != target.weight.shape:
                 raise UserError(f"cannot merge LoRA layer {name} for sampling: set engine.merged_sampler false")
             if shared[target.weight.data_ptr()] > 1:  # a tied weight (lm_head = embeddings): untie it first

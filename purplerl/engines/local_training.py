@@ -16,7 +16,6 @@ model too, not the checkpoint it loaded).
 from __future__ import annotations
 
 import contextlib
-import io
 import zlib
 from pathlib import Path
 
@@ -26,21 +25,12 @@ import torch.nn.functional as F
 from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import ModelConfig
-from purplerl.engines.adapters import (
-    HEAD_FILE,
-    AdapterSet,
-    FullWeights,
-    adapter_dir,
-    adapter_weights_file,
-    lora_config,
-)
+from purplerl.engines.adapters import AdapterSet, FullWeights, lora_config
 from purplerl.engines.base import EngineSettings, check_batch
-from purplerl.engines.full_weights import copy_weights, read_weights, refuse_other_kind, save_model_dir
 from purplerl.engines.fused_lora import install_fused_lora
 from purplerl.engines.loading import (
     load_causal_lm,
     load_peft_adapter,
-    load_tensors,
     load_tokenizer,
     read_adapter_config,
     resolve_device,
@@ -48,11 +38,11 @@ from purplerl.engines.loading import (
     stop_token_ids,
 )
 from purplerl.engines.local_scoring import autocast, final_hidden, full_logits, micro_batches, target_logprobs
-from purplerl.errors import ExperimentError, UserError, first_line
+from purplerl.engines.local_state import OPTIMIZER_FILE, RNG_FILE, load_state, save_state
+from purplerl.errors import ExperimentError, UserError
 from purplerl.types import AdamParams, TrainBatch
 
-OPTIMIZER_FILE = "optimizer.pt"
-RNG_FILE = "rng_state.pt"
+__all__ = ["OPTIMIZER_FILE", "RNG_FILE", "LocalTrainer", "load_base"]
 
 
 def load_base(cfg: ModelConfig, settings: EngineSettings):
@@ -131,13 +121,14 @@ class LocalTrainer:
     def active_adapter(self) -> str:
         return self._adapters.active
 
-    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False,
+                       rank: int | None = None) -> None:
         """Add a LoRA adapter `name` on the same base: fresh (LoRA B = 0, so it starts as the base; shaped by the
-        model config) or loaded from a PEFT dir `init`; with `head`, a scalar head too (init's, when it saved one).
-        It does not become active: see `use_adapter`."""
+        model config, of its rank or `rank`) or loaded from a PEFT dir `init`; with `head`, a scalar head too
+        (init's, when it saved one). It does not become active: see `use_adapter`."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + zlib.crc32(name.encode()))  # its own A matrices and head; global RNG kept
-            self._adapters.create(name, self.cfg, init, head=head)
+            self._adapters.create(name, self.cfg, init, head=head, rank=rank)
         if self.settings.fused_lora and not self.full:
             install_fused_lora(self.model)
 
@@ -146,6 +137,22 @@ class LocalTrainer:
         self._adapters.activate(name)
         self.touch()
 
+    def use_adapters(self, scales: dict[str, float], trained: list[str] | tuple[str, ...] | None = None) -> None:
+        """Make several adapters act together, each LoRA update times its scale (0: left out, as if absent): they
+        sample and score as one; `forward_backward` accumulates gradients into those in `trained` (default: every
+        acting adapter) and `optim_step` steps every acting adapter."""
+        self._adapters.use(scales, trained)
+        self.touch()
+
+    @property
+    def adapter_scales(self) -> dict[str, float]:
+        """The acting adapters and their scales ({active_adapter: 1.0} for one adapter)."""
+        return dict(self._adapters.mix)
+
+    @property
+    def trained_adapters(self) -> tuple[str, ...]:
+        return self._adapters.trained
+
     @property
     def heads(self) -> list[str]:
         """Names of the adapters that carry a scalar head."""
@@ -153,11 +160,13 @@ class LocalTrainer:
 
     @property
     def trainable(self) -> list[torch.nn.Parameter]:
-        return self._adapters.current.params
+        """The acting adapters' weights (the active adapter's alone unless several act together)."""
+        return [p for adapter in self._adapters.acting for p in adapter.params]
 
     @property
     def master(self) -> list[torch.Tensor]:
-        return self._adapters.current.master
+        """Their fp32 masters, in the same order."""
+        return [m for adapter in self._adapters.acting for m in adapter.master]
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -256,7 +265,8 @@ class LocalTrainer:
         check_batch(batch, loss)
         if definition.consumes in ("sequences", "values"):  # whole-batch losses
             return self._linearized_backward(batch, lambda lp, inputs: definition.fn(lp, inputs, loss.params),
-                                             loss.temperature, head=definition.consumes == "values")
+                                             loss.temperature, head=definition.consumes == "values",
+                                             scale=loss.scale)
         self.model.train()
         generator = torch.Generator(device=self.device).manual_seed(loss.seed)
         totals: dict[str, float] = {}
@@ -273,12 +283,12 @@ class LocalTrainer:
             else:
                 logp_NT = self._target_logprobs(ids, attn, mask, loss.temperature)
                 loss_NT, metrics = definition.fn(logp_NT, part, loss.params)
-            total = aggregate_loss(loss_NT, mask, loss.aggregation, total_tokens=normalizer,
-                                   total_sequences=batch.num_sequences, length_norm=loss.length_norm)
+            total = loss.scale * aggregate_loss(loss_NT, mask, loss.aggregation, total_tokens=normalizer,
+                                                total_sequences=batch.num_sequences, length_norm=loss.length_norm)
             if not torch.isfinite(total):
                 raise ExperimentError(f"non-finite loss in the micro-batch with sequence {int(rows[0])}")
             total.backward()
-            self._adapters.current.accumulate_master_grads()
+            self._adapters.accumulate_master_grads()
             weight = float(mask.sum()) / normalizer
             totals["loss"] = totals.get("loss", 0.0) + float(total.detach())
             for key, value in metrics.items():
@@ -292,12 +302,14 @@ class LocalTrainer:
         check_batch(batch)
         return self._linearized_backward(batch, loss.fn, loss.temperature)
 
-    def _linearized_backward(self, batch: TrainBatch, fn, temperature: float, head: bool = False) -> dict[str, float]:
+    def _linearized_backward(self, batch: TrainBatch, fn, temperature: float, head: bool = False,
+                             scale: float = 1.0) -> dict[str, float]:
         """The gradient of fn(logprobs of the whole batch) in one micro-batch of memory: logprobs without
         gradient, the loss and dloss/dlogprobs from them, then per micro-batch the backward pass of
         sum(dloss/dlogprobs * logprobs), whose gradient is exactly the chain rule's. (Exact when the forward
         pass is deterministic: LoRA dropout would draw other masks in the two passes.) With `head`, the same with
-        the values of the active adapter's scalar head in place of the logprobs (a "values" loss)."""
+        the values of the active adapter's scalar head in place of the logprobs (a "values" loss). The loss is
+        multiplied by `scale` (`Loss.scale`)."""
         targets_NT = (batch.loss_mask_NT != 0).long()
         if head:
             logp_NT = self.values(batch.input_ids_NT, batch.attention_mask_NT).requires_grad_(True)
@@ -308,6 +320,7 @@ class LocalTrainer:
         value, metrics = (out, {}) if isinstance(out, torch.Tensor) else out  # the metrics dict is optional
         if not isinstance(value, torch.Tensor) or value.numel() != 1 or not torch.isfinite(value):
             raise ExperimentError(f"the loss must be one finite number, got {value!r}"[:200])
+        value = value * scale
         value.backward()
         if logp_NT.grad is None:
             raise ExperimentError(f"the loss does not depend on the {'values' if head else 'logprobs'} it was given")
@@ -318,82 +331,37 @@ class LocalTrainer:
             lp = self._values(ids, attn) if head else self._target_logprobs(
                 ids, attn, targets_NT[rows, :width].to(self.device), temperature)
             (lp * grad_NT[rows, :width].to(self.device)).sum().backward()
-            self._adapters.current.accumulate_master_grads()
+            self._adapters.accumulate_master_grads()
         return {"loss": float(value.detach()), **{k: float(v) for k, v in metrics.items()},
                 "tokens": float(batch.num_loss_tokens)}
 
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
-        for group in self.optimizer.param_groups:
-            group.update(lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay)
+        """One AdamW step of every acting adapter, their gradients clipped together (one norm over all of them, as
+        one optimizer over their union would); an adapter's weights without a gradient are left as they are."""
+        acting = self._adapters.acting
+        for adapter in acting:
+            for group in adapter.optimizer.param_groups:
+                group.update(lr=adam.lr, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay)
         max_norm = adam.max_grad_norm if adam.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.master, max_norm)
         if not torch.isfinite(grad_norm):
             raise ExperimentError(f"non-finite gradient norm ({float(grad_norm)})")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.master is not self.trainable:
-            with torch.no_grad():
-                for p, m in zip(self.trainable, self.master, strict=True):
-                    p.copy_(m)
+        for adapter in acting:
+            adapter.optimizer.step()
+            adapter.optimizer.zero_grad(set_to_none=True)
+            if adapter.master is not adapter.params:
+                with torch.no_grad():
+                    for p, m in zip(adapter.params, adapter.master, strict=True):
+                        p.copy_(m)
         self.touch()
         return {"grad_norm": float(grad_norm), "lr": adam.lr}
 
-    # ----- state ------------------------------------------------------------------------------------
+    # ----- state (purplerl.engines.local_state) ------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        """Every adapter (a standard PEFT dir: `default` at the top, others in subdirs by name), each adapter's
-        optimizer state, which one is active, and the global RNG. Full-parameter: the model as a standard
-        Hugging Face model dir (fp32 weights + tokenizer, loadable on its own) instead of the adapters."""
-        path = Path(path)
-        with self.fp32_adapter():  # the exported weights are the exact fp32 masters
-            if self.full:
-                save_model_dir(self.model, self.tokenizer, path)
-            else:
-                self.model.save_pretrained(path, selected_adapters=self.adapters)
-                self._adapters.save_heads(path)
-        # sampling draws from its own seeded generator; the global RNG still drives LoRA dropout
-        rng = {"cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        optimizers = {"adapters": {name: self._adapters.get(name).optimizer.state_dict() for name in self.adapters},
-                      "active": self.active_adapter}
-        # serialized in memory and written by Python: a full disk then raises OSError(ENOSPC), where torch's
-        # own file writer reports only "unexpected pos"
-        for name, obj in ((OPTIMIZER_FILE, optimizers), (RNG_FILE, rng)):
-            buffer = io.BytesIO()
-            torch.save(obj, buffer)
-            with open(path / name, "wb") as f:
-                f.write(buffer.getbuffer())
+        """Every adapter, each adapter's optimizer state, which adapters act and the global RNG (see save_state)."""
+        save_state(self, Path(path))
 
     def load(self, path: Path) -> None:
         """Restore what save() wrote; adapters the checkpoint has and this engine lacks are created."""
-        path = Path(path)
-        refuse_other_kind(path, self.cfg.finetune)
-        if self.full:
-            state = read_weights(path, self.device)
-            with self.fp32_adapter():  # copied into the masters; the compute-dtype weights follow on exit
-                copy_weights(self.model, state, path)
-        else:
-            names = ["default", *sorted(d.name for d in path.iterdir() if (d / "adapter_config.json").is_file())]
-            for name in names:
-                if name not in self.adapters:
-                    self.create_adapter(name, head=(adapter_dir(path, name) / HEAD_FILE).is_file())
-                self._adapters.load_weights(name, adapter_weights_file(path, name))
-                self.touch()
-        state = load_tensors(path / OPTIMIZER_FILE, self.device)
-        # a checkpoint of one unnamed adapter (purplerl before named adapters) holds a plain state dict
-        optimizers = state.get("adapters") if isinstance(state, dict) and "adapters" in state else {"default": state}
-        for name, optimizer_state in optimizers.items():
-            try:
-                self._adapters.get(name).optimizer.load_state_dict(optimizer_state)
-            except (KeyError, ValueError, TypeError) as err:
-                raise UserError(f"optimizer state of adapter '{name}' in {path} does not match it: "
-                                f"{first_line(err)}") from None
-        self.use_adapter(str(state.get("active", "default")) if isinstance(state, dict) else "default")
-        if (path / RNG_FILE).is_file():
-            rng = load_tensors(path / RNG_FILE, torch.device("cpu"))
-            if not isinstance(rng, dict) or not isinstance(rng.get("cpu"), torch.Tensor):
-                raise UserError(f"{path / RNG_FILE} does not hold an RNG state")
-            torch.set_rng_state(rng["cpu"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
+        load_state(self, Path(path))

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from purplerl.cli import app
-from purplerl.engines.local_training import load_tensors
+from purplerl.engines.loading import load_tensors
 from purplerl.errors import UserError
 from purplerl.runs.checkpoints import sha256_of as _sha256
 from purplerl.runs.checkpoints import verify_checkpoint
