@@ -331,7 +331,8 @@ def _export_recipe(args: list[str], config: Path | None) -> str:
     return recipe if isinstance(recipe, str) else "attack"
 
 
-from purplerl.cli import serving  # noqa: E402,F401 -- registers export, report and serve-reward after the commands above
+# registers export, report and serve-reward (serving), and sweep, after the commands above
+from purplerl.cli import serving, sweep  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,142 @@
+"""`purplerl sweep`'s settings and plan: the command line, the grid x seeds, run names, and the checks that stop a
+mistake before any run starts (no Ray here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from purplerl.errors import UserError
+from purplerl.experiments.sweep.plan import describe, plan_sweep, render
+from purplerl.experiments.sweep.settings import load_sweep, split_args, split_values
+from purplerl.experiments.sweep.state import first_difference, record_outcome, to_run, write_configs
+from purplerl.recipes import RECIPES
+
+
+def test_grid_and_fixed_come_repeated_or_listed_after_one_option() -> None:
+    path, grid, fixed, rest = split_args(["sweep.yaml", "--grid", "lr=1e-5,3e-5", "kl_beta=0.01", "--fixed",
+                                          "steps=5", "--seeds", "0,1", "--grid=seed_like=[a,b],[c]"])
+    assert path == Path("sweep.yaml")
+    assert grid == {"lr": ["1e-5", "3e-5"], "kl_beta": ["0.01"], "seed_like": ["[a,b]", "[c]"]}
+    assert fixed == {"steps": "5"} and rest == ["--seeds", "0,1"]
+    assert split_values("[q_proj,v_proj],[q_proj],{a: 1, b: 2}") == ["[q_proj,v_proj]", "[q_proj]", "{a: 1, b: 2}"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--grid", "lr"], "--grid takes KEY=VALUE, got 'lr'"),
+    (["--grid", "lr=1", "--grid", "lr=2"], "--grid lr is given twice"),
+    (["a.yaml", "b.yaml"], "unexpected argument 'b.yaml'"),
+    (["--fixed"], "--fixed needs KEY=VALUE after it"),
+])
+def test_command_line_mistakes_are_one_line(args: list[str], message: str) -> None:
+    with pytest.raises(UserError, match=message.replace("[", r"\[")):
+        split_args(args)
+
+
+def test_the_command_line_adds_to_the_sweep_file(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text("recipe: attack\ngrid: {lr: [1.0e-5, 3.0e-5], kl_beta: [0.1]}\nfixed: {steps: 3}\nseeds: [4]\n")
+    settings = load_sweep(None, [str(path), "--grid", "kl_beta=0.2,0.3", "--fixed", "batch_size=2",
+                                 "--seeds", "0,1,2", "--cpus_per_run", "2"])
+    assert settings.grid == {"lr": [1e-5, 3e-5], "kl_beta": ["0.2", "0.3"]}  # the command line's value wins
+    assert settings.fixed == {"steps": 3, "batch_size": "2"}
+    assert settings.seeds == [0, 1, 2] and settings.resources.cpus_per_run == 2
+    with pytest.raises(UserError, match="unknown option --steps .*; a recipe setting goes in --fixed KEY=VALUE"):
+        load_sweep(None, ["--recipe", "attack", "--steps", "3"])
+
+
+def _plan(tmp_path: Path, *args: str) -> list:
+    return plan_sweep(load_sweep(None, ["--out", str(tmp_path / "sweep"), *args]))
+
+
+def test_the_grid_times_the_seeds_each_run_named_after_its_swept_values(tmp_path: Path) -> None:
+    runs = _plan(tmp_path, "--recipe", "attack", "--grid", "lr=1e-5,3e-5", "reward.kl_beta=0.01,0.02",
+                 "--fixed", "steps=3", "--seeds", "0,1")
+    assert len(runs) == 2 * 2 * 2
+    assert [run.name for run in runs[:3]] == ["attack_lr1e-05_kl_beta0.01_s0", "attack_lr1e-05_kl_beta0.01_s1",
+                                              "attack_lr1e-05_kl_beta0.02_s0"]
+    last = runs[-1]
+    assert last.label == "attack_lr3e-05_kl_beta0.02" and last.seed == 1
+    # the command line's text is read as the recipe reads it: '3e-5' is the float 3e-05
+    assert last.point == {"training.lr": 3e-05, "reward.kl_beta": 0.02}
+    config = last.config
+    assert (config.training.lr, config.reward.kl_beta, config.training.seed, config.training.steps) == \
+        (3e-05, 0.02, 1, 3)
+    assert Path(config.run.output_dir) == (tmp_path / "sweep" / "runs").resolve() and config.run.name == last.name
+    listing = describe(runs)
+    assert listing.splitlines()[0] == "8 runs (4 configurations x 2 seeds):"
+    assert "  attack_lr3e-05_kl_beta0.02_s1  (training.lr=3e-05, reward.kl_beta=0.02)" in listing
+
+
+def test_text_values_and_keys_into_a_mapping_name_runs_readably(tmp_path: Path) -> None:
+    runs = _plan(tmp_path, "--recipe", "attack", "--grid", "data=builtin:redteam,/some/dir/prompts.jsonl",
+                 "reward.terms.repetition=-0.1,-0.3")
+    assert [run.name for run in runs] == [
+        "attack_data-redteam_reward.terms.repetition-0.1_s0", "attack_data-redteam_reward.terms.repetition-0.3_s0",
+        "attack_data-prompts.jsonl_reward.terms.repetition-0.1_s0",
+        "attack_data-prompts.jsonl_reward.terms.repetition-0.3_s0"]
+    assert runs[1].config.reward.terms == {"toxicity": 1.0, "repetition": -0.3, "refusal": 0.0}
+    assert (render(True), render(None), render([1, "a b"]), render(2.5e-4)) == ("true", "none", "1,-a-b", "0.00025")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--grid", "lrr=1,2"], "grid key 'lrr' is not a setting of recipe 'attack' (see purplerl attack --help)"),
+    (["--grid", "training.lrr=1"], "grid key 'training.lrr' is not a setting of recipe 'attack'"),
+    (["--fixed", "training=1"], "fixed key 'training' names the section training: sweep one of its settings"),
+    (["--grid", "training.lr.x=1"], "grid key 'training.lr.x': training.lr is a single setting, not a section"),
+    (["--grid", "seed=1,2"], "grid key 'seed': training.seed is set by seeds (--seeds 0,1,2)"),
+    (["--fixed", "name=x"], "fixed key 'name': run.name is set by the sweep's run names"),
+    (["--grid", "lr=1e-4,-1"], "the run with training.lr=-1, seed 0: config field 'training.lr': Input should be "
+                               "greater than 0 (got -1)"),
+    (["--grid", "lr=1e-4", "--fixed", "training.lr=1e-3"], "training.lr is both swept (grid) and fixed"),
+    (["--grid", "lr=1e-4", "training.lr=1e-3"], "grid names training.lr twice"),
+    (["--grid", "data=a/x.jsonl,b/x.jsonl"], "two runs would share the name attack_data-x.jsonl_s0"),
+])
+def test_a_mistake_stops_the_sweep_before_any_run_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    with pytest.raises(UserError) as err:
+        _plan(tmp_path, "--recipe", "attack", *args)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_recipe_must_be_named_and_known(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="name the recipe swept"):
+        _plan(tmp_path)
+    with pytest.raises(UserError, match="unknown recipe 'atack' \\(known: attack, "):
+        _plan(tmp_path, "--recipe", "atack")
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_every_recipe_of_the_table_can_be_swept(tmp_path: Path, recipe: str) -> None:
+    runs = _plan(tmp_path, "--recipe", recipe, "--grid", "lr=1e-4,2e-4", "--seeds", "0,1")
+    assert [run.name for run in runs] == [f"{recipe}_lr0.0001_s0", f"{recipe}_lr0.0001_s1", f"{recipe}_lr0.0002_s0",
+                                          f"{recipe}_lr0.0002_s1"]
+    assert all(run.config.recipe == recipe for run in runs)
+
+
+def test_runs_start_from_the_recipe_config_file(tmp_path: Path) -> None:
+    base = tmp_path / "attack.yaml"
+    base.write_text("training: {steps: 7, batch_size: 2}\nsampling: {group_size: 2}\n")
+    (run,) = _plan(tmp_path, "--recipe", "attack", "--recipe_config", str(base), "--fixed", "steps=9")
+    assert (run.name, run.config.training.steps, run.config.training.batch_size) == ("attack_s0", 9, 2)
+    base.write_text("recipe: sft\n")
+    with pytest.raises(UserError, match="is a config of recipe 'sft', not 'attack'"):
+        _plan(tmp_path, "--recipe", "attack", "--recipe_config", str(base))
+
+
+def test_a_rerun_with_other_settings_is_refused_and_outcomes_decide_what_runs(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    runs = _plan(tmp_path, "--recipe", "attack", "--grid", "lr=1e-4,2e-4,3e-4", "--fixed", "steps=3")
+    write_configs(out, runs)
+    write_configs(out, runs)  # the same plan again: nothing to refuse
+    changed = _plan(tmp_path, "--recipe", "attack", "--grid", "lr=1e-4", "--fixed", "steps=4")
+    with pytest.raises(UserError, match="run attack_lr0.0001_s0 in .* was planned with training.steps=3, now 4"):
+        write_configs(out, changed)
+    record_outcome(out, {"name": runs[0].name, "status": "finished"})
+    record_outcome(out, {"name": runs[1].name, "status": "failed", "error": "boom"})
+    start, kept = to_run(out, runs, retry_failed=False)
+    assert [r.name for r in start] == [runs[2].name] and [r.name for r in kept] == [runs[0].name, runs[1].name]
+    start, kept = to_run(out, runs, retry_failed=True)
+    assert [r.name for r in start] == [runs[1].name, runs[2].name] and [r.name for r in kept] == [runs[0].name]
+    assert first_difference({"a": {"b": 1, "c": [1]}}, {"a": {"b": 1, "c": [1]}}) is None
+    assert first_difference({"a": {"b": 1}}, {"a": {"b": 1, "d": 2}}) == ("a.d", None, 2)
