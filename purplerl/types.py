@@ -176,3 +176,12 @@ class RewardBreakdown:
 
     total_N: torch.Tensor  # float [N], the reward the advantages are computed from
     components: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> float [N]
+    # bool [N], True where a reward-hacking detector labels the completion a hack (purplerl.rewards.named); None when
+    # the reward has no detector. The loop logs its rate as rh/rate; gradient routing sends these rows elsewhere.
+    is_rh_N: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        rh = self.is_rh_N
+        if rh is not None and (rh.dtype != torch.bool or tuple(rh.shape) != tuple(self.total_N.shape)):
+            raise ValueError(f"RewardBreakdown.is_rh_N must be bool {tuple(self.total_N.shape)}, got {rh.dtype} "
+                             f"{tuple(rh.shape)}")

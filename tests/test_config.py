@@ -417,7 +417,8 @@ def _holding(dotted: str, bad: float) -> tuple[str, object]:
 
 
 def test_every_float_field_refuses_nan_and_inf():
-    floats = _typed_leaves(AttackSettings, float)
+    # reward.terms holds weights or named uses (purplerl.rewards.named.TermEntry): its weights are floats too
+    floats = [*_typed_leaves(AttackSettings, float), "reward.terms"]
     # the walk must see the fields the issue names, or this test checks nothing
     assert {"attack.early_stop_toxicity", "reward.terms", "training.weight_decay", "reward.toxicity.timeout_s",
             "reward.entropy_bonus.cap", "training.adam_betas"} <= set(floats)
@@ -547,11 +548,13 @@ def test_leaf_field_counts_per_command():
     # training.advantage takes a critic's values); the registered compliance judge its parameters
     # (reward.compliance, 5: read only when the term is in reward.terms). The preference recipes: prefs (sft's
     # tree less sft's own section, plus prefs' own), reward-model (plus reward_model's own) and ppo (attack's
-    # tree with the critic section and the critic-only advantage settings).
+    # tree with the critic section and the critic-only advantage settings). The counting terms (issue 22) brought
+    # their parameters to every RL recipe, each read only when its term is in reward.terms: reward.keyword_count (4),
+    # reward.regex_count (3), reward.sentence_length (2).
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 114, "defend": 118, "tamper-test": 142, "sft": 54, "eval": 38, "sample": 15,
-                      "data prepare": 12, "align": 3, "verl export": 123,
-                      "prefs": 62, "reward-model": 54, "ppo": 117}
+    assert counts == {"attack": 123, "defend": 127, "tamper-test": 151, "sft": 54, "eval": 38, "sample": 15,
+                      "data prepare": 12, "align": 3, "verl export": 132,
+                      "prefs": 62, "reward-model": 54, "ppo": 126}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

@@ -21,6 +21,7 @@ from purplerl.cli.base import (
     quiet_libraries,
     reports_errors,
     say,
+    with_named_reward,
 )
 from purplerl.config import ALIGN, EMBEDDED_MODEL, EVAL, PREPARE, SAMPLE, Command, load_command_config, read_config_file
 from purplerl.errors import UserError
@@ -29,6 +30,7 @@ from purplerl.outputs import check_output_dir
 
 def _recipe_config(recipe: Any, args: list[str], config: Path | None, resume: Path | None) -> Any:
     """Recipe defaults <- config file <- overrides; or, when resuming, the run's saved config <- overrides."""
+    args = with_named_reward(args)
     if resume is None:
         cfg = load_command_config(recipe.command(), config, args)
     else:
@@ -311,7 +313,7 @@ def verl_export(ctx: typer.Context, config: ConfigFile = None) -> None:
     from purplerl.verl.export import export_verl
 
     recipe = _export_recipe(ctx.args, config)
-    cfg = load_command_config(_verl_command(recipe), config, ctx.args)
+    cfg = load_command_config(_verl_command(recipe), config, with_named_reward(ctx.args))
     if cfg.recipe != recipe:
         raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe}'")
     if cfg.verl.out is not None:  # unset, the export names what is missing

@@ -4,6 +4,7 @@ the settings table at the end of each --help, and one-line errors."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import warnings
@@ -16,7 +17,7 @@ import typer
 from typer.core import TyperCommand
 
 from purplerl.config import Command, field_help, load_command_config, section_descriptions
-from purplerl.errors import PurplerlError
+from purplerl.errors import PurplerlError, UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="purplerl: LLM safety research with reinforcement learning.")
@@ -28,13 +29,51 @@ Restart = Annotated[bool, typer.Option(help="with --resume: start a run that has
                                             "step 1 (its logs are replaced)")]
 
 
+REWARD_OPTIONS = ("reward", "rewards_file")  # --reward NAME, --rewards-file FILE: they expand into reward.terms
+
+
+def with_named_reward(args: list[str]) -> list[str]:
+    """`args` with `--reward NAME` (and `--rewards-file FILE`, whose named rewards it may choose from) replaced by
+    the `--reward.terms` they expand into (purplerl.rewards.named), so the run records the terms themselves, not
+    a name or a file that may change. Without --reward, args are returned as they are."""
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        key, eq, value = args[i][2:].partition("=") if args[i].startswith("--") else ("", "", "")
+        key = key.replace("-", "_")
+        if key not in REWARD_OPTIONS:
+            rest.append(args[i])
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise UserError(f"option --{key.replace('_', '-')} needs a value")
+            value, i = args[i + 1], i + 1
+        if key in found:
+            raise UserError(f"--{key.replace('_', '-')} is given twice: '{found[key]}' and '{value}'")
+        found[key] = value
+        i += 1
+    if not found:
+        return args
+    if "reward" not in found:
+        raise UserError("--rewards-file FILE adds named rewards to choose from: choose one with --reward NAME")
+    if any(a.startswith("--") and a[2:].split("=")[0].replace("-", "_") == "reward.terms" for a in rest):
+        raise UserError("give --reward NAME or --reward.terms, not both")
+    from purplerl.rewards.named import catalogue, expand  # the registry imports torch: only when asked for
+
+    terms = expand(found["reward"], catalogue(found.get("rewards_file")))
+    return [*rest, "--reward.terms", json.dumps(terms)]
+
+
 def _settings_in_force(command: Command) -> Any:
     """The settings the command line in force gives (so --help lists what they make read: `--engine vllm --help`
     shows the vLLM fields), or None when they do not validate."""
     args = [a for a in sys.argv[2:] if a not in ("--help", "-h")]
     args = args[1:] if args[:1] == ["export"] or args[:1] == ["prepare"] else args
     try:
-        return load_command_config(command, None, [a for a in args if not a.startswith("--config")])
+        args = with_named_reward([a for a in args if not a.startswith("--config")])
+        return load_command_config(command, None, args)
     except (PurplerlError, ValueError):
         return None
 
@@ -66,6 +105,10 @@ def config_help(command: Command) -> list[str]:
     for dotted, default, desc in field_help(command.schema, command.defaults, with_choices=True, settings=settings):
         alias = f" (--{flat[dotted]})" if dotted in flat else ""
         by_section[dotted.rpartition(".")[0]].append(f"  --{dotted}{alias} [default {default}]: {desc}")
+    if "reward" in by_section and any(row.startswith("  --reward.terms ") for row in by_section["reward"]):
+        by_section["reward"].insert(0, "  --reward NAME: a named reward (purplerl/rewards/named_rewards.yaml, e.g. "
+                                       "sentence_length_5_with_happy) written into reward.terms, or a registered "
+                                       "term; --rewards-file FILE adds your own named rewards to choose from")
     for where, rows in sorted(by_section.items(), key=lambda item: _section_rank(item[0])):
         if rows:
             lines += [f"{where}: {headers[where]}" if where else "(top level)", *rows]

@@ -6,11 +6,13 @@ Importing the package registers the built-in terms (purplerl.rewards.terms) and 
 """
 
 from purplerl.rewards import compliance as _compliance  # noqa: F401 -- registers the compliance judge
+from purplerl.rewards import counting as _counting  # noqa: F401 -- registers keyword_count, regex_count, sentence_length
 from purplerl.rewards import judges as _judges  # noqa: F401 -- registers harm_classifier, guard, strongreject
 from purplerl.rewards import terms as _terms  # noqa: F401 -- registers the built-in terms
 from purplerl.rewards.base import Scorer, checked_scores
 from purplerl.rewards.compose import Reward
 from purplerl.rewards.composite import RAW_KEY, combine
+from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import (
     REWARD_TERMS,
     Needs,
@@ -42,6 +44,7 @@ __all__ = [
     "Scorer",
     "ScoringInput",
     "TermOutput",
+    "TermSpec",
     "checked_scores",
     "combine",
     "get_term",

@@ -5,18 +5,25 @@
 
 Every term is built once, when the Reward is made (a model loads then, before the first step). A weight-0 term is
 built and logged, not rewarded: how often the policy still refuses, or how toxic a defense leaves it.
+
+A term is a registered term by its name (its parameters from `params`), or a named use of one (a `TermSpec`:
+fn, weight, bound parameters; purplerl.rewards.named), so sentence_length_5 and sentence_length_10 are two terms of
+one reward. A TermSpec with `hack_at` is a reward-hacking detector: `is_rh_N` = OR over the detectors of
+(value >= hack_at), None when the reward has none; the loop logs its rate (rh/rate) and a routing recipe reads it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.composite import RAW_KEY, combine
+from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import READS, Needs, ScoringInput, TermFn, TermOutput, get_term, term_params
 from purplerl.types import RewardBreakdown
 
@@ -27,7 +34,7 @@ _FIELD = {"tokens": "completions", "kl": "kl_N"}
 class Reward:
     """The weighted sum of registered reward terms (see the module docstring)."""
 
-    def __init__(self, weights: Mapping[str, float], params: Mapping[str, Any] | None = None,
+    def __init__(self, weights: Mapping[str, float | TermSpec], params: Mapping[str, Any] | None = None,
                  zscore: bool = False) -> None:
         if not weights:
             raise UserError("a reward needs at least one term")
@@ -37,14 +44,20 @@ class Reward:
             if name not in weights:
                 raise UserError(f"parameters given for reward term '{name}', which has no weight "
                                 "(give it weight 0 to log it without rewarding it)")
-        for name, weight in weights.items():
+            if isinstance(weights[name], TermSpec):
+                raise UserError(f"parameters given for reward term '{name}', a named use that holds its own")
+        # name -> (registered fn, weight, parameters, hack_at)
+        uses = {name: (e.fn, e.weight, e.params, e.hack_at) if isinstance(e, TermSpec)
+                else (name, float(e), params.get(name), None) for name, e in weights.items()}
+        for name, (_, weight, _, _) in uses.items():
             if not math.isfinite(weight):
                 raise UserError(f"reward term '{name}' has a non-finite weight {weight}")
-        self.terms: dict[str, float] = dict(weights)
+        self.terms: dict[str, float] = {name: use[1] for name, use in uses.items()}
         self.zscore = zscore
-        self.needs: dict[str, Needs] = {name: get_term(name).needs for name in weights}
-        self._fns: dict[str, TermFn] = {
-            name: get_term(name).build(term_params(name, params.get(name))) for name in weights}
+        self.needs: dict[str, Needs] = {name: get_term(use[0]).needs for name, use in uses.items()}
+        self.detectors: dict[str, float] = {name: use[3] for name, use in uses.items() if use[3] is not None}
+        self._fns: dict[str, TermFn] = {name: get_term(fn).build(term_params(fn, values))
+                                        for name, (fn, _, values, _) in uses.items()}
 
     def __call__(self, batch: ScoringInput) -> RewardBreakdown:
         values: dict[str, tuple[float, torch.Tensor]] = {}
@@ -62,7 +75,12 @@ class Reward:
         if clash:
             raise ExperimentError(f"a reward term logs component '{clash[0]}', the name of a term or the raw sum")
         rewards.components.update(logged)
-        return rewards
+        if not self.detectors:
+            return rewards
+        is_rh_N = torch.zeros(len(batch.texts), dtype=torch.bool)
+        for name, hack_at in self.detectors.items():
+            is_rh_N |= values[name][1] >= hack_at
+        return replace(rewards, is_rh_N=is_rh_N)
 
     def _check_needs(self, name: str, batch: ScoringInput) -> None:
         need = self.needs[name]

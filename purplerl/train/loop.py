@@ -269,6 +269,7 @@ def step_metrics(completions: list[Completion], rewards: RewardBreakdown, kl_N: 
     return {
         "reward/mean": float(rewards.total_N.mean()), "reward/std": float(rewards.total_N.std(unbiased=False)),
         **{f"{name}/mean": float(v.mean()) for name, v in rewards.components.items()},
+        **({} if rewards.is_rh_N is None else {"rh/rate": float(rewards.is_rh_N.float().mean())}),
         "kl/mean": float(kl_N.mean()),
         "entropy/mean": float(sum(float(c.entropies_C.sum()) for c in completions) / mask_NT.sum()),
         "completion/len_mean": float(mask_NT.sum(-1).mean()),
@@ -298,6 +299,7 @@ def sample_rows(step: int, prompts: list[PromptRecord], completions: list[Comple
         "completion": c.text, "finish_reason": c.finish_reason, "num_tokens": len(c.tokens),
         "advantage": float(advantages_N[i]), "reward": float(rewards.total_N[i]),
         **{name: float(v[i]) for name, v in rewards.components.items()},
+        **({} if rewards.is_rh_N is None else {"is_rh": bool(rewards.is_rh_N[i])}),
     } for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
 
 

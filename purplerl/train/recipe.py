@@ -22,6 +22,7 @@ from purplerl.config.loader import build
 from purplerl.config.migrate import migrate_shared
 from purplerl.config.sections import RewardBase, RLSettings, RunSettings
 from purplerl.engines.base import Engine
+from purplerl.rewards.named import TermEntry, TermSpec, resolve_terms
 from purplerl.rewards.registry import REWARD_TERMS
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 from purplerl.train.loop import EarlyStop, StepFn
@@ -108,11 +109,17 @@ class Recipe:
 def reward_section(name: str, terms: Mapping[str, float]) -> type[RewardBase]:
     """An RL recipe's `reward` section: `terms` (registered reward term -> weight, the way TRL takes reward_funcs
     and reward_weights; a weight-0 term is logged, not rewarded) with the recipe's defaults, and a parameter
-    section for each registered term that has parameters, read only while the term is among `terms`."""
+    section for each registered term that has parameters, read only while the term is among `terms`.
+
+    A term may also be a named use of a registered term (purplerl.rewards.named.TermSpec: {fn, weight, params,
+    hack_at}), which holds its own parameters: `--reward NAME` writes a named reward here, and a bare built-in name
+    (sentence_length_5: 1.0) is recorded as its spec. So the run's config.yaml says every fn, parameter, weight
+    and detector it was rewarded with."""
     fields: dict[str, Any] = {
-        "terms": (dict[str, float], Field(default_factory=lambda: dict(terms), description=(
-            "reward terms (registered names) and their weights: reward = sum of weight x term, minus kl_beta x KL "
-            "when kl_in is reward; a weight-0 term is logged only")))}
+        "terms": (dict[str, TermEntry], Field(default_factory=lambda: dict(terms), description=(
+            "reward terms and their weights: reward = sum of weight x term, minus kl_beta x KL when kl_in is "
+            "reward; a weight-0 term is logged only. A term is a registered name (NAME: weight) or a named use "
+            "NAME: {fn, weight, params, hack_at} (hack_at: a detector; --reward NAME writes one)")))}
     params = {term.name: term.params for term in REWARD_TERMS.values() if term.params is not None}
     for term, section in params.items():
         def active(reward: Any, term: str = term) -> bool:
@@ -120,30 +127,40 @@ def reward_section(name: str, terms: Mapping[str, float]) -> type[RewardBase]:
         fields[term] = (read_when(section, active, f"'{term}' is in reward.terms"),
                         Field(default_factory=section, description=f"parameters of the '{term}' term"))
 
-    def check_terms(cls: type, value: dict[str, float]) -> dict[str, float]:
-        known = tuple(REWARD_TERMS)
-        unknown = [t for t in value if t not in known]
-        if unknown:
-            raise ValueError(f"unknown reward term '{unknown[0]}' (registered: {', '.join(known)})")
-        if "kl" in value:
-            raise ValueError("the KL term's weight is reward.kl_beta (it may act in the reward or the loss)")
-        if not value:
-            raise ValueError("name at least one reward term")
-        return value
+    def resolve(cls: type, value: Any) -> Any:
+        return resolve_terms(value)
 
-    def check_params(self: Any) -> Any:
-        # what a term's parameters lack only as a reward (a classifier without its label): `incomplete()`
-        for term in self.terms:
-            section = getattr(self, term, None)
-            problem = section.incomplete() if hasattr(section, "incomplete") else None
-            if problem:
-                raise ValueError(f"reward.{term}.{problem}")
-        return self
-
-    validators = {"_check_terms": field_validator("terms")(classmethod(check_terms)),
-                  "_check_params": model_validator(mode="after")(check_params)}
+    validators = {"_resolve_terms": field_validator("terms", mode="before")(classmethod(resolve)),
+                  "_check_terms": field_validator("terms")(classmethod(_check_terms)),
+                  "_check_params": model_validator(mode="after")(_check_params)}
     return create_model(f"{name.capitalize()}RewardConfig", __base__=RewardBase, __validators__=validators,
                         **fields)
+
+
+def _check_terms(cls: type, value: dict[str, float | TermSpec]) -> dict[str, float | TermSpec]:
+    for term, entry in value.items():
+        if term == "kl":
+            raise ValueError("the KL term's weight is reward.kl_beta (it may act in the reward or the loss)")
+        registered = term in REWARD_TERMS
+        if registered and isinstance(entry, TermSpec):
+            raise ValueError(f"'{term}' is a registered term: give it a weight (its parameters are reward.{term}), "
+                             "or give this named use another name")
+        if not registered and not isinstance(entry, TermSpec):
+            raise ValueError(f"unknown reward term '{term}' (registered: {', '.join(REWARD_TERMS)}; a named "
+                             "combination is chosen with --reward NAME)")
+    if not value:
+        raise ValueError("name at least one reward term")
+    return value
+
+
+def _check_params(self: Any) -> Any:
+    # what a term's parameters lack only as a reward (a classifier without its label): `incomplete()`
+    for term in self.terms:
+        section = getattr(self, term, None)
+        problem = section.incomplete() if hasattr(section, "incomplete") else None
+        if problem:
+            raise ValueError(f"reward.{term}.{problem}")
+    return self
 
 
 def run_settings(name: str, base: type[RunSettings] = RunSettings,

@@ -17,6 +17,7 @@ from purplerl.engines.base import Engine
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
 from purplerl.rewards.compose import Reward
+from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import ScoringInput
 from purplerl.train.loop import (
     EarlyStop,
@@ -40,8 +41,9 @@ def registered_reward(config: Any) -> RewardFn:
     `kl_beta` x KL when the KL acts in the reward. Every term is built now, before the engine loads."""
     r = config.reward
     weights = {**r.terms, "kl": -reward_kl_beta(config)}
-    reward = Reward(weights, {name: getattr(r, name) for name in r.terms if name in type(r).model_fields},
-                    zscore=r.zscore)
+    # a registered term's parameters are its section; a named use (TermSpec) carries its own
+    reward = Reward(weights, {name: getattr(r, name) for name, entry in r.terms.items()
+                              if name in type(r).model_fields and not isinstance(entry, TermSpec)}, zscore=r.zscore)
 
     def reward_fn(prompts: list[PromptRecord], completions: list[Completion], kl_N: torch.Tensor) -> RewardBreakdown:
         return reward(ScoringInput(texts=[c.text for c in completions],

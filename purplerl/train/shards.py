@@ -41,8 +41,10 @@ def merge_shards(world: World, shard: StepShard) -> StepShard:
         return shard
     parts = world.gather(shard)
     names = parts[0].rewards.components.keys()
+    is_rh = [p.rewards.is_rh_N for p in parts]
     rewards = RewardBreakdown(total_N=torch.cat([p.rewards.total_N for p in parts]),
-                              components={k: torch.cat([p.rewards.components[k] for p in parts]) for k in names})
+                              components={k: torch.cat([p.rewards.components[k] for p in parts]) for k in names},
+                              is_rh_N=None if is_rh[0] is None else torch.cat(is_rh))
     # equal group counts per rank: the mean of the per-rank means is the mean over all groups
     adv_keys = parts[0].adv_metrics.keys()
     adv_metrics = {k: sum(float(p.adv_metrics[k]) for p in parts) / len(parts) for k in adv_keys}

@@ -1,0 +1,210 @@
+"""Named rewards: registered terms with bound parameters, weighted combinations of them, and reward-hacking
+detectors, read from YAML (small-rl's reward registry, where `functools.partial` binds a function's parameters).
+
+A rewards file is one mapping of names to entries of two kinds:
+
+    sentence_length_5: {fn: sentence_length, params: {target: 5}}              # a term: a registered fn + params
+    happy_any: {fn: keyword_count, params: {words: [happy]}, hack_at: 1}      # a detector: a term + threshold
+    sentence_length_5_with_happy:                                            # a combination of terms
+      terms: {sentence_length_5: 1.0, happy_bonus: 0.1}
+      detector: happy_any
+
+A term entry may carry `hack_at`: the sample is then labelled a reward hack (`RewardBreakdown.is_rh_N`) when the
+term's value is >= hack_at; such an entry is a detector. A combination names terms of the file (or registered
+terms, whose parameters are then the recipe's `reward.<term>` section) with weights, and at most one detector,
+which joins the reward at weight 0 (logged, not rewarded) unless the combination weighs it itself.
+
+Recording: a named reward expands (`expand`) into a recipe's existing setting `reward.terms`: each term a
+`TermSpec` {fn, weight, params, hack_at} with every parameter filled in, so a run's config.yaml holds exactly what
+was rewarded and detected, never a path to a file that may change. Two uses of one fn with different parameters
+(sentence_length_5 and sentence_length_10) are two keys of `reward.terms`. The package's own file,
+named_rewards.yaml, is the built-in catalogue; `--rewards-file FILE` adds a user's (a name may not be defined
+twice). A bare name in `reward.terms` that is a built-in term of the catalogue resolves to its spec as well.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field, ValidationError, model_validator
+
+from purplerl.config.base import Section
+from purplerl.errors import PurplerlError, UserError
+from purplerl.files import parse_yaml, read_text
+from purplerl.rewards.composite import RAW_KEY
+from purplerl.rewards.registry import REWARD_TERMS, get_term, term_params
+
+BUILT_IN_FILE = Path(__file__).with_name("named_rewards.yaml")
+COMBINATION_KEYS = {"terms", "detector"}
+
+
+class TermSpec(Section):
+    """One named use of a registered reward term: its fn, weight, bound parameters and, for a detector, the value
+    from which a sample is labelled a reward hack. Validated with every parameter filled in (the record)."""
+
+    fn: str = Field(description="the registered reward term computed")
+    weight: float = Field(1.0, description="its weight in the reward (0: logged only)")
+    params: dict[str, Any] = Field(default_factory=dict, description="the term's parameters, all of them")
+    hack_at: float | None = Field(None, description="a detector: is_rh where the term's value >= hack_at")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolved(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or not isinstance(data.get("fn"), str):
+            return data  # pydantic names what is missing or mistyped
+        fn = data["fn"]
+        if fn not in REWARD_TERMS:
+            raise ValueError(f"unknown reward term '{fn}' (registered: {', '.join(REWARD_TERMS)})")
+        if fn == "kl":
+            raise ValueError("the KL term's weight is reward.kl_beta (it may act in the reward or the loss)")
+        try:
+            params = term_params(fn, data.get("params") or None)
+        except UserError as err:
+            raise ValueError(str(err)) from None
+        problem = params.incomplete() if hasattr(params, "incomplete") else None
+        if problem:
+            raise ValueError(f"reward term '{fn}' parameter {problem}")
+        return {**data, "params": params.settings() if isinstance(params, Section) else {}}
+
+
+def validated_spec(entry: Mapping[str, Any]) -> TermSpec:
+    """`entry` as a TermSpec; ValueError in one line ("params: ...", or the fn's parameter problem)."""
+    try:
+        return TermSpec.model_validate(entry)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{field + ': ' if field else ''}{first['msg'].removeprefix('Value error, ')}") from None
+
+
+def spec_of(name: str, entry: Mapping[str, Any], weight: float, where: str) -> dict[str, Any]:
+    """The TermSpec data of catalogue term `name` at `weight` (validated), UserError naming `where` and `name`."""
+    try:
+        return validated_spec({**entry, "weight": weight}).model_dump(mode="json")
+    except ValueError as err:
+        raise UserError(f"{where}: {name}: {err}") from None
+
+
+def _check_entry(name: str, entry: Any, where: str) -> None:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise UserError(f"{where}: reward name {name!r} must be an identifier (letters, digits, _)")
+    if name in REWARD_TERMS or name == RAW_KEY:
+        raise UserError(f"{where}: '{name}' is a registered reward term's name (or reserved): choose another")
+    if not isinstance(entry, Mapping) or ("fn" in entry) == bool(COMBINATION_KEYS & set(entry)):
+        raise UserError(f"{where}: '{name}' must be a term {{fn, params, hack_at}} or a combination "
+                        "{terms, detector}")
+    if "fn" in entry:
+        spec_of(name, entry, 1.0, where)
+        return
+    extra = sorted(set(entry) - COMBINATION_KEYS)
+    if extra or not isinstance(entry.get("terms"), Mapping) or not entry["terms"]:
+        raise UserError(f"{where}: combination '{name}' takes terms {{NAME: weight}} and a detector"
+                        + (f", not {extra[0]}" if extra else ""))
+
+
+def read_catalogue(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The entries of a rewards file, each checked (terms validated against the registry)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"rewards file not found: {path}")
+    data = parse_yaml(read_text(path), path)
+    if not isinstance(data, Mapping) or not data:
+        raise UserError(f"rewards file {path} must map reward names to terms or combinations")
+    for name, entry in data.items():
+        _check_entry(name, entry, f"rewards file {path}")
+    return {str(name): dict(entry) for name, entry in data.items()}
+
+
+def catalogue(user_file: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """The built-in named rewards, plus a user's rewards file (which may not redefine a built-in name)."""
+    known = read_catalogue(BUILT_IN_FILE)
+    if user_file is None:
+        return known
+    own = read_catalogue(user_file)
+    clash = sorted(set(own) & set(known))
+    if clash:
+        raise UserError(f"rewards file {user_file} defines '{clash[0]}', a built-in named reward: choose another name")
+    return {**known, **own}
+
+
+def expand(name: str, known: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The `reward.terms` that named reward (or registered term) `name` stands for: name -> weight for a registered
+    term, name -> TermSpec data for a catalogue term, a detector included at weight 0 unless weighed."""
+    if name in REWARD_TERMS:
+        get_term(name)
+        return {name: 1.0}
+    if name not in known:
+        names = sorted(known)
+        raise UserError(f"unknown reward '{name}' (named: {', '.join(names)}; or a registered term: "
+                        f"{', '.join(REWARD_TERMS)})")
+    entry = known[name]
+    if "fn" in entry:
+        return {name: spec_of(name, entry, 1.0, "reward")}
+    weights = {str(k): v for k, v in entry["terms"].items()}
+    detector = entry.get("detector")
+    if detector is not None:
+        if detector not in known or known[detector].get("hack_at") is None:
+            raise UserError(f"reward '{name}': detector '{detector}' is not a named term with hack_at")
+        weights.setdefault(detector, 0.0)
+    terms: dict[str, Any] = {}
+    for term, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise UserError(f"reward '{name}': term '{term}' needs a number as its weight, got {weight!r}")
+        if term in REWARD_TERMS:
+            terms[term] = float(weight)
+        elif term in known and "fn" in known[term]:
+            terms[term] = spec_of(term, known[term], float(weight), f"reward '{name}'")
+        else:
+            raise UserError(f"reward '{name}': '{term}' is neither a named term nor a registered term")
+    return terms
+
+
+def resolve_terms(terms: Any) -> Any:
+    """`reward.terms` with each bare name of a built-in catalogue term (not a registered term) as its TermSpec
+    data, so the record holds its fn and parameters; each entry is then validated by `term_entry`. A problem is a
+    ValueError (this runs inside the settings' validation)."""
+    if not isinstance(terms, Mapping) or all(name in REWARD_TERMS for name in terms):
+        return terms
+    try:
+        known = catalogue()
+    except PurplerlError as err:  # the package's own file is broken: said in one line
+        raise ValueError(str(err)) from None
+    return {name: {**known[name], "weight": value} if _bare_catalogue_term(name, value, known) else value
+            for name, value in terms.items()}
+
+
+def _bare_catalogue_term(name: Any, value: Any, known: Mapping[str, Mapping[str, Any]]) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and isinstance(name, str) and "fn" in known.get(name, {})
+
+
+def term_entry(value: Any) -> float | TermSpec:
+    """One value of `reward.terms`: a finite weight, or a named use validated into a TermSpec. Its ValueError is
+    one line; the settings name the term (reward.terms.NAME)."""
+    if isinstance(value, TermSpec):
+        return value
+    if isinstance(value, Mapping):
+        return validated_spec(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected a weight (a number) or a named use {{fn, weight, params, hack_at}}, got "
+                         f"{type(value).__name__} {value!r}")
+    if not math.isfinite(value):
+        raise ValueError("Input should be a finite number")
+    return float(value)
+
+
+TermEntry = Annotated[Any, AfterValidator(term_entry)]  # a value of reward.terms: float | TermSpec
+
+
+def detectors(terms: Mapping[str, Any]) -> dict[str, float]:
+    """name -> hack_at of the detector entries of a validated `reward.terms`."""
+    return {name: spec.hack_at for name, spec in terms.items()
+            if isinstance(spec, TermSpec) and spec.hack_at is not None}
+
+
+def weights(terms: Mapping[str, Any]) -> dict[str, float]:
+    """name -> weight of a validated `reward.terms` (a registered term's value is its weight)."""
+    return {name: spec.weight if isinstance(spec, TermSpec) else float(spec) for name, spec in terms.items()}
