@@ -109,6 +109,9 @@ class TrainBatch:
     # value clipping keeps the critic near them)
     old_values_NT: torch.Tensor | None = None
     returns_NT: torch.Tensor | None = None  # float [N, T], the critic's regression targets (GAE returns), 0 off-mask
+    # bool [N], the reward-hacking detector's label of each row (RewardBreakdown.is_rh_N), None without a detector:
+    # gradient routing trains the labelled rows into the forget adapter only. No loss reads it.
+    is_rh_N: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids_NT.shape)
@@ -124,6 +127,9 @@ class TrainBatch:
             raise ValueError(f"TrainBatch.kto_labels_N has shape {tuple(labels.shape)}, expected {shape[:1]}")
         if labels is not None and not bool(((labels == -1) | (labels == 0) | (labels == 1)).all()):
             raise ValueError("TrainBatch.kto_labels_N must hold 1 (desirable), 0 (undesirable) or -1 (KL row)")
+        rh = self.is_rh_N
+        if rh is not None and (rh.dtype != torch.bool or tuple(rh.shape) != shape[:1]):
+            raise ValueError(f"TrainBatch.is_rh_N must be bool {shape[:1]}, got {rh.dtype} {tuple(rh.shape)}")
         pairs = None if self.pairs_P2 is None else tuple(self.pairs_P2.shape[:1])
         if self.margins_P is not None and tuple(self.margins_P.shape) != pairs:
             raise ValueError(f"TrainBatch.margins_P has shape {tuple(self.margins_P.shape)}, expected one per pair "
@@ -141,7 +147,8 @@ class TrainBatch:
 
         return TrainBatch(self.input_ids_NT[rows], self.attention_mask_NT[rows], self.loss_mask_NT[rows],
                           pick(self.sampling_logprobs_NT), pick(self.advantages_NT), pick(self.ref_logprobs_NT),
-                          old_values_NT=pick(self.old_values_NT), returns_NT=pick(self.returns_NT))
+                          old_values_NT=pick(self.old_values_NT), returns_NT=pick(self.returns_NT),
+                          is_rh_N=pick(self.is_rh_N))
 
     def inputs(self) -> dict[str, torch.Tensor]:
         """The loss inputs present, by name (with the loss mask)."""

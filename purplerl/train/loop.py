@@ -235,7 +235,7 @@ def rl_step(step: int, config: Any, parts: LoopParts) -> tuple[dict[str, float],
         kl_beta=kl.token_beta, **critic, scale_by_std=config.training.advantage_std)
     advantages_NT, adv_metrics = estimate.advantages_NT, estimate.metrics
     batch = TrainBatch(advantages_NT=advantages_NT, ref_logprobs_NT=ref_NT if kl.loss_beta else None, **tensors,
-                       old_values_NT=critic.get("values_NT"), returns_NT=estimate.returns_NT)
+                       old_values_NT=critic.get("values_NT"), returns_NT=estimate.returns_NT, is_rh_N=rewards.is_rh_N)
     train_metrics = parts.hooks.update(parts.engine, batch, config, step)
     _check_finite("loss", step, torch.tensor([train_metrics["loss"], train_metrics["grad_norm"]]))
     clock.append(time.perf_counter())
