@@ -26,6 +26,7 @@ from purplerl.config import (
 )
 from purplerl.config.base import Section
 from purplerl.errors import UserError
+from purplerl.experiments.sweep.settings import SWEEP
 from purplerl.experiments.tamper.settings import TAMPER
 from purplerl.recipes import RECIPES, build_config, load_config
 from purplerl.recipes.attack import ATTACK, AttackSettings
@@ -48,7 +49,7 @@ def _verl_export() -> Command:
 COMMANDS: dict[str, Command] = {
     **{name: recipe.command() for name, recipe in RECIPES.items()},
     "align": ALIGN, "tamper-test": TAMPER, "eval": EVAL, "sample": SAMPLE, "data prepare": PREPARE,
-    "verl export": _verl_export()}
+    "verl export": _verl_export(), "sweep": SWEEP}
 
 
 def _attack_defaults() -> AttackSettings:
@@ -550,11 +551,13 @@ def test_leaf_field_counts_per_command():
     # tree less sft's own section, plus prefs' own), reward-model (plus reward_model's own) and ppo (attack's
     # tree with the critic section and the critic-only advantage settings). The counting terms (issue 22) brought
     # their parameters to every RL recipe, each read only when its term is in reward.terms: reward.keyword_count (4),
-    # reward.regex_count (3), reward.sentence_length (2).
+    # reward.regex_count (3), reward.sentence_length (2). sweep (issue 22) has its own 20: the recipe, its grid,
+    # fixed settings and seeds, the sweep dir, the cluster, resources (3), the diversity eval (4) and the summary (5);
+    # a swept recipe's settings are that recipe's.
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
     assert counts == {"attack": 123, "defend": 127, "tamper-test": 151, "sft": 54, "eval": 38, "sample": 15,
                       "data prepare": 12, "align": 3, "verl export": 132,
-                      "prefs": 62, "reward-model": 54, "ppo": 126}
+                      "prefs": 62, "reward-model": 54, "ppo": 126, "sweep": 20}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

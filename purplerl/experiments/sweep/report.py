@@ -50,6 +50,11 @@ def text_table(summary: dict[str, Any]) -> str:
     return "\n".join([*lines, f"intervals: {summary['method']}", f"collapse: {summary['collapse_rule']}"])
 
 
+def _value(value: Any) -> Any:
+    """A swept value in a CSV cell: text and numbers as they are, anything else (a list, null) as JSON."""
+    return value if isinstance(value, str | int | float) and not isinstance(value, bool) else json.dumps(value)
+
+
 def csv_text(summary: dict[str, Any]) -> str:
     """summary.csv: one row per configuration; each swept setting a column, each metric its mean, low, high, n."""
     columns = _columns(summary)
@@ -59,7 +64,7 @@ def csv_text(summary: dict[str, Any]) -> str:
                      *(f"{key}_{part}" for key in columns for part in ("mean", "low", "high", "n")),
                      "collapse_runs", "collapse_judged"])
     for row in summary["configurations"]:
-        writer.writerow([row["configuration"], *(json.dumps(row["point"].get(key)) for key in summary["grid"]),
+        writer.writerow([row["configuration"], *(_value(row["point"].get(key)) for key in summary["grid"]),
                          row["finished"], len(row["failed"]),
                          *("" if row["metrics"][key][part] is None else row["metrics"][key][part]
                            for key in columns for part in ("mean", "low", "high", "n")),
