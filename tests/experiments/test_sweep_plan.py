@@ -3,6 +3,7 @@ mistake before any run starts (no Ray here)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -92,11 +93,28 @@ def test_text_values_and_keys_into_a_mapping_name_runs_readably(tmp_path: Path) 
     (["--grid", "lr=1e-4", "--fixed", "training.lr=1e-3"], "training.lr is both swept (grid) and fixed"),
     (["--grid", "lr=1e-4", "training.lr=1e-3"], "grid names training.lr twice"),
     (["--grid", "data=a/x.jsonl,b/x.jsonl"], "two runs would share the name attack_data-x.jsonl_s0"),
+    (["--grid", "reward=happy_binary", "--fixed", "reward.terms={toxicity: 1}"],
+     "the sweep names a reward and sets reward.terms: give one of them"),
+    (["--grid", "rewards_file=a.yaml"], "grid: sweep named rewards with reward=NAME1,NAME2"),
+    (["--grid", "reward=no_such_reward"], "unknown reward 'no_such_reward' (named: "),
 ])
 def test_a_mistake_stops_the_sweep_before_any_run_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     with pytest.raises(UserError) as err:
         _plan(tmp_path, "--recipe", "attack", *args)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_named_rewards_are_swept_by_name_as_the_recipes_reward_option_takes_them(tmp_path: Path) -> None:
+    from purplerl.rewards.named import catalogue, expand
+
+    runs = _plan(tmp_path, "--recipe", "attack", "--grid", "reward=sentence_length_5,happy_binary")
+    assert [run.name for run in runs] == ["attack_reward-sentence_length_5_s0", "attack_reward-happy_binary_s0"]
+    assert runs[1].point == {"reward": "happy_binary"}
+    built = _plan(tmp_path, "--recipe", "attack", "--fixed", "reward.terms=" + json.dumps(
+        expand("happy_binary", catalogue())))[0].config
+    assert runs[1].config.reward.terms == built.reward.terms  # what `--reward happy_binary` would have run
+    with pytest.raises(UserError, match="grid key 'reward': recipe 'sft' has no reward.terms to name a reward for"):
+        _plan(tmp_path, "--recipe", "sft", "--grid", "reward=happy_binary")
 
 
 def test_a_recipe_must_be_named_and_known(tmp_path: Path) -> None:

@@ -32,6 +32,9 @@ SEED_KEY = "training.seed"
 SET_BY_SWEEP = {"recipe": "the sweep's recipe", SEED_KEY: "seeds (--seeds 0,1,2)",
                 "run.output_dir": "the sweep dir (--out)", "run.name": "the sweep's run names"}
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.+=,@-]+")
+# A recipe command's --reward NAME and --rewards-file FILE (purplerl.rewards.named): a named reward, expanded into
+# reward.terms; swept by name, so small-rl's `--grid reward=sentence_length_5,happy_binary` reads as it did there.
+NAMED_REWARD, REWARDS_FILE, TERMS = "reward", "rewards_file", "reward.terms"
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,13 @@ def check_key(recipe: Recipe, key: str, where: str) -> str:
     """The dotted setting a grid or fixed key names (a short name resolved); UserError in one line for a key that
     is no setting of the recipe, or one the sweep sets itself."""
     command = recipe.command()
+    if key.replace("-", "_") in (NAMED_REWARD, REWARDS_FILE):
+        try:
+            check_key(recipe, TERMS, where)
+        except UserError:
+            raise UserError(f"{where} key '{key}': recipe '{recipe.name}' has no reward.terms to name a reward "
+                            f"for") from None
+        return key.replace("-", "_")
     dotted = command.flat.get(key.replace("-", "_"), key)
     model: type[BaseModel] = command.schema
     parts = dotted.split(".")
@@ -124,23 +134,45 @@ def setting(config: Any, dotted: str) -> Any:
     return node
 
 
-def _base_data(settings: SweepSettings, recipe: Recipe) -> dict[str, Any]:
+def _named(overrides: dict[str, Any], rewards_file: str | None) -> dict[str, Any]:
+    """Overrides with a named reward expanded into the reward.terms it stands for."""
+    if NAMED_REWARD not in overrides:
+        return overrides
+    from purplerl.rewards.named import catalogue, expand  # the registry imports torch: only when asked for
+
+    rest = {key: value for key, value in overrides.items() if key != NAMED_REWARD}
+    return {**rest, TERMS: expand(str(overrides[NAMED_REWARD]), catalogue(rewards_file))}
+
+
+def _base_data(settings: SweepSettings, recipe: Recipe) -> tuple[dict[str, Any], str | None]:
+    """(the settings every run starts from: the recipe config file with the fixed settings over it, the rewards
+    file named rewards come from)."""
     data = read_config_file(settings.recipe_config) if settings.recipe_config is not None else {}
     if data.get("recipe", recipe.name) != recipe.name:
         raise UserError(f"{settings.recipe_config} is a config of recipe '{data['recipe']}', not '{recipe.name}'")
     fixed = {check_key(recipe, key, "fixed"): value for key, value in settings.fixed.items()}
-    return apply_overrides(data, {key: typed(recipe, key, value) for key, value in fixed.items()})
+    rewards_file = fixed.pop(REWARDS_FILE, None)
+    if NAMED_REWARD in fixed and TERMS in fixed:
+        raise UserError("fixed names a reward and reward.terms: give one of them")
+    typed_fixed = {key: typed(recipe, key, value) if key != NAMED_REWARD else value for key, value in fixed.items()}
+    return apply_overrides(data, _named(typed_fixed, rewards_file)), rewards_file
 
 
 def _grid(settings: SweepSettings, recipe: Recipe) -> dict[str, list[Any]]:
     grid: dict[str, list[Any]] = {}
+    fixed = {check_key(recipe, k, "fixed") for k in settings.fixed}
     for key, values in settings.grid.items():
         dotted = check_key(recipe, key, "grid")
         if dotted in grid:
             raise UserError(f"grid names {dotted} twice (as '{key}' and by another name)")
-        if dotted in {check_key(recipe, k, "fixed") for k in settings.fixed}:
+        if dotted in fixed:
             raise UserError(f"{dotted} is both swept (grid) and fixed: give it in one of them")
-        grid[dotted] = [typed(recipe, dotted, value) for value in values]
+        if dotted == REWARDS_FILE:
+            raise UserError("grid: sweep named rewards with reward=NAME1,NAME2 and give their file in fixed "
+                            "(rewards_file=FILE)")
+        grid[dotted] = [typed(recipe, dotted, value) if dotted != NAMED_REWARD else str(value) for value in values]
+    if NAMED_REWARD in grid.keys() | fixed and TERMS in grid.keys() | fixed:
+        raise UserError("the sweep names a reward and sets reward.terms: give one of them")
     return grid
 
 
@@ -167,16 +199,17 @@ def _build(recipe: Recipe, data: dict[str, Any], point: dict[str, Any], seed: in
 def plan_sweep(settings: SweepSettings) -> list[PlannedRun]:
     """Every run of the sweep, its settings validated (one line naming the run and the setting on a mistake)."""
     recipe = recipe_of(settings.recipe)
-    base = _base_data(settings, recipe)
+    base, rewards_file = _base_data(settings, recipe)
     grid = _grid(settings, recipe)
     runs_dir = str(Path(settings.out).expanduser().resolve() / RUNS_DIR)
     runs: list[PlannedRun] = []
     for values in itertools.product(*grid.values()):
         given = dict(zip(grid, values, strict=True))
         for seed in settings.seeds:
-            data = apply_overrides(base, {**given, SEED_KEY: seed, "run.output_dir": runs_dir})
+            data = apply_overrides(base, {**_named(given, rewards_file), SEED_KEY: seed, "run.output_dir": runs_dir})
             config = _build(recipe, data, given, seed)
-            point = {key: setting(config, key) for key in grid}  # as validated: '1e-5' is 1e-05
+            # as validated: '1e-5' is 1e-05; a named reward by its name
+            point = {key: given[key] if key == NAMED_REWARD else setting(config, key) for key in grid}
             name, label = run_name(recipe, point, seed)
             _check_name(name, point, runs)
             config = _build(recipe, apply_overrides(data, {"run.name": name}), given, seed)
