@@ -23,6 +23,9 @@ class PromptRecord:
     category: str = "unknown"  # harm category when the source has one
     source: str = "unknown"  # data source name (veRL's `data_source`)
     uid: str = ""  # stable id within the source, for joining samples across runs
+    # the row's reference answer for rule-based rewards (veRL's reward_model.ground_truth, or a plain ground_truth
+    # column), e.g. GSM8K's final number; None when the row has none
+    ground_truth: str | None = None
 
 
 def _check_prompt(owner: str, prompt: tuple[dict[str, str], ...]) -> None:

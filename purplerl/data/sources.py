@@ -275,6 +275,7 @@ def _to_record(index: int, row: dict[str, Any], field: str, cfg: DataConfig, src
         category=_category(row, cfg.category_field),
         source=data_source if isinstance(data_source, str) and data_source else src.name,
         uid=_uid(row, index),
+        ground_truth=_ground_truth(row, f"{src.where}: row {index}"),
     )
 
 
@@ -318,6 +319,19 @@ def _category(row: dict[str, Any], category_field: str | None) -> str:
             return next((str(name) for name, flag in value.items() if flag), "unknown")
         return str(value)
     return "unknown"
+
+
+def _ground_truth(row: dict[str, Any], where: str) -> str | None:
+    """The row's reference answer: a plain `ground_truth` column, else veRL's `reward_model.ground_truth`; text or
+    an integer (kept as its digits). None where the row has none (or veRL's empty placeholder)."""
+    for field in ("ground_truth", "reward_model.ground_truth"):
+        value = _get(row, field)
+        if value is _MISSING or value is None or value == "":
+            continue
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise UserError(f"{where}: {field} must be text or an integer, got {type(value).__name__} {value!r:.60}")
+        return str(value)
+    return None
 
 
 def _uid(row: dict[str, Any], index: int) -> str:

@@ -28,7 +28,7 @@ from purplerl.rewards.registry import READS, Needs, ScoringInput, TermFn, TermOu
 from purplerl.types import RewardBreakdown
 
 # the ScoringInput field each kind of term reads besides the texts
-_FIELD = {"tokens": "completions", "kl": "kl_N"}
+_FIELD = {"tokens": "completions", "kl": "kl_N", "ground_truth": "ground_truths"}
 
 
 class Reward:

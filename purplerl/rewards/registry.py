@@ -26,12 +26,15 @@ from purplerl.rewards.base import Scorer, checked_scores
 from purplerl.types import Completion
 
 # text: the response text (and its prompt) only, usable in veRL, eval and serve-reward; tokens: the sampled
-# completions' per-token entropies; kl: the loop's KL_N
-Needs = Literal["text", "tokens", "kl"]
+# completions' per-token entropies; kl: the loop's KL_N; ground_truth: the response text and its data row's
+# reference answer (veRL's reward_model.ground_truth), usable in training, veRL and re-scoring, not serve-reward
+Needs = Literal["text", "tokens", "kl", "ground_truth"]
 # what a term of each kind reads, in words (for the errors of those who cannot give it)
 READS: dict[str, str] = {"text": "the response text and its prompt",
                          "tokens": "the policy's per-token entropies of the sampled completions",
-                         "kl": "the training loop's KL(policy || base)"}
+                         "kl": "the training loop's KL(policy || base)",
+                         "ground_truth": "each data row's ground_truth (a ground_truth column, or veRL's "
+                                         "reward_model.ground_truth)"}
 
 
 @dataclass(frozen=True)
@@ -42,9 +45,13 @@ class ScoringInput:
     prompts: list[str]  # N prompt texts (the last user message)
     completions: list[Completion] | None = None  # N sampled completions, for "tokens" terms
     kl_N: torch.Tensor | None = None  # float [N], KL(policy || base) of each completion, for the "kl" term
+    # N reference answers of the completions' data rows (None where a row has none), for "ground_truth" terms
+    ground_truths: list[str | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.texts)
+        if self.ground_truths is not None and len(self.ground_truths) != n:
+            raise ExperimentError(f"reward input has {len(self.ground_truths)} ground truths for {n} texts")
         if len(self.prompts) != n:
             raise ExperimentError(f"reward input has {len(self.prompts)} prompts for {n} texts")
         if self.completions is not None and len(self.completions) != n:

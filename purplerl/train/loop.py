@@ -300,6 +300,7 @@ def sample_rows(step: int, prompts: list[PromptRecord], completions: list[Comple
         "advantage": float(advantages_N[i]), "reward": float(rewards.total_N[i]),
         **{name: float(v[i]) for name, v in rewards.components.items()},
         **({} if rewards.is_rh_N is None else {"is_rh": bool(rewards.is_rh_N[i])}),
+        **({} if p.ground_truth is None else {"ground_truth": p.ground_truth}),  # a re-scoring reads it
     } for i, (p, c) in enumerate(zip(prompts, completions, strict=True))]
 
 

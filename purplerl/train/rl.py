@@ -18,7 +18,7 @@ from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
 from purplerl.rewards.compose import Reward
 from purplerl.rewards.named import TermSpec
-from purplerl.rewards.registry import ScoringInput
+from purplerl.rewards.registry import READS, ScoringInput, get_term
 from purplerl.train.loop import (
     EarlyStop,
     LoopParts,
@@ -48,9 +48,22 @@ def registered_reward(config: Any) -> RewardFn:
     def reward_fn(prompts: list[PromptRecord], completions: list[Completion], kl_N: torch.Tensor) -> RewardBreakdown:
         return reward(ScoringInput(texts=[c.text for c in completions],
                                    prompts=[p.messages[-1]["content"] for p in prompts],
-                                   completions=completions, kl_N=kl_N))
+                                   completions=completions, kl_N=kl_N,
+                                   ground_truths=[p.ground_truth for p in prompts]))
 
     return reward_fn
+
+
+def check_ground_truths(config: Any, records: list[PromptRecord]) -> None:
+    """A reward term that reads each row's ground truth (the `ground_truth` term, in any named use) refuses, in one
+    line and before the engine loads, prompts without one."""
+    readers = [name for name, entry in config.reward.terms.items()
+               if get_term(entry.fn if isinstance(entry, TermSpec) else name).needs == "ground_truth"]
+    lacking = [r for r in records if r.ground_truth is None]
+    if readers and lacking:
+        raise UserError(f"reward term '{readers[0]}' reads {READS['ground_truth']}, and {len(lacking)} of the "
+                        f"{len(records)} prompts of data.source {config.data.source} have none (first: uid "
+                        f"{lacking[0].uid!r}); prepare the data with one (data prepare gsm8k) or drop the term")
 
 
 def rl_stops(config: Any, *rules: EarlyStop) -> EarlyStop:
@@ -90,6 +103,7 @@ def rl_prepare(reward: Callable[[Any], RewardFn], stops: Callable[[Any], EarlySt
     def prepare(config: Any) -> Bind:
         check_critic(config, values)
         records = load_prompts(config.data)
+        check_ground_truths(config, records)
         sampler = PromptSampler(records, config.training.batch_size, config.training.seed,
                                 shuffle=config.data.shuffle)
         hooks = RecipeHooks(reward=reward(config), update=update, early_stop=stops(config), values=values)
