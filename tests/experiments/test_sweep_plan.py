@@ -158,3 +158,24 @@ def test_a_rerun_with_other_settings_is_refused_and_outcomes_decide_what_runs(tm
     assert [r.name for r in start] == [runs[1].name, runs[2].name] and [r.name for r in kept] == [runs[0].name]
     assert first_difference({"a": {"b": 1, "c": [1]}}, {"a": {"b": 1, "c": [1]}}) is None
     assert first_difference({"a": {"b": 1}}, {"a": {"b": 1, "d": 2}}) == ("a.d", None, 2)
+
+
+def test_the_command_lists_the_runs_and_stops_on_a_typo_with_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def sweep(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "purplerl", "sweep", "--recipe", "attack", "--out",
+                               str(tmp_path / "out"), *args], capture_output=True, text=True, timeout=120)
+
+    listed = sweep("--grid", "lr=1e-5,3e-5", "--seeds", "0,1", "--dry-run")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == ["4 runs (2 configurations x 2 seeds):",
+                                          "  attack_lr1e-05_s0  (training.lr=1e-05)",
+                                          "  attack_lr1e-05_s1  (training.lr=1e-05)",
+                                          "  attack_lr3e-05_s0  (training.lr=3e-05)",
+                                          "  attack_lr3e-05_s1  (training.lr=3e-05)"]
+    typo = sweep("--grid", "lrr=1e-5", "--dry-run")
+    assert typo.returncode == 2 and typo.stderr.strip().splitlines() == [
+        "error: grid key 'lrr' is not a setting of recipe 'attack' (see purplerl attack --help)"]
+    assert not (tmp_path / "out").exists()
