@@ -122,6 +122,12 @@ lint: $(STAMP)
 bench-reward: $(STAMP)
 	$(PY) bench/bench_reward.py
 
+# two attack runs in sequence vs at once (split thread budgets, oversubscribed, through `purplerl sweep`) on the
+# embedded model (bench/results/concurrency-DATE-HOST.json; ~10 min on 2 cores). Options through BENCH_ARGS
+.PHONY: bench-concurrency
+bench-concurrency: $(STAMP)
+	$(PY) bench/bench_concurrency.py $(BENCH_ARGS)
+
 # GRPO step throughput of purplerl vs TRL's GRPOTrainer at identical work (bench/results/grpo-DATE-HOST.json/.png);
 # installs TRL (the bench extra) when missing, within the lock's versions.
 # Options go through BENCH_ARGS, e.g. BENCH_ARGS="--steps 5 --trl-bf16"
