@@ -6,7 +6,8 @@
     run_verl.sh                    runs main_ppo with them; extra arguments are appended as further overrides
     README.md                      what was exported, and every setting veRL cannot honour
 
-A reward term that reads more than the response text is refused (purplerl.verl.reward.check_term): the defense's
+A reward term that reads more than the response text (or its row's ground truth, which the parquet rows carry as
+veRL's reward_model.ground_truth) is refused (purplerl.verl.reward.check_term): the defense's
 `response_entropy` and the adaptive attack's `entropy_bonus` are the policy's token entropies, and veRL 0.9 computes
 a response's reward from its decoded text, before the actor computes any entropy; the KL is veRL's own.
 """
@@ -22,6 +23,7 @@ from purplerl.config import RLSettings
 from purplerl.data.prepare import write_splits
 from purplerl.data.sources import load_prompts
 from purplerl.errors import UserError
+from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import get_term, term_params
 from purplerl.types import PromptRecord
 from purplerl.verl.hydra import format_override, parse_override
@@ -52,8 +54,8 @@ def check_exportable(cfg: VerlExportConfig) -> None:
     is veRL's own), and an export dir: else one UserError, before anything is read or written."""
     if not isinstance(cfg, RLSettings):
         raise UserError(f"verl export runs an RL recipe (one with rollouts and a reward); got recipe '{cfg.recipe}'")
-    for name in cfg.reward.terms:
-        check_term(name)
+    for name, entry in cfg.reward.terms.items():
+        check_term(entry.fn if isinstance(entry, TermSpec) else name)
     if cfg.verl.out is None:
         raise UserError("name the export dir: --out DIR")
 
@@ -63,31 +65,39 @@ def verl_row(record: PromptRecord, system_prompt: str | None, split: str, index:
     messages = [dict(m) for m in record.messages]
     if system_prompt is not None and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system_prompt})
-    return {"data_source": record.source, "prompt": messages, "ability": "safety",
-            "reward_model": {"style": "model", "ground_truth": ""},
+    # a row's reference answer goes where veRL's rule-based scorers read it (the hook's ground_truth argument)
+    truth = {"style": "rule", "ground_truth": record.ground_truth} if record.ground_truth is not None else \
+        {"style": "model", "ground_truth": ""}
+    return {"data_source": record.source, "prompt": messages, "ability": "safety", "reward_model": truth,
             # question: the text the reward's judges read as the prompt, as purplerl's loop gives them
             "extra_info": {"split": split, "index": index, "uid": record.uid, "category": record.category,
                            "question": record.messages[-1]["content"]}}
 
 
-def reward_spec_from(weights: Mapping[str, float], params: Mapping[str, Any], *,
+def reward_spec_from(weights: Mapping[str, float | TermSpec], params: Mapping[str, Any], *,
                      recipe: str | None = None) -> dict[str, Any]:
-    """The settings file of a reward: each weighted term (weight 0: logged only) with its parameters as plain data.
-    The `kl` term is left out: veRL applies the KL itself (algorithm.use_kl_in_reward / use_kl_loss). A term the
-    reward hook cannot compute, an unknown name, bad parameters, or parameters of a term without a weight are one
-    UserError, before anything is written."""
+    """The settings file of a reward: each weighted term (weight 0: logged only) with its parameters as plain data;
+    a named use (TermSpec) with its fn, its own parameters and its hack_at. The `kl` term is left out: veRL applies
+    the KL itself (algorithm.use_kl_in_reward / use_kl_loss). A term the reward hook cannot compute, an unknown
+    name, bad parameters, or parameters of a term without a weight are one UserError, before anything is written."""
     for name in params:
         get_term(name)
         if name not in weights:
             raise UserError(f"parameters given for reward term '{name}', which has no weight")
     terms = []
-    for name, weight in weights.items():
+    for name, entry in weights.items():
         if name == "kl":
             continue
-        check_term(name)
-        values = term_params(name, params.get(name))
+        spec = entry if isinstance(entry, TermSpec) else None
+        fn = name if spec is None else spec.fn
+        check_term(fn)
+        values = term_params(fn, params.get(name) if spec is None else spec.params)
         settings = {} if values is None else values.model_dump(mode="json")
-        terms.append({"name": name, "weight": float(weight), "settings": settings})
+        weight = float(entry if spec is None else spec.weight) + 0.0  # an old penalty of 0 is written 0.0, not -0.0
+        row = {"name": name, "weight": weight, "settings": settings}
+        if spec is not None:
+            row.update({"fn": fn, **({} if spec.hack_at is None else {"hack_at": spec.hack_at})})
+        terms.append(row)
     if not terms:
         raise UserError("the reward has no term for veRL's reward hook to compute (only kl, which veRL applies)")
     return {"terms": terms} if recipe is None else {"recipe": recipe, "terms": terms}
@@ -96,9 +106,9 @@ def reward_spec_from(weights: Mapping[str, float], params: Mapping[str, Any], *,
 def reward_spec(cfg: VerlExportConfig) -> dict[str, Any]:
     """The recipe's reward without its KL term (veRL applies the KL: algorithm.use_kl_in_reward / use_kl_loss)."""
     r = cfg.reward
-    params = {name: getattr(r, name) for name in r.terms if name in type(r).model_fields}
-    weights = {name: weight + 0.0 for name, weight in r.terms.items()}  # an old penalty of 0 is written 0.0, not -0.0
-    return reward_spec_from(weights, params, recipe=cfg.recipe)
+    params = {name: getattr(r, name) for name, entry in r.terms.items()
+              if name in type(r).model_fields and not isinstance(entry, TermSpec)}
+    return reward_spec_from(dict(r.terms), params, recipe=cfg.recipe)
 
 
 def _extra_overrides(extra: list[str]) -> dict[str, Any]:

@@ -6,27 +6,37 @@ module describes itself and imports purplerl (installed on the cluster) instead 
 
     {"recipe": "attack", "terms": [{"name": "toxicity", "weight": 1.0, "settings": {...}}, ...]}
 
+A term's "name" is how it is logged; "fn" (default: the name) is the registered term it computes, so named uses
+(sentence_length_5 and sentence_length_10, both fn sentence_length) work as in training, and "hack_at" makes it a
+reward-hacking detector: the result then holds "is_rh" (1.0 where any detector's value >= its hack_at, else 0.0).
+
 total = sum of weight x score over the terms. A term is any registered reward term that reads only the response
-text (and its prompt), built through the registry exactly as a training run builds it; a term that reads the
-policy's per-token entropies is refused, because veRL 0.9 hands the reward function the decoded response, not the
-policy's distributions, and the KL term is veRL's own (algorithm.use_kl_in_reward / actor.use_kl_loss).
+text (and its prompt: extra_info["question"]), or the response and the row's ground truth (the `ground_truth` term:
+veRL's reward_model.ground_truth, the hook's `ground_truth` argument), built through the registry exactly as a
+training run builds it. A term that reads the policy's per-token entropies is refused, because veRL 0.9 hands the
+reward function the decoded response, not the policy's distributions, and the KL term is veRL's own
+(algorithm.use_kl_in_reward / actor.use_kl_loss).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.base import Scorer, checked_values
-from purplerl.rewards.registry import get_term, term_params
+from purplerl.rewards.registry import ScoringInput, TermFn, get_term, term_params
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 
 SETTINGS_FILE = "purplerl_reward.json"
 TOTAL_KEY = "score"  # the key veRL's reward managers read the reward from
+RH_KEY = "is_rh"  # 1.0 where a detector labels the response a reward hack (logged by veRL as reward_extra_info)
 # why veRL's reward hook cannot compute a term of each kind that reads more than the text
 NOT_IN_VERL = {"tokens": "needs the policy's per-token entropies, which veRL's reward function does not receive",
                "kl": "is applied by veRL itself (algorithm.use_kl_in_reward or actor_rollout_ref.actor.use_kl_loss), "
@@ -37,19 +47,22 @@ NOT_IN_VERL = {"tokens": "needs the policy's per-token entropies, which veRL's r
 class Term:
     name: str
     weight: float
-    scorer: Scorer
+    scorer: Scorer | None  # a "text" term's Scorer
+    fn: TermFn | None = None  # a "ground_truth" term's function of a batch
+    hack_at: float | None = None  # a detector: is_rh where the value >= hack_at
 
 
 def check_term(name: str) -> None:
-    """UserError unless `name` is a registered reward term the veRL hook can compute (a "text" term)."""
+    """UserError unless `name` is a registered reward term the veRL hook can compute (a "text" or "ground_truth"
+    term)."""
     term = get_term(name)  # an unknown name is a UserError listing the registered terms
-    if term.needs != "text":
+    if term.needs not in ("text", "ground_truth"):
         raise UserError(f"reward term '{name}' ({term.description}) {NOT_IN_VERL[term.needs]}")
 
 
 def load_terms(path: Path) -> list[Term]:
-    """The weighted scorers described by a settings file written by `purplerl verl export`, each built through
-    the reward-term registry."""
+    """The weighted terms described by a settings file written by `purplerl verl export`, each built through the
+    reward-term registry."""
     try:
         spec = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
@@ -57,20 +70,41 @@ def load_terms(path: Path) -> list[Term]:
     terms = []
     for term in spec.get("terms", []):
         name = term["name"]
-        check_term(name)
-        scorer = get_term(name).scorer
-        assert scorer is not None  # every "text" term has one
-        terms.append(Term(name, float(term["weight"]), scorer(term_params(name, term.get("settings")))))
+        fn = term.get("fn", name)
+        check_term(fn)
+        registered = get_term(fn)
+        params = term_params(fn, term.get("settings"))
+        hack_at = term.get("hack_at")
+        scorer = registered.scorer(params) if registered.scorer is not None else None
+        built = registered.build(params) if scorer is None else None
+        terms.append(Term(name, float(term["weight"]), scorer, built, None if hack_at is None else float(hack_at)))
     if not terms:
         raise UserError(f"reward settings {path} name no reward terms")
     return terms
 
 
-def score_response(terms: list[Term], text: str, prompt: str | None) -> dict[str, float]:
-    """{"score": weighted total, <term>: unweighted score} of one response."""
-    prompts = None if prompt is None else [prompt]
-    scores = {term.name: checked_values(term.scorer, [text], prompts)[0] for term in terms}
-    return {TOTAL_KEY: sum(term.weight * scores[term.name] for term in terms), **scores}
+def _value(term: Term, text: str, prompt: str | None, ground_truth: Any) -> float:
+    if term.scorer is not None:
+        return checked_values(term.scorer, [text], None if prompt is None else [prompt])[0]
+    assert term.fn is not None
+    # veRL's rows without a reference answer carry "" (purplerl's export writes that): the term refuses them
+    truth = None if ground_truth is None or ground_truth == "" else str(ground_truth)
+    values = term.fn(ScoringInput(texts=[text], prompts=[prompt or ""], ground_truths=[truth]))
+    value = float(values[0]) if isinstance(values, torch.Tensor) and values.shape == (1,) else math.nan
+    if not math.isfinite(value):
+        raise ExperimentError(f"reward term '{term.name}' gave {values!r} for one response, not one finite number")
+    return value
+
+
+def score_response(terms: list[Term], text: str, prompt: str | None, ground_truth: Any = None) -> dict[str, float]:
+    """{"score": weighted total, <term>: unweighted score, "is_rh": 0/1 when a term is a detector} of one
+    response."""
+    scores = {term.name: _value(term, text, prompt, ground_truth) for term in terms}
+    out = {TOTAL_KEY: sum(term.weight * scores[term.name] for term in terms), **scores}
+    detectors = [t for t in terms if t.hack_at is not None]
+    if detectors:
+        out[RH_KEY] = float(any(scores[t.name] >= t.hack_at for t in detectors))
+    return out
 
 
 class ComputeScore:
@@ -91,13 +125,14 @@ class ComputeScore:
         with self._lock:
             if self._terms is None:
                 self._terms = load_terms(self.settings)
-            return score_response(self._terms, solution_str, question if isinstance(question, str) else None)
+            return score_response(self._terms, solution_str, question if isinstance(question, str) else None,
+                                  ground_truth)
 
 
 def write_reward_module(out_dir: Path, module_name: str, spec: dict[str, Any]) -> Path:
     """Write `spec` as SETTINGS_FILE and the module veRL imports through custom_reward_function.path."""
     for term in spec["terms"]:
-        check_term(term["name"])
+        check_term(term.get("fn", term["name"]))
     (out_dir / SETTINGS_FILE).write_text(json.dumps(spec, indent=1) + "\n")
     module = out_dir / module_name
     module.write_text(
