@@ -47,6 +47,13 @@ def test_the_command_line_adds_to_the_sweep_file(tmp_path: Path) -> None:
         load_sweep(None, ["--recipe", "attack", "--steps", "3"])
 
 
+def test_the_example_sweep_file_plans_its_runs(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "sweeps" / "attack.yaml"
+    runs = plan_sweep(load_sweep(None, [str(example), "--out", str(tmp_path / "out")]))
+    assert len(runs) == 2 * 2 * 3 and runs[-1].name == "attack_lr0.0005_kl_beta0.1_s2"
+    assert runs[-1].config.training.steps == 40 and runs[-1].config.reward.terms["refusal"] == -1.0
+
+
 def _plan(tmp_path: Path, *args: str) -> list:
     return plan_sweep(load_sweep(None, ["--out", str(tmp_path / "sweep"), *args]))
 

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from purplerl.config import Command, Section, apply_overrides, build, parse_overrides, read_config_file
-from purplerl.config.base import comma_list, read_when
+from purplerl.config.base import read_when
 from purplerl.errors import UserError
 
 
@@ -85,7 +85,11 @@ class SweepSettings(Section):
     @field_validator("seeds", mode="before")
     @classmethod
     def _split_seeds(cls, value: Any) -> Any:
-        return comma_list(value) if isinstance(value, str | list) else value
+        if not isinstance(value, str | list):
+            return value
+        items = [value] if isinstance(value, str) else value  # '0,1', ['0,1', '2'] or [0, 1] from a file
+        return [part for item in items
+                for part in ([p.strip() for p in item.split(",")] if isinstance(item, str) else [item])]
 
     @field_validator("seeds")
     @classmethod
