@@ -110,12 +110,14 @@ def test_the_summary_as_text_csv_and_html() -> None:
     assert "rule &lt;b&gt;" in page and "<b>" not in page
 
 
-def test_a_run_gets_its_whole_cores_as_threads_over_any_inherited_budget() -> None:
+def test_a_run_gets_its_whole_cores_as_threads_over_any_inherited_budget_and_only_its_gpus() -> None:
     assert [thread_budget(c) for c in (None, 0.25, 1.0, 2.0, 2.9)] == [1, 1, 1, 2, 2]
-    env = run_env({"OMP_NUM_THREADS": "16", "PATH": "/bin"}, {"PURPLERL_CACHE": "/c"}, 2)
+    env = run_env({"OMP_NUM_THREADS": "16", "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0"}, {"PURPLERL_CACHE": "/c"},
+                  2, 0.5)
     assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"], env["PURPLERL_CACHE"], env["PATH"]) == ("2", "2", "/c",
                                                                                                    "/bin")
-    assert env["TOKENIZERS_PARALLELISM"] == "false"
+    assert env["TOKENIZERS_PARALLELISM"] == "false" and env["CUDA_VISIBLE_DEVICES"] == "0"  # Ray's choice, kept
+    assert run_env({"CUDA_VISIBLE_DEVICES": "0,1"}, {}, 1, 0.0)["CUDA_VISIBLE_DEVICES"] == ""  # no share, no GPU
 
 
 def test_a_failed_commands_error_line_and_a_new_or_resumed_run(tmp_path: Path) -> None:

@@ -53,10 +53,14 @@ def thread_budget(assigned_cpus: float | None) -> int:
     return max(1, math.floor(assigned_cpus or 1))
 
 
-def run_env(base: Mapping[str, str], spec_env: Mapping[str, str], threads: int) -> dict[str, str]:
-    """The subprocess environment: the worker's, the driver's run variables, and the thread budget over both."""
+def run_env(base: Mapping[str, str], spec_env: Mapping[str, str], threads: int, gpus: float) -> dict[str, str]:
+    """The subprocess environment: the worker's, the driver's run variables, and the thread budget over both. A
+    run that holds no GPU sees none: Ray 2.60 leaves CUDA_VISIBLE_DEVICES alone for a task without GPUs, so a
+    run on `model.device auto` would take a GPU that other runs hold."""
     env = {**base, **spec_env, **dict.fromkeys(THREAD_VARIABLES, str(threads))}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizers' own pool would exceed the budget too
+    if not gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
@@ -109,7 +113,7 @@ def execute_run(spec: RunSpec, assigned: Mapping[str, float]) -> dict[str, Any]:
     """Train (or resume) the run, then evaluate its final checkpoint; the outcome as plain data. Never raises for
     a failed run: the sweep records the failure and goes on."""
     threads = thread_budget(assigned.get("CPU"))
-    env = run_env(os.environ, spec.env, threads)
+    env = run_env(os.environ, spec.env, threads, assigned.get("GPU", 0.0))
     outcome: dict[str, Any] = {"name": spec.name, "threads": threads, "gpus": assigned.get("GPU", 0.0),
                                "host": os.uname().nodename, "resumed": (Path(spec.run_dir) / CONFIG_FILE).is_file()}
     started = time.monotonic()
