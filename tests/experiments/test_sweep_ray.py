@@ -9,11 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import ray  # the dev extra has it: a quick suite without Ray fails here rather than skipping the sweep
 
 from purplerl.errors import UserError
 from purplerl.experiments.sweep.settings import SweepResources, load_sweep
-
-ray = pytest.importorskip("ray")
 
 GOOD, BAD = "attack_data-redteam_s0", "attack_data-missing.jsonl_s0"
 
@@ -118,3 +117,19 @@ def test_a_run_no_node_can_hold_is_refused_before_it_waits_forever(cluster) -> N
         check_fits(cluster, SweepResources(cpus_per_run=3))
     with pytest.raises(UserError, match="has 1 CPUs and 0.5 GPUs"):
         check_fits(cluster, SweepResources(gpus_per_run=0.5))
+
+
+def test_a_task_that_raises_is_a_failed_run_named_by_its_cause(cluster, tmp_path: Path) -> None:
+    from purplerl.experiments.sweep.execute import _collect
+    from purplerl.experiments.sweep.plan import PlannedRun
+    from purplerl.experiments.sweep.task import RunSpec, ray_task
+
+    spec = RunSpec("r", "attack", str(tmp_path / "r.yaml"), str(tmp_path / "runs" / "r"), str(tmp_path / "r.log"),
+                   None, cwd=str(tmp_path / "no_such_dir"))
+    task = cluster.remote(ray_task).options(num_cpus=1, max_retries=0)
+    lines: list[str] = []
+    _collect(cluster, {task.remote(spec): PlannedRun("r", "r", {}, 0, None)}, tmp_path, 1, lines.append)
+    outcome = json.loads((tmp_path / "outcomes" / "r.json").read_text())
+    assert (outcome["status"], outcome["stage"]) == ("failed", "ray")
+    assert "No such file or directory" in outcome["error"] and "no_such_dir" in outcome["error"]
+    assert lines == [f"[1/1] r failed in its ray: {outcome['error']} (log: {tmp_path / 'logs' / 'r.log'})"]

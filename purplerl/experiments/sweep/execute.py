@@ -148,8 +148,9 @@ def _collect(ray: Any, pending: dict[Any, PlannedRun], out: Path, total: int,
         run = pending.pop(ref)
         try:
             outcome = ray.get(ref)
-        except ray.exceptions.RayError as err:  # the worker died (killed, out of memory): the run failed
-            outcome = {"name": run.name, "status": FAILED, "stage": "ray", "error": first_line(err)}
+        except ray.exceptions.RayError as err:  # the worker died (killed, out of memory), or the task raised
+            cause = getattr(err, "cause", None)  # a RayTaskError's first line is only where it ran
+            outcome = {"name": run.name, "status": FAILED, "stage": "ray", "error": first_line(cause or err)}
         done += 1
         if outcome["status"] != INTERRUPTED:
             record_outcome(out, outcome)
