@@ -60,7 +60,7 @@ def _plan(tmp_path: Path, *args: str) -> list:
 
 def test_the_grid_times_the_seeds_each_run_named_after_its_swept_values(tmp_path: Path) -> None:
     runs = _plan(tmp_path, "--recipe", "attack", "--grid", "lr=1e-5,3e-5", "reward.kl_beta=0.01,0.02",
-                 "--fixed", "steps=3", "--seeds", "0,1")
+                 "--fixed", "steps=3", "sampling.max-new-tokens=8", "--seeds", "0,1")
     assert len(runs) == 2 * 2 * 2
     assert [run.name for run in runs[:3]] == ["attack_lr1e-05_kl_beta0.01_s0", "attack_lr1e-05_kl_beta0.01_s1",
                                               "attack_lr1e-05_kl_beta0.02_s0"]
@@ -69,8 +69,8 @@ def test_the_grid_times_the_seeds_each_run_named_after_its_swept_values(tmp_path
     # the command line's text is read as the recipe reads it: '3e-5' is the float 3e-05
     assert last.point == {"training.lr": 3e-05, "reward.kl_beta": 0.02}
     config = last.config
-    assert (config.training.lr, config.reward.kl_beta, config.training.seed, config.training.steps) == \
-        (3e-05, 0.02, 1, 3)
+    assert (config.training.lr, config.reward.kl_beta, config.training.seed, config.training.steps,
+            config.sampling.max_new_tokens) == (3e-05, 0.02, 1, 3, 8)
     assert Path(config.run.output_dir) == (tmp_path / "sweep" / "runs").resolve() and config.run.name == last.name
     listing = describe(runs)
     assert listing.splitlines()[0] == "8 runs (4 configurations x 2 seeds):"

@@ -67,14 +67,15 @@ def check_key(recipe: Recipe, key: str, where: str) -> str:
     """The dotted setting a grid or fixed key names (a short name resolved); UserError in one line for a key that
     is no setting of the recipe, or one the sweep sets itself."""
     command = recipe.command()
-    if key.replace("-", "_") in (NAMED_REWARD, REWARDS_FILE):
+    plain = key.replace("-", "_")  # dashes work as in every option (--max-new-tokens)
+    if plain in (NAMED_REWARD, REWARDS_FILE):
         try:
             check_key(recipe, TERMS, where)
         except UserError:
             raise UserError(f"{where} key '{key}': recipe '{recipe.name}' has no reward.terms to name a reward "
                             f"for") from None
-        return key.replace("-", "_")
-    dotted = command.flat.get(key.replace("-", "_"), key)
+        return plain
+    dotted = command.flat.get(plain, plain)
     model: type[BaseModel] = command.schema
     parts = dotted.split(".")
     for i, part in enumerate(parts):
