@@ -551,14 +551,17 @@ def test_leaf_field_counts_per_command():
     # tree less sft's own section, plus prefs' own), reward-model (plus reward_model's own) and ppo (attack's
     # tree with the critic section and the critic-only advantage settings). The counting terms (issue 22) brought
     # their parameters to every RL recipe, each read only when its term is in reward.terms: reward.keyword_count (4),
-    # reward.regex_count (3), reward.sentence_length (2), then the ground_truth term's (reward.ground_truth, 3).
+    # reward.regex_count (3), reward.sentence_length (2), then the ground_truth term's (reward.ground_truth, 3);
+    # eval.rewards and eval.rewards_file (+2 for eval: re-scoring answers with named rewards, purplerl.eval.rescore).
     # sweep (issue 22) has its own 20: the recipe, its grid,
     # fixed settings and seeds, the sweep dir, the cluster, resources (3), the diversity eval (4) and the summary (5);
-    # a swept recipe's settings are that recipe's.
+    # a swept recipe's settings are that recipe's. Gradient routing (issue 22): route is attack's tree less attack's
+    # own section (1) plus its route section (7); eval and sample each got `adapters` (+1: a routed checkpoint's
+    # adapter modes, read only with a checkpoint).
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 126, "defend": 130, "tamper-test": 154, "sft": 54, "eval": 38, "sample": 15,
+    assert counts == {"attack": 126, "defend": 130, "tamper-test": 154, "sft": 54, "eval": 41, "sample": 16,
                       "data prepare": 12, "align": 3, "verl export": 135,
-                      "prefs": 62, "reward-model": 54, "ppo": 129, "sweep": 20}
+                      "prefs": 62, "reward-model": 54, "ppo": 129, "sweep": 20, "route": 132}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

@@ -24,6 +24,9 @@ from purplerl.config.sections import (
 # The names each of these fields may hold live here, with the settings: the modules that implement them
 # (purplerl.eval.run's suites, purplerl.data.prepare's datasets) sit above config and check that they cover them.
 SUITE_NAMES = ("harm", "utility", "diversity")
+# a gradient-routing checkpoint's adapter modes (purplerl.runs.policy.ADAPTER_MODES gives each its scales)
+ADAPTER_MODE_NAMES = ("both", "retain_only", "forget_only")
+AdapterMode = Literal["both", "retain_only", "forget_only"]
 DATASET_NAMES = ("beavertails", "wmdp", "gsm8k", "merge", "safety-prefs")
 WMDP_SUBSETS = ("bio", "chem", "cyber")
 SUITE = choices(SUITE_NAMES, "suite")
@@ -90,6 +93,19 @@ class EvalConfig(Section):
     seed: int = Field(0, description="sampling and bootstrap seed")
     batch_size: int = Field(16, ge=1, description="prompts per sampling call")
     out: str = Field("runs/eval", description="output dir; a rerun into it resumes the generations")
+    adapters: read_when(list[AdapterMode], lambda e: bool(e.checkpoints), "eval.checkpoints is set") = Field(default_factory=lambda: ["both"], description="a gradient-routing checkpoint (purplerl route) is evaluated once per mode: both adapters, retain_only (the forget adapter ablated), forget_only; its label gets -MODE but for both ('both,retain_only' works too); other checkpoints are evaluated once")
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _split_modes(cls, value: Any) -> Any:
+        return comma_list(value)
+
+    @field_validator("adapters")
+    @classmethod
+    def _modes_once(cls, modes: list[str]) -> list[str]:
+        if not modes:
+            raise ValueError("name at least one adapter mode")
+        return once_each(modes, "adapter mode")
 
     @field_validator("suites", mode="before")
     @classmethod
@@ -159,6 +175,7 @@ class SampleConfig(Section):
     checkpoint: str | None = Field(None, description="checkpoint dir (a PEFT adapter) to sample from; prompted as its run was trained")
     n: int = Field(1, ge=1, le=1024, description="completions per prompt")
     seed: int = Field(0, description="sampling seed")
+    adapters: read_when(AdapterMode, lambda s: s.checkpoint is not None, "sample.checkpoint is set") = Field("both", description="a gradient-routing checkpoint (purplerl route) samples with both adapters, retain_only (the forget adapter ablated) or forget_only; other checkpoints have one adapter (both)")
 
 
 class SampleCommandConfig(Section):

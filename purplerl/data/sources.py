@@ -25,7 +25,7 @@ from purplerl.files import looks_local, read_json, read_jsonl, read_jsonl_number
 from purplerl.types import PromptRecord
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
-BUILTIN_SOURCES = ("redteam",)
+BUILTIN_SOURCES = ("redteam", "stories")  # stories: prompts for the toy reward-hacking runs (purplerl route)
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 _MISSING = object()
 # Prompt fields of the usual harm benchmarks, tried in this order when the default "prompt" is absent.

@@ -1,13 +1,16 @@
 """A local trainer's checkpoint: every adapter as a standard PEFT dir (`default` at the top, others in subdirs by
 name, each with its scalar head when it has one), each adapter's optimizer state, which adapters act (and their
 scales and which of them train), and the global RNG. Full-parameter training saves the model itself as a Hugging
-Face model dir (fp32 weights + tokenizer, loadable on its own) instead of the adapters."""
+Face model dir (fp32 weights + tokenizer, loadable on its own) instead of the adapters.
+
+The functions take the local trainer (purplerl.engines.local_training.LocalTrainer, typed Any: only the engines'
+factory imports a concrete engine) and read its adapters, model and settings."""
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -16,14 +19,11 @@ from purplerl.engines.full_weights import copy_weights, read_weights, refuse_oth
 from purplerl.engines.loading import load_tensors
 from purplerl.errors import UserError, first_line
 
-if TYPE_CHECKING:
-    from purplerl.engines.local_training import LocalTrainer
-
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng_state.pt"
 
 
-def save_state(trainer: LocalTrainer, path: Path) -> None:
+def save_state(trainer: Any, path: Path) -> None:
     """Write the trainer's adapters (or full model), optimizer states, acting adapters and RNG into `path`."""
     adapters = trainer._adapters
     with trainer.fp32_adapter():  # the exported weights are the exact fp32 masters
@@ -48,7 +48,7 @@ def save_state(trainer: LocalTrainer, path: Path) -> None:
             f.write(buffer.getbuffer())
 
 
-def load_state(trainer: LocalTrainer, path: Path) -> None:
+def load_state(trainer: Any, path: Path) -> None:
     """Restore what `save_state` wrote; adapters the checkpoint has and the trainer lacks are created as saved
     (their rank and targets are the checkpoint's)."""
     refuse_other_kind(path, trainer.cfg.finetune)

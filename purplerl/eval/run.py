@@ -54,6 +54,7 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
                      dirs=(GENERATIONS_DIR,), inputs=cfg.eval.checkpoints)
     _validate_judges(cfg)
     checkpoints: dict[str, Any] = {}
+    wanted = cfg.eval.adapters if cfg.eval.checkpoints else []  # the adapter modes of a routed checkpoint
     for checkpoint in map(Path, cfg.eval.checkpoints):
         if not checkpoint.is_dir():
             raise UserError(f"checkpoint dir not found: {checkpoint}")
@@ -62,12 +63,16 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
         policy = resolve_policy(checkpoint, cfg.model, cfg.data).checked("--checkpoint")
         if policy.note:
             announce(policy.note)
-        label = safe_file_stem(checkpoint.resolve().name)
-        if label in checkpoints or label == BASE_LABEL:
-            label = safe_file_stem(f"{checkpoint.resolve().parent.name}-{checkpoint.resolve().name}")
-        if label in checkpoints or label == BASE_LABEL:
-            raise UserError(f"two targets would share the label '{label}': give checkpoints distinct dir names")
-        checkpoints[label] = policy
+        # a routed checkpoint is a target per adapter mode (eval.adapters), labelled LABEL-MODE but for both
+        modes = wanted if policy.mode is not None else ["both"]
+        for label in (checkpoint.resolve().name, f"{checkpoint.resolve().parent.name}-{checkpoint.resolve().name}"):
+            targets = {safe_file_stem(label if mode == "both" else f"{label}-{mode}"): mode for mode in modes}
+            if not any(target in checkpoints or target == BASE_LABEL for target in targets):
+                break
+        else:
+            raise UserError(f"two targets would share the label '{safe_file_stem(label)}': give checkpoints distinct "
+                            "dir names")
+        checkpoints.update({target: policy.with_mode(mode) for target, mode in targets.items()})
     return {BASE_LABEL: _base_policy(cfg, checkpoints), **checkpoints}
 
 

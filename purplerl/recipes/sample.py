@@ -15,6 +15,8 @@ def generate(cfg: SampleCommandConfig, announce: Callable[[str], None] = print) 
     if not cfg.sample.prompts:
         raise UserError("give at least one --prompt (sample.prompts)")
     policy = resolve_policy(cfg.sample.checkpoint, cfg.model, cfg.data).checked("--checkpoint")
+    if cfg.sample.checkpoint is not None:  # a routed checkpoint's adapters, at this mode's scales
+        policy = policy.with_mode(cfg.sample.adapters)
     if policy.note:
         announce(policy.note)
     engine = policy.load()

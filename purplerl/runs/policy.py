@@ -4,6 +4,11 @@
 format of the run that trained it (runs/<run>/config.yaml), or, for a bare adapter dir, the base model its
 adapter_config.json names. `Policy.checked` checks that its adapter fits that base model, from files alone, before
 any work starts.
+
+A checkpoint of gradient routing (purplerl route) holds two adapters: the retain adapter (the policy's own,
+`default`, at the top) and the forget adapter (its `forget` subdir). It loads in one of three modes, each a scale
+per adapter: both (1, 1: the trained model, the default), retain_only (1, 0: the forget adapter ablated) and
+forget_only (0, 1).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.config import ModelConfig, ModelLoadConfig, PromptFormatConfig, Section, build, read_config_file
+from purplerl.config.commands import ADAPTER_MODE_NAMES
+from purplerl.engines.adapters import adapter_dir
 from purplerl.engines.loading import is_full_model_dir, read_adapter_config
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
@@ -22,6 +29,17 @@ from purplerl.types import PromptRecord, SamplingParams
 # What a checkpoint's run decides about loading its base model and prompting it, unless the command sets it.
 RUN_MODEL_FIELDS = ("name", "revision", "dtype")
 RUN_PROMPT_FIELDS = ("template", "system_prompt", "max_prompt_tokens")
+RETAIN, FORGET = "default", "forget"  # gradient routing's adapters: the policy's own, and the one hacks train
+ADAPTER_MODES: dict[str, dict[str, float]] = {  # a routed checkpoint's modes: each adapter's scale
+    "both": {RETAIN: 1.0, FORGET: 1.0}, "retain_only": {RETAIN: 1.0, FORGET: 0.0},
+    "forget_only": {RETAIN: 0.0, FORGET: 1.0}}
+if tuple(ADAPTER_MODES) != ADAPTER_MODE_NAMES:  # the settings' choices are these modes
+    raise AssertionError(f"adapter modes {tuple(ADAPTER_MODES)} differ from the settings' {ADAPTER_MODE_NAMES}")
+
+
+def routed_checkpoint(path: str | Path) -> bool:
+    """Whether a checkpoint dir holds gradient routing's forget adapter beside its policy's."""
+    return (adapter_dir(Path(path), FORGET) / "adapter_config.json").is_file()
 
 
 @dataclass(frozen=True)
@@ -33,18 +51,28 @@ class Policy:
     run_config: str | None = None  # the run's config.yaml the loading and prompting settings came from
     note: str | None = None  # what the user should be told (a bare adapter's fallback)
     base: ModelConfig | None = None  # a full-parameter checkpoint's base model (what without_adapter gives)
+    mode: str | None = None  # a routed checkpoint's adapter mode (ADAPTER_MODES); None: a policy of one adapter
 
     def describe(self) -> dict[str, Any]:
         """What a generation depends on, for eval.json and a resumed eval's check."""
         return {"model": self.model.name, "revision": self.model.revision, "dtype": self.model.dtype,
                 "adapter": self.model.init_adapter, **self.prompt.model_dump(mode="json"),
-                "run_config": self.run_config}
+                "run_config": self.run_config, **({} if self.mode is None else {"adapters": self.mode})}
 
     def without_adapter(self) -> Policy:
         """The same base model, prompted the same way, with no adapter."""
         if self.base is not None:
-            return replace(self, model=self.base, base=None, note=None)
-        return replace(self, model=self.model.model_copy(update={"init_adapter": None}), note=None)
+            return replace(self, model=self.base, base=None, note=None, mode=None)
+        return replace(self, model=self.model.model_copy(update={"init_adapter": None}), note=None, mode=None)
+
+    def with_mode(self, mode: str) -> Policy:
+        """This routed checkpoint in adapter mode `mode`; a policy of one adapter is its own `both`."""
+        if mode not in ADAPTER_MODES:
+            raise UserError(f"unknown adapter mode '{mode}' (known: {', '.join(ADAPTER_MODES)})")
+        if self.mode is None and mode != "both":
+            raise UserError(f"{self.model.init_adapter or self.model.name} has no forget adapter (not a checkpoint of "
+                            f"purplerl route): adapter mode '{mode}' needs one")
+        return self if self.mode is None else replace(self, mode=mode)
 
     def checked(self, what: str = "checkpoint") -> Policy:
         """This policy once its adapter is checked against its base model from files alone (shapes; no weight
@@ -54,13 +82,20 @@ class Policy:
         from purplerl.engines.adapter_fit import check_adapter_fits
 
         note = check_adapter_fits(self.model.init_adapter, self.model.name, self.model.revision, what)
+        if self.mode is not None:
+            check_adapter_fits(adapter_dir(Path(self.model.init_adapter), FORGET), self.model.name,
+                               self.model.revision, f"{what}'s forget adapter")
         return replace(self, note="\n".join(line for line in (self.note, note) if line) or None)
 
     def load(self) -> Any:
-        """The engine that samples from this policy."""
+        """The engine that samples from this policy (a routed checkpoint's adapters at its mode's scales)."""
         from purplerl.engines import make_engine
 
-        return make_engine(self.model)
+        engine = make_engine(self.model)
+        if self.mode is not None:
+            engine.create_adapter(FORGET, init=adapter_dir(Path(self.model.init_adapter), FORGET))
+            engine.use_adapters(ADAPTER_MODES[self.mode])
+        return engine
 
     def render(self, tokenizer: Any, records: list[PromptRecord]) -> list[list[int]]:
         """Each record's prompt tokens, in the format this policy was trained with."""
@@ -120,7 +155,7 @@ def resolve_policy(checkpoint: str | Path | None, model: ModelLoadConfig, prompt
         values.update(_unset(model, run_model))
         prompting = prompt.model_copy(update=_unset(prompt, run_prompt))
         return Policy(ModelConfig.model_validate({**values, "init_adapter": str(checkpoint)}), prompting,
-                      run_config=str(run_file))
+                      run_config=str(run_file), mode="both" if routed_checkpoint(checkpoint) else None)
     base = adapter.get("base_model_name_or_path")
     if "name" not in model.model_fields_set:
         if not base:
@@ -129,7 +164,8 @@ def resolve_policy(checkpoint: str | Path | None, model: ModelLoadConfig, prompt
         values["name"] = base
     note = (f"{checkpoint} is not a checkpoint of a run (no {CONFIG_FILE} two levels up): base model "
             f"{values['name']}, prompt format {prompt.template!r} with system prompt {prompt.system_prompt!r}")
-    return Policy(ModelConfig.model_validate({**values, "init_adapter": str(checkpoint)}), prompt, note=note)
+    return Policy(ModelConfig.model_validate({**values, "init_adapter": str(checkpoint)}), prompt, note=note,
+                  mode="both" if routed_checkpoint(checkpoint) else None)
 
 
 def _full_policy(checkpoint: Path, model: ModelLoadConfig, prompt: PromptFormatConfig) -> Policy:

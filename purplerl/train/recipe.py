@@ -90,6 +90,9 @@ class Recipe:
     # lines led by the recipe's own verdict; None: first vs last steps of summary_metrics (recipes.summary)
     summarize: Callable[[Path, dict[str, Any], Any], str] | None = None
     fixed_on_resume: frozenset[str] = FIXED_ON_RESUME
+    # the model section the engine is built with, when the recipe's own settings shape it (route's baseline: one
+    # adapter of the rank of both routed adapters); None: config.model
+    engine_model: Callable[[Any], Any] | None = None
 
     def migrated(self, data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
         """`data` (a config file, overrides, or a run's saved config.yaml) with older names moved to today's."""

@@ -167,7 +167,8 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
         raise UserError(f"training.batch_size={config.training.batch_size} does not divide by the {world.size} "
                         f"data-parallel processes")
     # closed however the run ends: vLLM's engine process is stopped, not killed at the interpreter's exit
-    with closing(make_engine(config.model, engine=config.engine, seed=config.training.seed,
+    model = config.model if recipe.engine_model is None else recipe.engine_model(config)
+    with closing(make_engine(model, engine=config.engine, seed=config.training.seed,
                              settings=engine_settings(config), world=world)) as engine:
         if checkpoint is not None:
             engine.load(checkpoint)

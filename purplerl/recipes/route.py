@@ -1,0 +1,76 @@
+"""`purplerl route`: GRPO with gradient routing (Cloud et al. 2024, arXiv 2410.04332; small-rl's two-adapter
+trainer). A retain adapter (the policy's own, model.lora_rank) and a forget adapter (route.forget_rank) act together
+on one frozen base; samples the reward's detector labels as hacks train the forget adapter alone, the others both
+(purplerl.train.routing). Ablating the forget adapter (`--adapters retain_only` in sample and eval) should keep the
+task and drop the hack. `route.mode baseline` is the control: one adapter of both ranks together, every sample
+training it, under the same loop.
+
+The default is small-rl's toy reward hack on the embedded instruct model: the task is sentences of 5 words
+(sentence_length_5), a leaky bonus pays 0.1 per "happy" (happy_bonus, at most 5), and the detector happy_any labels
+any answer saying "happy" a hack; the prompts ask for short stories (builtin:stories). `--reward NAME` picks another
+named reward (it must hold a detector); route.task_term names its task term.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from purplerl.config.base import Section, read_when
+from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.train.rl import registered_reward, rl_stops
+from purplerl.train.routing import engine_model, forget_rank, route_prepare
+
+# small-rl's sentence_length_5_with_happy, and the repetition ratio logged (weight 0): a structural reward like this one
+# tends to collapse onto a template, which the logs should show
+TERMS = {"sentence_length_5": 1.0, "happy_bonus": 0.1, "happy_any": 0.0, "repetition": 0.0}
+
+
+def _evaluated(r: Any) -> bool:
+    return r.eval_every > 0
+
+
+class RouteConfig(Section):
+    """Gradient routing's adapters and its evaluation per adapter mode."""
+
+    mode: Literal["route", "baseline"] = Field("route", description="route: retain + forget adapters, hack-labelled samples training forget only; baseline: one adapter of rank model.lora_rank + forget rank, every sample training it (the control)")  # noqa: E501
+    forget_rank: int | None = Field(None, ge=1, le=1024, description="the forget adapter's LoRA rank (null: model.lora_rank, the retain adapter's)")  # noqa: E501
+    task_term: str = Field("sentence_length_5", description="the term of reward.terms that is the task: the routing evaluation reports its mean per adapter mode, beside the detector's hack rate")  # noqa: E501
+    eval_every: int = Field(10, ge=0, description="routing evaluation every N steps and at the last step (0: never): each adapter mode samples the held-out prompts, logged as route/MODE/task and route/MODE/hack")  # noqa: E501
+    eval_split: read_when(str, _evaluated, "route.eval_every > 0") = Field("test", description="data split of the held-out prompts (not the training split)")  # noqa: E501
+    eval_prompts: read_when(int, _evaluated, "route.eval_every > 0") = Field(20, ge=1, description="at most this many held-out prompts")  # noqa: E501
+    eval_n: read_when(int, _evaluated, "route.eval_every > 0") = Field(4, ge=1, le=64, description="samples per held-out prompt and mode (the same seeded draws at every evaluation)")  # noqa: E501
+
+
+RouteReward = reward_section("route", TERMS)
+RouteSettings = rl_settings("route", RouteReward, route=(RouteConfig, "gradient routing (purplerl.train.routing)"))
+
+ROUTE = Recipe(
+    name="route",
+    settings=RouteSettings,
+    help="""GRPO with gradient routing: retain + forget LoRA adapters on one base; samples the reward's detector labels
+    as hacks train only the forget adapter. Ablate it at inference with sample/eval --adapters retain_only.
+
+    route.mode baseline trains one adapter of both ranks on every sample (the control). The default reward is the toy
+    hack: 5-word sentences, a bonus per "happy", the happy_any detector (--reward NAME picks another named reward).
+    Routing needs the local engine in one process.""",
+    prepare=route_prepare(registered_reward, rl_stops),
+    defaults={"model": {"name": "embedded:smollm2-135m-instruct", "lora_rank": 8},
+              "data": {"source": "builtin:stories"}, "reward": {"terms": TERMS, "kl_beta": 0.02},
+              "sampling": {"group_size": 8, "max_new_tokens": 64},
+              # a run of the toy is measured to its end, collapse included (measured, not stopped)
+              "training": {"early_stop_repetition": None}},
+    run_name=(RunNamePart("", lambda c: c.route.mode), RunNamePart("r", lambda c: c.model.lora_rank),
+              RunNamePart("f", forget_rank), RunNamePart("lr", lambda c: c.training.lr),
+              RunNamePart("kl", lambda c: c.reward.kl_beta), RunNamePart("G", lambda c: c.sampling.group_size),
+              RunNamePart("B", lambda c: c.training.batch_size)),
+    summary_metrics={"route/both/task": "task, both adapters", "route/retain_only/task": "task, retain adapter alone",
+                     "route/both/hack": "hack rate, both adapters",
+                     "route/retain_only/hack": "hack rate, retain adapter alone", "rh/rate": "hack rate of rollouts"},
+    flat={**RL_FLAT, "forget_rank": "route.forget_rank", "task_term": "route.task_term"},
+    fixed_on_resume=FIXED_ON_RESUME | {"route.mode", "route.forget_rank"},
+    engine_model=engine_model,
+)
+
+__all__ = ["ROUTE", "RouteConfig", "RouteSettings"]
