@@ -119,6 +119,20 @@ class EvalConfig(Section):
             raise ValueError("name at least one suite")
         return once_each(suites, "suite")
 
+    # eval.rewards: purplerl.eval.rescore (named rewards from purplerl/rewards/named_rewards.yaml, or registered terms)
+    rewards: list[str] = Field(default_factory=list, description="named rewards or registered terms scored on every target's answers (and on a run checkpoint's logged samples), each a mean with a 95% CI; a combination also per term, a detector its rh_rate: the decomposition of a combined reward ('sentence_length_5,happy_count' works too)")
+    rewards_file: read_when(str | None, lambda e: bool(e.rewards), "eval.rewards is set") = Field(None, description="a rewards YAML file whose named rewards eval.rewards may also name")
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _split_rewards(cls, value: Any) -> Any:
+        return comma_list(value)
+
+    @field_validator("rewards")
+    @classmethod
+    def _rewards_once(cls, names: list[str]) -> list[str]:
+        return once_each(names, "reward")
+
 
 class JudgesConfig(Section):
     """The optional model judges of the harm suite (the refusal keywords and embedded toxicity always run)."""
@@ -263,7 +277,8 @@ EVAL = Command(EvalCommandConfig, {
     "batch_size": "eval.batch_size", "out": "eval.out",
     "prompts": "data.source", "split": "data.split", "limit": "data.limit", "prompt_field": "data.prompt_field",
     **{name: f"judges.{name}" for name in JudgesConfig.model_fields},
-    "choice_source": "utility.choice_source", "choice_limit": "utility.choice_limit"},
+    "choice_source": "utility.choice_source", "choice_limit": "utility.choice_limit",
+    "rewards": "eval.rewards", "rewards_file": "eval.rewards_file"},
     defaults={"data": {"split": "test"}, "sampling": {"top_p": 0.95}})
 SAMPLE = Command(SampleCommandConfig, {
     **MODEL_FLAT, **GENERATION_FLAT, **PROMPT_FORMAT_FLAT,

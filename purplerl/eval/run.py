@@ -18,6 +18,7 @@ from typing import Any
 from purplerl.config import EvalCommandConfig
 from purplerl.errors import UserError
 from purplerl.eval.choice import NO_CHOICE
+from purplerl.eval.rescore import check_ground_truths, describe, load_rewards, target_rewards
 from purplerl.eval.suites import HarmJudges, choice_suite, diversity_suite, harm_suite, table, utility_suite
 from purplerl.files import looks_local, read_json_object, read_jsonl, safe_file_stem, write_durably
 from purplerl.outputs import check_output_dir
@@ -244,6 +245,8 @@ def run_eval(cfg: EvalCommandConfig, console: Any = None, announce: Callable[[st
 
     policies = validate(cfg, announce)
     prompts = load_eval_prompts(cfg)
+    rewards = load_rewards(cfg.eval.rewards, cfg.eval.rewards_file)  # eval --rewards (purplerl.eval.rescore)
+    check_ground_truths(rewards, prompts, f"data.source {cfg.data.source}")
     judges = HarmJudges(cfg.judges, device=cfg.model.device) if "harm" in cfg.eval.suites else None
     out = Path(cfg.eval.out)
     _check_same_generation(cfg, policies, out)
@@ -262,12 +265,15 @@ def run_eval(cfg: EvalCommandConfig, console: Any = None, announce: Callable[[st
             rows = read_generations(path, prompts, cfg.eval.n)
             scored = judges.score(rows) if judges is not None else rows
             results[t.label] = {suite: SUITE_RUNS[suite](cfg, t, rows, scored) for suite in cfg.eval.suites}
+            if rewards:
+                results[t.label].update(target_rewards(rows, prompts, rewards, t.policy.model.init_adapter,
+                                                       cfg.eval.seed))
             samples.extend({"target": t.label, **row} for row in scored)
             t._engine = None  # free the weights before the next target loads
     result = {"config": {**cfg.model_dump(mode="json"),
                          "targets": {label: policy.model.init_adapter for label, policy in policies.items()},
                          "policies": {label: policy.describe() for label, policy in policies.items()},
-                         "judges": judges.describe() if judges else {}},
+                         "judges": judges.describe() if judges else {}, "rewards": describe(rewards)},
               "targets": results, "samples": samples}
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(result, indent=1))
