@@ -186,3 +186,16 @@ def test_the_command_lists_the_runs_and_stops_on_a_typo_with_one_line(tmp_path: 
     assert typo.returncode == 2 and typo.stderr.strip().splitlines() == [
         "error: grid key 'lrr' is not a setting of recipe 'attack' (see purplerl attack --help)"]
     assert not (tmp_path / "out").exists()
+
+
+def test_an_address_that_answers_nothing_is_refused_at_once() -> None:
+    import socket
+
+    from purplerl.experiments.sweep.execute import _check_reachable
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # free again once closed: nothing listens there
+    with pytest.raises(UserError, match=f"cannot reach the Ray cluster at --address 127.0.0.1:{port}: "):
+        _check_reachable(f"127.0.0.1:{port}")
+    _check_reachable("auto")  # Ray finds the cluster itself

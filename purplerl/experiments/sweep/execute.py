@@ -12,6 +12,7 @@ paths, and have purplerl installed where the driver's Python is.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,7 +62,11 @@ def cluster(settings: SweepSettings, announce: Callable[[str], None]) -> Iterato
         yield ray
         return
     if settings.address is not None:
-        ray.init(address=settings.address, log_to_driver=False, logging_level="WARNING")
+        _check_reachable(settings.address)
+        try:
+            ray.init(address=settings.address, log_to_driver=False, logging_level="WARNING")
+        except (ConnectionError, ValueError) as err:
+            raise UserError(f"cannot join the Ray cluster at --address {settings.address}: {first_line(err)}") from None
     else:
         cpus = machine_cores() - settings.resources.reserve_cpus
         if cpus < settings.resources.cpus_per_run:
@@ -74,6 +79,17 @@ def cluster(settings: SweepSettings, announce: Callable[[str], None]) -> Iterato
         yield ray
     finally:
         ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT that answers nothing, refused at once: ray.init would keep retrying for minutes."""
+    host, sep, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as err:
+        raise UserError(f"cannot reach the Ray cluster at --address {address}: {err.strerror or err}") from None
 
 
 def fitting_nodes(nodes: list[dict[str, Any]], resources: SweepResources) -> list[str]:
