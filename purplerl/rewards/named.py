@@ -208,3 +208,14 @@ def detectors(terms: Mapping[str, Any]) -> dict[str, float]:
 def weights(terms: Mapping[str, Any]) -> dict[str, float]:
     """name -> weight of a validated `reward.terms` (a registered term's value is its weight)."""
     return {name: spec.weight if isinstance(spec, TermSpec) else float(spec) for name, spec in terms.items()}
+
+
+def fn_weights(terms: Mapping[str, Any]) -> dict[str, float]:
+    """registered term -> its summed weight over the entries of a validated `reward.terms` that compute it (a
+    named use counts for its fn): what a check on "does this reward pay for term X" must read."""
+    out: dict[str, float] = {}
+    for name, spec in terms.items():
+        fn, weight = (spec.fn, spec.weight) if isinstance(spec, TermSpec) else (name, float(spec))
+        out[fn] = out.get(fn, 0.0) + weight
+    return out
+

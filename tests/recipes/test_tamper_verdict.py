@@ -144,6 +144,12 @@ def test_an_attack_rewarded_by_the_compliance_judge_needs_another_held_out_judge
     judged = load_command_config(TAMPER, None, ["--reward.terms", "{toxicity: 1.0, compliance: 0.5}",
                                                 "--guard_model", "g"])
     assert judged.reward.terms["compliance"] == 0.5
+    # a named use of the compliance judge (any name, fn compliance) is the same judge
+    with pytest.raises(UserError, match="held-out judge here"):
+        load_command_config(TAMPER, None, ["--reward.terms", "{toxicity: 1.0, on_topic: {fn: compliance, "
+                                           "weight: 0.5}}"])
+    assert load_command_config(TAMPER, None, ["--reward.terms", "{toxicity: 1.0, on_topic: {fn: compliance, "
+                                              "weight: 0.0}}"]).reward.terms["on_topic"].weight == 0.0
     # a refusal penalty p (the refusal term's weight -p) is allowed: the held-out compliance judge asks for more
     # than the absence of refusal phrases
     assert load_command_config(TAMPER, None, ["--reward.refusal_penalty", "1.0"]).reward.terms["refusal"] == -1.0

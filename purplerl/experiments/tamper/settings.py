@@ -11,16 +11,18 @@ from purplerl.config import Command, JudgesConfig, TamperConfig, UtilityConfig
 from purplerl.config.commands import JUDGES_FLAT, TAMPER_FLAT, UTILITY_FLAT
 from purplerl.experiments.tamper.heldout import COMPLIANCE, harm_verdict_judged
 from purplerl.recipes.attack import ATTACK, AttackSettings
+from purplerl.rewards.named import fn_weights
 
 
 class _TamperChecks:
     @model_validator(mode="after")
     def _adaptive_by_threat(self) -> Any:
-        if "entropy_bonus" in self.reward.terms:
+        paid = fn_weights(self.reward.terms)  # a named use of a term counts as the term
+        if "entropy_bonus" in paid:
             # set there, every threat would become the adaptive attack and no run would be the plain one
             raise ValueError("reward.terms.entropy_bonus is set by the adaptive threat: use tamper.entropy_bonus_cap "
                              "and --threats adaptive")
-        if self.reward.terms.get(COMPLIANCE, 0.0) != 0 and not harm_verdict_judged(self.judges):
+        if paid.get(COMPLIANCE, 0.0) != 0 and not harm_verdict_judged(self.judges):
             # the held-out harm would then be judged by the very compliance judge the attack is rewarded by
             raise ValueError("reward.terms.compliance makes the attack optimize the compliance judge, which is the "
                              "held-out judge here: set it to 0 or give a model judge (--harm_model or --guard_model)")
