@@ -91,7 +91,11 @@ def _check_run_paths(recipe: Any, cfg: Any, resume: Path | None) -> None:
         check_output_dir(run_dir_of(recipe, cfg), "run dir (run.output_dir/run.name)")
     else:
         check_output_dir(resume, "--resume")
+    from purplerl.runs.policy import ROUTED_ONE_ADAPTER, routed_checkpoint
+
     note = check_init_adapter(cfg.model, cfg.engine)
+    if cfg.model.init_adapter is not None and routed_checkpoint(cfg.model.init_adapter):
+        note = "\n".join(line for line in (note, ROUTED_ONE_ADAPTER.format(cfg.model.init_adapter)) if line)
     if note and os.environ.get("RANK", "0") == "0":  # rank 0 speaks for the run
         say(note)
 

@@ -33,7 +33,7 @@ def export(ctx: typer.Context, config: ConfigFile = None) -> None:
     OUT/purplerl_export.json says how to prompt it."""
     from purplerl.config import ModelLoadConfig, PromptFormatConfig
     from purplerl.engines.merge import merge_adapter
-    from purplerl.runs.policy import resolve_policy
+    from purplerl.runs.policy import ROUTED_ONE_ADAPTER, resolve_policy
 
     cfg = load_command_config(EXPORT, config, ctx.args).export
     if cfg.merge is None or cfg.out is None:
@@ -49,6 +49,9 @@ def export(ctx: typer.Context, config: ConfigFile = None) -> None:
         typer.echo(policy.note, err=True)
     info = {"adapter": str(merge.resolve()), "base_model": policy.model.name, "revision": policy.model.revision,
             "prompt": policy.prompt.model_dump(mode="json")}
+    if policy.mode is not None:  # merge_adapter merges the checkpoint's top adapter: the retain one
+        typer.echo(ROUTED_ONE_ADAPTER.format(merge), err=True)
+        info["adapters"] = "retain_only"
     typer.echo(f"wrote {merge_adapter(merge, out, policy.model.name, metadata={'purplerl_export.json': info})}")
 
 

@@ -37,6 +37,12 @@ if tuple(ADAPTER_MODES) != ADAPTER_MODE_NAMES:  # the settings' choices are thes
     raise AssertionError(f"adapter modes {tuple(ADAPTER_MODES)} differ from the settings' {ADAPTER_MODE_NAMES}")
 
 
+# what a command that loads one adapter says of a routed checkpoint: it takes the retain adapter, which is
+# gradient routing's deployment (the forget adapter, where the hack was routed, ablated)
+ROUTED_ONE_ADAPTER = ("note: {} is a gradient-routing checkpoint: its retain adapter is used, the forget adapter "
+                      "left out (retain_only)")
+
+
 def routed_checkpoint(path: str | Path) -> bool:
     """Whether a checkpoint dir holds gradient routing's forget adapter beside its policy's."""
     return (adapter_dir(Path(path), FORGET) / "adapter_config.json").is_file()

@@ -193,3 +193,26 @@ def test_the_label_rides_with_the_batch() -> None:
     assert batch.select(torch.tensor([2, 1])).is_rh_N.tolist() == [True, False]
     with pytest.raises(ValueError, match="is_rh_N must be bool"):
         TrainBatch(ids, ids, ids.float(), is_rh_N=torch.tensor([1, 0, 1]))
+
+
+def test_one_adapter_commands_take_the_retain_adapter_and_say_so(trained: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from purplerl.cli import app
+
+    result = CliRunner().invoke(app, ["export", "--merge", str(trained), "--out", str(tmp_path / "merged")])
+    assert result.exit_code == 0, result.output
+    assert f"note: {trained} is a gradient-routing checkpoint: its retain adapter is used" in result.output
+    info = json.loads((tmp_path / "merged" / "purplerl_export.json").read_text())
+    assert info["adapters"] == "retain_only"
+    # the merged model computes what the retain adapter alone computes (PEFT's load of the checkpoint's top adapter)
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = json.loads((trained / "adapter_config.json").read_text())["base_model_name_or_path"]
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()(ids).logits
+        retain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(trained)).eval()
+        want = retain(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
