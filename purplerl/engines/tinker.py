@@ -32,7 +32,6 @@ What maps, and what does not:
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import uuid
 import zlib
@@ -54,6 +53,7 @@ from purplerl.engines.tinker_data import (
     loss_metrics,
     reduction_scale,
     refuse_temperature,
+    refuse_unmappable,
     row_lengths,
     scatter_targets,
 )
@@ -70,20 +70,6 @@ def import_tinker():
     except ImportError:
         raise UserError(f"--engine tinker needs the Tinker SDK, which is not installed: {SDK_HINT}") from None
     return tinker
-
-
-def _refuse_unmappable(cfg: ModelConfig) -> None:
-    if cfg.finetune != "lora":
-        raise UserError("the tinker engine trains LoRA adapters only: use --model.finetune lora")
-    if cfg.init_adapter:
-        raise UserError("the tinker engine cannot start from a local PEFT adapter (model.init_adapter)")
-    if cfg.lora_targets != "all-linear":
-        raise UserError("the tinker engine adapts every linear layer: model.lora_targets must be 'all-linear'")
-    if cfg.lora_dropout > 0:
-        raise UserError("the tinker engine has no LoRA dropout: set model.lora_dropout 0")
-    if "lora_alpha" in cfg.model_fields_set:  # the API takes a rank only: the service scales the update itself
-        print(f"note: the Tinker service applies its own LoRA scale; model.lora_alpha ({cfg.lora_alpha:g}) is not "
-              f"sent", file=sys.stderr)
 
 
 class Remote:
@@ -127,7 +113,7 @@ class TinkerEngine:
         return {}  # the service reports nothing about its sampler
 
     def __init__(self, cfg: ModelConfig, engine: EngineConfig, seed: int = 0) -> None:
-        _refuse_unmappable(cfg)
+        refuse_unmappable(cfg)
         self.tinker = import_tinker()
         self.cfg, self.engine_cfg, self.seed = cfg, engine, seed
         self.reduction = engine.tinker_loss_reduction

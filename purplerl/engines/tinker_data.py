@@ -7,12 +7,14 @@ aligned to targets too, with entry 0 always off the loss: entry t of a row is en
 
 from __future__ import annotations
 
+import sys
 from typing import Literal
 
 import torch
 
 from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import Loss
+from purplerl.config import ModelConfig
 from purplerl.errors import ExperimentError, UserError
 from purplerl.types import TrainBatch
 
@@ -77,3 +79,18 @@ def refuse_temperature(temperature: float, what: str) -> None:
 def loss_metrics(value: torch.Tensor, metrics: dict[str, float], batch: TrainBatch) -> dict[str, float]:
     """A loss's metrics as the engine reports them: its value, its own metrics and the loss tokens."""
     return {"loss": float(value), **{k: float(v) for k, v in metrics.items()}, "tokens": float(batch.num_loss_tokens)}
+
+
+def refuse_unmappable(cfg: ModelConfig) -> None:
+    """The model settings the Tinker API cannot map, refused in one line (lora_alpha: a note)."""
+    if cfg.finetune != "lora":
+        raise UserError("the tinker engine trains LoRA adapters only: use --model.finetune lora")
+    if cfg.init_adapter:
+        raise UserError("the tinker engine cannot start from a local PEFT adapter (model.init_adapter)")
+    if cfg.lora_targets != "all-linear":
+        raise UserError("the tinker engine adapts every linear layer: model.lora_targets must be 'all-linear'")
+    if cfg.lora_dropout > 0:
+        raise UserError("the tinker engine has no LoRA dropout: set model.lora_dropout 0")
+    if "lora_alpha" in cfg.model_fields_set:  # the API takes a rank only: the service scales the update itself
+        print(f"note: the Tinker service applies its own LoRA scale; model.lora_alpha ({cfg.lora_alpha:g}) is not "
+              f"sent", file=sys.stderr)
