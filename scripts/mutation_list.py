@@ -250,8 +250,7 @@ MUTATIONS = [
     Mutation("engine-init-adapter-ignored", ET, "self.model = load_peft_adapter(base, cfg.init_adapter)",
              "self.model = get_peft_model(base, lora_config(cfg))", ENGINE + TAMPER),
     Mutation("engine-sampler-without-lora", EM,
-             "merged = module.get_base_layer().weight.float() + module.get_delta_weight(adapter).float()",
-             "merged = module.get_base_layer().weight.float()", ENGINE),
+             "merged = merged + module.get_delta_weight(adapter).float()", "merged = merged", ENGINE),
     Mutation("engine-sampling-temperature-ignored", EM, "scaled_NV = scaled_NV / sampling.temperature",
              "scaled_NV = scaled_NV", ENGINE),
     # ---- recipes built on the loop

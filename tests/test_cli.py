@@ -305,12 +305,14 @@ def test_top_level_help(env: dict[str, str]):
 
 
 def settings_of(help_text: str) -> dict[str, list[str]]:
-    """The settings table of a --help: {section header: its field options}."""
+    """The settings table of a --help: {section header: its field options} (dotted settings; an option that
+    expands into settings, such as `--reward NAME`, is not one)."""
     table: dict[str, list[str]] = {}
     header = ""
     for line in help_text.split("Settings:", 1)[1].splitlines()[1:]:
         if line.startswith("  --"):
-            table[header].append(line.split()[0])
+            if "." in line.split()[0]:
+                table[header].append(line.split()[0])
         elif line.strip():
             header = line.split(":")[0]
             table[header] = []
@@ -323,7 +325,7 @@ def test_attack_help_lists_config_fields_by_section(env: dict[str, str]):
     # reward.toxicity.label is read only with an HF classifier, so the defaults' --help leaves it out
     for text in ("--config", "--resume", "--reward.kl_beta (--kl_beta)", "--training.lr (--lr)",
                  "--reward.toxicity.model (--toxicity_model)", "--sampling.group_size (--group_size)",
-                 "--run.save_every"):
+                 "--run.save_every", "--reward NAME: a named reward"):
         assert text in proc.stdout, text
     assert "--reward.toxicity.label" not in proc.stdout
     table = settings_of(proc.stdout)
