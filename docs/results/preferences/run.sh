@@ -48,6 +48,7 @@ for s in $SEEDS; do
   run rpo_s$s prefs --data "$W/data/train.jsonl" --steps 40 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
     --prefs.sft_weight 1.0 --prefs.eval_every 20 --seed "$s"
 done
+# (rpo_2seeds.json: the first two seeds, measured as measure.py policy RUN_0 RUN_1)
 [ -s $OUT/rpo.json ] || $PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/rpo_s$s"; done) > $OUT/rpo.json
 
 # 4. PPO with a critic against the reward model, on the training split's requests, 30 steps, 3 seeds
