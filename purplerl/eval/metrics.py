@@ -52,6 +52,29 @@ def bootstrap_ci(values: Sequence[float] | np.ndarray, stat: Callable[[np.ndarra
     return float(stat(data)), float(low), float(high)
 
 
+def cluster_bootstrap_ci(groups: Sequence[Sequence[float]], n_resamples: int = 2000, alpha: float = 0.05,
+                         seed: int = 0) -> dict[str, Any]:
+    """The mean over groups (seeds) of each group's mean, with a (1 - alpha) interval from a two-level bootstrap:
+    each resample draws the groups with replacement, then the items (prompts) within each drawn group, and takes
+    the mean of the drawn groups' means (Davison & Hinkley 1997, sec. 3.8, resampling both stages). An interval of
+    rates stays inside [0, 1]. {"mean", "low", "high", "seeds", "per_seed"}; one `numpy.random.default_rng(seed)`
+    draws everything, groups then items, so the interval is a pure function of the arguments."""
+    arrays = [_array(g, "cluster_bootstrap_ci group") for g in groups]
+    if not arrays:
+        raise ExperimentError("cluster_bootstrap_ci needs at least one group")
+    if n_resamples < 1 or not 0.0 < alpha < 1.0:
+        raise UserError(f"cluster_bootstrap_ci needs n_resamples >= 1 and 0 < alpha < 1, got {n_resamples} and "
+                        f"{alpha}")
+    rng = np.random.default_rng(seed)
+    stats = np.empty(n_resamples)
+    for r in range(n_resamples):
+        drawn = rng.integers(0, len(arrays), size=len(arrays))
+        stats[r] = np.mean([arrays[i][rng.integers(0, len(arrays[i]), size=len(arrays[i]))].mean() for i in drawn])
+    low, high = np.quantile(stats, [alpha / 2, 1 - alpha / 2])
+    return {"mean": float(np.mean([a.mean() for a in arrays])), "low": float(low), "high": float(high),
+            "seeds": len(arrays), "per_seed": [float(a.mean()) for a in arrays]}
+
+
 def _array(values: Sequence[float], what: str) -> np.ndarray:
     data = np.asarray(values, dtype=np.float64)
     if data.ndim != 1 or data.size == 0:

@@ -5,6 +5,7 @@ from purplerl.errors import ExperimentError, UserError
 from purplerl.eval.metrics import (
     attack_success_flags,
     bootstrap_ci,
+    cluster_bootstrap_ci,
     harmful_flags,
     per_sample_metrics,
     refusal_flags,
@@ -148,3 +149,27 @@ def test_summarize_errors() -> None:
         summarize([{"harm": 1.0}, {"harm": 0.0, "category": "x"}])
     with pytest.raises(ExperimentError, match="1 categories for 2 rows"):
         summarize([{"harm": 1.0}, {"harm": 0.0}], categories=["x"])
+
+
+def test_cluster_bootstrap_ci_resamples_seeds_then_prompts() -> None:
+    # seed means 0.5 and 0.25: the point is their mean 0.375, not the pooled 4/12 of all prompts
+    groups = [[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]]
+    out = cluster_bootstrap_ci(groups, n_resamples=500, seed=1)
+    assert out["mean"] == 0.375 and out["per_seed"] == [0.5, 0.25] and out["seeds"] == 2
+    assert 0.0 <= out["low"] < 0.375 < out["high"] <= 1.0  # rates: the interval stays in [0, 1]
+    assert out == cluster_bootstrap_ci(groups, n_resamples=500, seed=1)  # a pure function of its arguments
+    # by hand, one resample: the draws of one generator, groups first, then each drawn group's prompts
+    rng = np.random.default_rng(7)
+    drawn = rng.integers(0, 2, size=2)
+    means = [np.asarray(groups[i])[rng.integers(0, len(groups[i]), size=len(groups[i]))].mean() for i in drawn]
+    one = cluster_bootstrap_ci(groups, n_resamples=1, seed=7)
+    assert one["low"] == one["high"] == pytest.approx(float(np.mean(means)))
+    # constant groups leave nothing to resample: the interval is the point
+    assert cluster_bootstrap_ci([[1.0, 1.0], [0.0]], n_resamples=50)["low"] == 0.0
+    flat = cluster_bootstrap_ci([[0.5, 0.5], [0.5]], n_resamples=50)
+    assert flat["low"] == flat["high"] == flat["mean"] == 0.5
+    with pytest.raises(ExperimentError, match="needs at least one group"):
+        cluster_bootstrap_ci([])
+    with pytest.raises(ExperimentError, match="needs at least one value"):
+        cluster_bootstrap_ci([[1.0], []])
+

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
+from purplerl.eval.metrics import bootstrap_ci, cluster_bootstrap_ci
 
 RESAMPLES, SEED, WINDOW = 2000, 0, 5
 LIMIT = 100  # held-out harmful and benign requests each
@@ -32,25 +32,8 @@ BASE = "base:"  # `policy base:MODEL`: the model itself, measured like a run
 
 
 def bootstrap(values: list[float]) -> dict[str, float]:
-    x = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(SEED)
-    means = x[rng.integers(0, len(x), size=(RESAMPLES, len(x)))].mean(axis=1)
-    return {"mean": float(x.mean()), "low": float(np.quantile(means, 0.025)), "high": float(np.quantile(means, 0.975)),
-            "n": len(x)}
-
-
-def cluster_bootstrap(groups: list[list[float]]) -> dict[str, float]:
-    """Mean over groups (seeds) of each group's mean, with a 95% interval from resampling groups, then the items
-    within each drawn group."""
-    rng = np.random.default_rng(SEED)
-    arrays = [np.asarray(g, dtype=float) for g in groups]
-    stats = np.empty(RESAMPLES)
-    for r in range(RESAMPLES):
-        drawn = rng.integers(0, len(arrays), size=len(arrays))
-        stats[r] = np.mean([arrays[i][rng.integers(0, len(arrays[i]), size=len(arrays[i]))].mean() for i in drawn])
-    return {"mean": float(np.mean([a.mean() for a in arrays])), "low": float(np.quantile(stats, 0.025)),
-            "high": float(np.quantile(stats, 0.975)), "seeds": len(arrays),
-            "per_seed": [float(a.mean()) for a in arrays]}
+    mean, low, high = bootstrap_ci(values, n_resamples=RESAMPLES, seed=SEED)
+    return {"mean": mean, "low": low, "high": high, "n": len(values)}
 
 
 def measure_rm(run: str, test: str) -> dict:
@@ -116,7 +99,7 @@ def _judged_once(run: str) -> dict:
 def measure_policy(runs: list[str]) -> dict:
     judged = [_judged_once(run) for run in runs]
     keys = judged[0]["flags"].keys()
-    pooled = {key: cluster_bootstrap([j["flags"][key] for j in judged]) for key in keys}
+    pooled = {key: cluster_bootstrap_ci([j["flags"][key] for j in judged]) for key in keys}
     return {"runs": runs, "pooled": pooled, "per_run": [{"checkpoint": j["checkpoint"], **j["per_run"]}
                                                         for j in judged],
             "samples": [j["samples"] for j in judged]}
@@ -132,8 +115,8 @@ def measure_ppo(runs: list[str]) -> dict:
         first = [[row[key] for row in r[:WINDOW]] for r in rows]
         last = [[row[key] for row in r[-WINDOW:]] for r in rows]
         change = [[b - a for a, b in zip(f, lt, strict=True)] for f, lt in zip(first, last, strict=True)]
-        out[key] = {"first": cluster_bootstrap(first), "last": cluster_bootstrap(last),
-                    "change": cluster_bootstrap(change), "steps": [len(r) for r in rows]}
+        out[key] = {"first": cluster_bootstrap_ci(first), "last": cluster_bootstrap_ci(last),
+                    "change": cluster_bootstrap_ci(change), "steps": [len(r) for r in rows]}
     return out
 
 

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from purplerl.eval.metrics import cluster_bootstrap_ci
+
 RESAMPLES, SEED = 2000, 0
 N_SAMPLES, MAX_NEW_TOKENS, SAMPLE_SEED = 8, 48, 1234  # as run.sh trains: 48 new tokens
 MODEL = "embedded:smollm2-135m-instruct"
@@ -103,20 +105,8 @@ def per_prompt(answers: list[dict[str, Any]], key: str) -> dict[str, float]:
     return {uid: float(np.mean(v)) for uid, v in sums.items()}
 
 
-def cluster_bootstrap(groups: list[np.ndarray]) -> dict[str, Any]:
-    """Mean over seeds of each seed's per-prompt mean, 95% interval by resampling seeds, then prompts in each."""
-    rng = np.random.default_rng(SEED)
-    stats = np.empty(RESAMPLES)
-    for r in range(RESAMPLES):
-        drawn = rng.integers(0, len(groups), size=len(groups))
-        stats[r] = np.mean([groups[i][rng.integers(0, len(groups[i]), size=len(groups[i]))].mean() for i in drawn])
-    return {"mean": float(np.mean([g.mean() for g in groups])), "low": float(np.quantile(stats, 0.025)),
-            "high": float(np.quantile(stats, 0.975)), "seeds": len(groups),
-            "per_seed": [float(g.mean()) for g in groups]}
-
-
 def pooled(runs: list[dict[str, list[dict[str, Any]]]], mode: str) -> dict[str, Any]:
-    return {key: cluster_bootstrap([np.array(list(per_prompt(r[mode], key).values())) for r in runs])
+    return {key: cluster_bootstrap_ci([np.array(list(per_prompt(r[mode], key).values())) for r in runs])
             for key in MEASURES}
 
 
@@ -126,7 +116,7 @@ def paired(a_runs: list[list[dict[str, Any]]], b_runs: list[list[dict[str, Any]]
     for a, b in zip(a_runs, b_runs, strict=True):
         pa, pb = per_prompt(a, key), per_prompt(b, key)
         groups.append(np.array([pa[uid] - pb[uid] for uid in pa]))
-    return cluster_bootstrap(groups)
+    return cluster_bootstrap_ci(groups, RESAMPLES, seed=SEED)
 
 
 def collapse(answers: list[dict[str, Any]]) -> dict[str, Any]:
