@@ -23,9 +23,9 @@ def test_a_2x2_sweep_of_the_attack_on_the_embedded_model(tmp_path: Path) -> None
     out = tmp_path / "sweep"
     command = [sys.executable, "-m", "purplerl", "sweep", "--recipe", "attack", "--out", str(out),
                "--grid", "lr=5e-4,1e-3", "kl_beta=0.02,0.1",
-               "--fixed", "model=embedded:smollm2-135m-instruct", "steps=4", "batch_size=4", "group_size=2",
+               "--fixed", "model=embedded:smollm2-135m-instruct", "steps=2", "batch_size=4", "group_size=2",
                "max_new_tokens=16", "save_every=2", "logging.progress=false",
-               "--cpus_per_run", "1", "--eval.limit", "8", "--eval.n", "2", "--eval.args", "[--max_new_tokens, '16']"]
+               "--cpus_per_run", "1", "--eval.limit", "4", "--eval.n", "2", "--eval.args", "[--max_new_tokens, '16']"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -35,7 +35,7 @@ def test_a_2x2_sweep_of_the_attack_on_the_embedded_model(tmp_path: Path) -> None
     assert summary["metrics"] == ["toxicity/mean", "refusal/mean", "reward/mean"]
     for run in summary["runs"]:
         outcome = json.loads((out / "outcomes" / f"{run['name']}.json").read_text())
-        assert outcome["threads"] == 1 and outcome["checkpoint"].endswith("step_000004")
+        assert outcome["threads"] == 1 and outcome["checkpoint"].endswith("step_000002")
         assert 0.0 <= run["final"]["toxicity/mean"] <= 1.0
         assert 0.0 <= run["diversity"]["distinct_2"] <= 1.0 and run["collapse"] in (True, False)
     rows = list(csv.DictReader((out / "summary.csv").open()))
