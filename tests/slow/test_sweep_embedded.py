@@ -1,4 +1,4 @@
-"""`purplerl sweep` end to end on the embedded SmolLM2-135M-Instruct (make test-slow; ~3-5 min on an idle 2-core
+"""`purplerl sweep` end to end on the embedded SmolLM2-135M-Instruct (make test-slow; ~1.5 min on an idle 2-core
 machine): a 2 x 2 grid of the attack, one seed, two runs at a time on a local Ray cluster with one core each, the
 diversity eval of every final checkpoint, and the summary table."""
 
