@@ -9,6 +9,7 @@ prints a traceback; the group's timeout bounds a wait on a peer that hangs witho
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -68,6 +69,12 @@ class World:
             _collective(what, torch.distributed.all_reduce, tensor)
         return tensor
 
+    def leave(self) -> None:
+        """The end of a run that went well: wait until every rank is done, then tear the group down together."""
+        if self.size > 1:
+            _collective("finishing the run", torch.distributed.barrier)
+            _leave_world()
+
     def broadcast_(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
         """Rank 0's `tensor` on every rank, in place."""
         if self.size > 1:
@@ -115,4 +122,13 @@ def join_world(procs: int, device: torch.device) -> World:
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group(backend_for(device), timeout=COLLECTIVE_TIMEOUT)
+        atexit.register(_leave_world)
     return World(rank, size)
+
+
+def _leave_world() -> None:
+    """Tear the process group down while the interpreter is whole: left to the interpreter's own teardown, gloo's
+    threads can outlive it and abort the process ("terminate called without an active exception") after a
+    run that succeeded."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -184,4 +184,5 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
     summary.update(run_dir=str(run_dir), resumed_from=str(checkpoint) if checkpoint else None)
     if world.is_writer:
         write_durably(run_dir / SUMMARY_FILE, json.dumps(summary, indent=1))
+    world.leave()
     return summary

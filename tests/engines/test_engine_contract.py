@@ -123,6 +123,14 @@ def _world():
     return join_world(int(os.environ["WORLD_SIZE"]), torch.device("cpu"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _leave_together():
+    """Under torchrun, both ranks finish their cases before the process group is torn down."""
+    yield
+    if DDP:
+        _world().leave()
+
+
 @pytest.fixture
 def tmp_path(tmp_path: Path) -> Path:
     """Under torchrun, rank 0's dir on every rank: the data-parallel engine's checkpoints are written by rank 0."""
