@@ -22,6 +22,19 @@ class Scorer(Protocol):
         ...
 
 
+@runtime_checkable
+class ConversationScorer(Protocol):
+    """Judges whole dialogues: for each, P(unsafe) in [0, 1] of its last assistant turn, read in the context of every
+    turn before it (a multi-turn attack can spread a request over several harmless-looking user turns)."""
+
+    name: str
+
+    def score_conversations(self, conversations: list[list[dict[str, str]]]) -> list[float]:
+        """One probability per conversation; each is a list of {"role": "user" | "assistant", "content": ...}
+        ending with an assistant turn."""
+        ...
+
+
 def checked_scores(scorer: Scorer, texts: list[str], prompts: list[str] | None = None) -> torch.Tensor:
     """Call `scorer.score` and return float32 [N], raising ExperimentError on a wrong count or NaN/inf."""
     return torch.tensor(checked_values(scorer, texts, prompts), dtype=torch.float32)
