@@ -10,9 +10,10 @@ from purplerl.rewards import counting as _counting  # noqa: F401 -- registers ke
 from purplerl.rewards import ground_truth as _ground_truth  # noqa: F401 -- registers ground_truth
 from purplerl.rewards import judges as _judges  # noqa: F401 -- registers harm_classifier, guard, strongreject
 from purplerl.rewards import terms as _terms  # noqa: F401 -- registers the built-in terms
-from purplerl.rewards.base import Scorer, checked_scores
+from purplerl.rewards.base import ConversationScorer, Scorer, checked_scores
 from purplerl.rewards.compose import Reward
 from purplerl.rewards.composite import RAW_KEY, combine
+from purplerl.rewards.conversation import conversation_judge, conversation_scorer
 from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import (
     REWARD_TERMS,
@@ -36,6 +37,7 @@ from purplerl.rewards.toxicity import (
 __all__ = [
     "RAW_KEY",
     "REWARD_TERMS",
+    "ConversationScorer",
     "EmbeddedToxicityScorer",
     "HFClassifierScorer",
     "Needs",
@@ -48,6 +50,8 @@ __all__ = [
     "TermSpec",
     "checked_scores",
     "combine",
+    "conversation_judge",
+    "conversation_scorer",
     "get_term",
     "make_toxicity_scorer",
     "register_term",

@@ -5,6 +5,9 @@ registered "text" reward term, so eval, `serve-reward`, the veRL export and a tr
 - HarmClassifierJudge (term `harm_classifier`): a response-only HF sequence classifier (BeaverDam-style) ->
   1.0 when P(label) >= threshold.
 - CausalGuardJudge (term `guard`): a Llama-Guard-style causal LM -> P(first generated token is "unsafe").
+
+Both also judge whole dialogues (`score_conversations`, the ConversationScorer protocol of purplerl.rewards.base):
+the guard reads every turn through its chat template, the classifier reads all of the assistant's turns.
 - StrongRejectJudge (term `strongreject`): the StrongREJECT rubric (Souly et al. 2024) through an
   OpenAI-compatible chat endpoint.
 
@@ -25,6 +28,7 @@ from pydantic import Field
 from purplerl.config.base import Section
 from purplerl.devices import resolve_device
 from purplerl.errors import ExperimentError, UserError, first_line
+from purplerl.rewards.conversation import check_conversations
 from purplerl.rewards.registry import register_term, text_term
 from purplerl.rewards.toxicity import HFClassifierScorer, load_pretrained
 
@@ -37,6 +41,11 @@ class HarmClassifierJudge:
 
     BeaverDam-7B style: the classifier reads the response only (the prompt is ignored), the same
     HFClassifierScorer the toxicity reward uses (softmax, or sigmoid for a one-logit head).
+
+    A dialogue (`score_conversations`) is read as all of the assistant's turns joined by a blank line: the
+    defender's whole contribution, since a response-only classifier has no place for the user's turns, and harm
+    spread over several answers is harm all the same. What it returns is P(label) itself, not the 0/1 flag. A
+    joined text over `max_length` tokens keeps its last tokens: the turn being judged is never the one cut.
     """
 
     name = "harm"
@@ -55,6 +64,13 @@ class HarmClassifierJudge:
 
     def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
         return [1.0 if p >= self.threshold else 0.0 for p in self.probabilities(texts)]
+
+    def score_conversations(self, conversations: list[list[dict[str, str]]]) -> list[float]:
+        """P(label) of each dialogue's assistant turns, joined (see the class docstring)."""
+        check_conversations(conversations, f"harm classifier '{self.classifier.model_name}'")
+        joined = ["\n\n".join(turn["content"] for turn in conversation if turn["role"] == "assistant")
+                  for conversation in conversations]
+        return self.classifier.score(joined, keep="end")
 
 
 def verdict_token_id(tokenizer: Any, unsafe_token: str, model: str) -> int:
@@ -77,10 +93,14 @@ def verdict_token_id(tokenizer: Any, unsafe_token: str, model: str) -> int:
 class CausalGuardJudge:
     """P(the first generated token is the first token of `unsafe_token`) from any HF causal LM.
 
-    Each (prompt, response) is rendered with the model's own chat template as a user turn and an
-    assistant turn plus the generation prompt, as Llama Guard's template asks the model to classify the
-    last turn; one forward pass reads the next-token softmax at the last position. Batches are left-padded
-    with position ids counted from each sequence's first real token, so padding does not change a score.
+    Each dialogue is rendered with the model's own chat template, every turn of it, plus the generation
+    prompt, as Llama Guard's template asks the model to classify the last turn given all before it; a
+    (prompt, response) pair is the dialogue of one user turn and one assistant turn. One forward pass reads
+    the next-token softmax at the last position. Batches are left-padded with position ids counted from each
+    sequence's first real token, so padding does not change a score.
+
+    A tokenizer without a chat template is refused when the judge is made: a transcript in a framing the
+    guard was never trained on would give a number, not a verdict.
     """
 
     name = "guard"
@@ -103,23 +123,34 @@ class CausalGuardJudge:
             self._tokenizer.pad_token = self._tokenizer.eos_token
         self._model.to(self.device).eval()
 
-    def render(self, prompt: str, response: str) -> list[int]:
-        """Token ids of the conversation, ending where the judge's verdict would be generated."""
-        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+    def render(self, conversation: list[dict[str, str]], index: int = 0) -> list[int]:
+        """Token ids of the dialogue, ending where the judge's verdict would be generated; `index` names it in
+        the error of a template that refuses it (Llama Guard's insists that user and assistant alternate)."""
+        from jinja2 import TemplateError
+
+        messages = [{"role": turn["role"], "content": turn["content"]} for turn in conversation]
         # Rendered as text, then encoded without special tokens: the template already holds BOS and the
         # turn markers, and apply_chat_template(tokenize=True) returns a list or a dict by version.
-        text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as err:
+            raise ExperimentError(f"guard model '{self.model_name}' cannot render conversation {index}: "
+                                  f"{first_line(err)}") from None
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    @torch.no_grad()
     def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
         if prompts is None:
             raise UserError(f"guard judge '{self.model_name}' needs the prompts the responses answer")
         _same_length(texts, prompts, f"guard judge '{self.model_name}'")
+        return self.score_conversations([[{"role": "user", "content": p}, {"role": "assistant", "content": t}]
+                                         for p, t in zip(prompts, texts, strict=True)])
+
+    @torch.no_grad()
+    def score_conversations(self, conversations: list[list[dict[str, str]]]) -> list[float]:
+        check_conversations(conversations, f"guard judge '{self.model_name}'")
         scores: list[float] = []
-        for start in range(0, len(texts), self.batch_size):
-            seqs = [self.render(p, t) for p, t in zip(prompts[start:start + self.batch_size],
-                                                       texts[start:start + self.batch_size], strict=True)]
+        for start in range(0, len(conversations), self.batch_size):
+            seqs = [self.render(c, start + i) for i, c in enumerate(conversations[start:start + self.batch_size])]
             width = max(len(s) for s in seqs)
             pad = self._tokenizer.pad_token_id
             ids_BT = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=self.device)

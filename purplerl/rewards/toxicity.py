@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -89,8 +89,9 @@ class HFClassifierScorer:
     """Probability of one label of an HF sequence-classification model, for each text.
 
     Softmax over the logits, or sigmoid for a single-logit model. Texts are scored in batches of
-    `batch_size`, truncated to `max_length` tokens, in eval mode without gradients. Empty texts are
-    classified like any other (BERT-style tokenizers still add [CLS]/[SEP]).
+    `batch_size`, truncated to `max_length` tokens (their first ones; their last ones with keep="end"), in eval
+    mode without gradients. Empty texts are classified like any other (BERT-style tokenizers still add
+    [CLS]/[SEP]).
     """
 
     name = "toxicity"
@@ -120,26 +121,35 @@ class HFClassifierScorer:
         self._model.to(self.device).eval()
 
     @torch.no_grad()
-    def score(self, texts: list[str], prompts: list[str] | None = None) -> list[float]:
+    def score(self, texts: list[str], prompts: list[str] | None = None,
+              keep: Literal["start", "end"] = "start") -> list[float]:
         scores: list[float] = []
-        for start in range(0, len(texts), self.batch_size):
-            # lone surrogates (which tokenizers reject) are scored as U+FFFD, as the reward server scores them
-            batch = [scrub_surrogates(text) for text in texts[start:start + self.batch_size]]
-            enc = self._tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
-                                  return_tensors="pt")
-            empty = (enc["attention_mask"].sum(dim=1) == 0).nonzero()
-            if len(empty):
-                i = start + int(empty[0])
-                raise ExperimentError(f"classifier '{self.model_name}' tokenizer produced no tokens for text {i}: "
-                                      f"{texts[i][:80]!r}")
-            enc = {k: v.to(self.device) for k, v in enc.items()}
-            logits_NL = self._model(**enc).logits.float()
-            if logits_NL.shape[-1] == 1:
-                probs_N = torch.sigmoid(logits_NL[:, 0])
-            else:
-                probs_N = torch.softmax(logits_NL, dim=-1)[:, self.label_index]
-            scores.extend(float(p) for p in probs_N.cpu())
+        # the tokenizer reads its truncation side from an attribute: set for this call only
+        side, self._tokenizer.truncation_side = self._tokenizer.truncation_side, "left" if keep == "end" else "right"
+        try:
+            for start in range(0, len(texts), self.batch_size):
+                scores.extend(self._probabilities(texts, start))
+        finally:
+            self._tokenizer.truncation_side = side
         return scores
+
+    def _probabilities(self, texts: list[str], start: int) -> list[float]:
+        """P(label) of texts[start:start + batch_size]."""
+        # lone surrogates (which tokenizers reject) are scored as U+FFFD, as the reward server scores them
+        batch = [scrub_surrogates(text) for text in texts[start:start + self.batch_size]]
+        enc = self._tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
+        empty = (enc["attention_mask"].sum(dim=1) == 0).nonzero()
+        if len(empty):
+            i = start + int(empty[0])
+            raise ExperimentError(f"classifier '{self.model_name}' tokenizer produced no tokens for text {i}: "
+                                  f"{texts[i][:80]!r}")
+        enc = {k: v.to(self.device) for k, v in enc.items()}
+        logits_NL = self._model(**enc).logits.float()
+        if logits_NL.shape[-1] == 1:
+            probs_N = torch.sigmoid(logits_NL[:, 0])
+        else:
+            probs_N = torch.softmax(logits_NL, dim=-1)[:, self.label_index]
+        return [float(p) for p in probs_N.cpu()]
 
 
 def make_toxicity_scorer(cfg: ToxicityConfig) -> Scorer:
