@@ -602,7 +602,7 @@ def test_registry_choices_come_from_the_registries():
 
 def test_an_unknown_dataset_is_refused_with_the_choices():
     with pytest.raises(UserError, match="unknown dataset 'mmlu' \\(choose from beavertails, wmdp, gsm8k, merge, "
-                                         "safety-prefs\\)"):
+                                         "safety-prefs, attack-prompts\\)"):
         load_command_config(PREPARE, None, ["mmlu"])
 
 

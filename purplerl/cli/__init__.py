@@ -275,7 +275,8 @@ app.add_typer(data_app, name="data")
 def data_prepare(ctx: typer.Context,
                  config: ConfigFile = None) -> None:
     """Write DATASET's train.parquet and test.parquet in veRL's schema (prompt, data_source, reward_model, ...);
-    safety-prefs: train.jsonl and test.jsonl of preference pairs built from the alignment data with --model."""
+    safety-prefs: train.jsonl and test.jsonl of preference pairs built from the alignment data with --model;
+    attack-prompts: train.jsonl and test.jsonl of goal -> attack prompt chats, an attacker's SFT data."""
     from purplerl.data.prepare import SAFETY_PREFS, prepare_dataset
 
     cfg = load_command_config(PREPARE, config, ctx.args)

@@ -27,7 +27,7 @@ SUITE_NAMES = ("harm", "utility", "diversity")
 # a gradient-routing checkpoint's adapter modes (purplerl.runs.policy.ADAPTER_MODES gives each its scales)
 ADAPTER_MODE_NAMES = ("both", "retain_only", "forget_only")
 AdapterMode = Literal["both", "retain_only", "forget_only"]
-DATASET_NAMES = ("beavertails", "wmdp", "gsm8k", "merge", "safety-prefs")
+DATASET_NAMES = ("beavertails", "wmdp", "gsm8k", "merge", "safety-prefs", "attack-prompts")
 WMDP_SUBSETS = ("bio", "chem", "cyber")
 SUITE = choices(SUITE_NAMES, "suite")
 DATASET = choices(DATASET_NAMES, "dataset")

@@ -1,4 +1,5 @@
-"""`purplerl data prepare`: BeaverTails, WMDP and GSM8K as train/test parquet files in veRL's schema.
+"""`purplerl data prepare`: BeaverTails, WMDP and GSM8K as train/test parquet files in veRL's schema (and the
+project's own sets: attack-prompts, purplerl.data.attack_prompts; safety-prefs, purplerl.experiments.safety_prefs).
 
 Every output row has the columns veRL's RLHFDataset and reward functions read, so the same files feed
 purplerl (`data.source: <dir>`) and veRL (`data.train_files`):
@@ -29,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from purplerl.config.base import Template
 from purplerl.config.commands import DATASET_NAMES, WMDP_SUBSETS
+from purplerl.data.attack_prompts import MANIFEST, AttackPrompts, prepare_attack_prompts
+from purplerl.data.attack_prompts import NAME as ATTACK_PROMPTS
 from purplerl.data.hub import HubSpec, Rows, load_split
 from purplerl.errors import UserError
 from purplerl.files import write_durably
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 DATASETS = DATASET_NAMES  # the names `prepare.dataset` takes (purplerl.config); each prepared below but:
 # the project's own preference set, built with a model, so one layer up (purplerl.experiments.safety_prefs)
 SAFETY_PREFS = "safety-prefs"
+assert ATTACK_PROMPTS in DATASETS, "attack-prompts (purplerl.data.attack_prompts) must be a prepare.dataset choice"
 # the options (PrepareConfig fields) each applies to; any other dataset refuses them
 OPTIONS_USED_BY = {"subset": ("wmdp",), "seed": ("wmdp", "merge"),
                    "template": ("beavertails", "wmdp", "gsm8k"), "source": ("beavertails", "wmdp", "gsm8k"),
@@ -300,10 +304,14 @@ def check_options(cfg: PrepareConfig) -> str:
     return cfg.dataset
 
 
-def prepare_dataset(cfg: PrepareConfig) -> Prepared:
+def prepare_dataset(cfg: PrepareConfig) -> Prepared | AttackPrompts:
     """The `purplerl data prepare DATASET` command: refuse the options DATASET does not use, then prepare."""
     if check_options(cfg) == SAFETY_PREFS:
         raise ValueError("safety-prefs needs a model: build it with purplerl.experiments.safety_prefs")
+    if cfg.dataset == ATTACK_PROMPTS:
+        out = default_out_dir(ATTACK_PROMPTS, None, "chat") if cfg.out is None else Path(cfg.out)
+        out = check_output_dir(out, "--out", files=[f"{split}.jsonl" for split in SPLITS] + [MANIFEST])
+        return prepare_attack_prompts(out)
     if cfg.dataset == "wmdp" and cfg.subset is None:
         raise UserError(f"wmdp needs --subset (choose from {', '.join(WMDP_TOPICS)})")
     out = default_out_dir(cfg.dataset, cfg.subset, cfg.template) if cfg.out is None else Path(cfg.out)

@@ -287,7 +287,7 @@ def test_merge_rejects_swapped_or_missing_dirs(prepared, tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["mmlu"], "config field 'prepare.dataset': unknown dataset 'mmlu' (choose from beavertails, wmdp, gsm8k, merge, "
-               "safety-prefs)"),
+               "safety-prefs, attack-prompts)"),
     (["wmdp"], "wmdp needs --subset (choose from bio, chem, cyber)"),
     (["wmdp", "--subset", "physics"], "unknown WMDP subset 'physics' (choose from bio, chem, cyber)"),
     (["gsm8k", "--subset", "bio"], "--subset does not apply to 'gsm8k' (only to wmdp)"),
@@ -298,7 +298,8 @@ def test_merge_rejects_swapped_or_missing_dirs(prepared, tmp_path):
     (["beavertails", "--ratio", "0.5"], "--ratio does not apply to 'beavertails'"),
     (["merge", "--ratio", "0"], "config field 'prepare.ratio': Input should be greater than 0"),
     (["merge"], "merge needs --wmdp DIR and --beavertails DIR"),
-    ([], "name a dataset: purplerl data prepare DATASET (choose from beavertails, wmdp, gsm8k, merge, safety-prefs)"),
+    ([], "name a dataset: purplerl data prepare DATASET (choose from beavertails, wmdp, gsm8k, merge, safety-prefs, "
+         "attack-prompts)"),
     (["gsm8k", "wmdp"], "unexpected argument 'wmdp'"),
     (["gsm8k", "--dataset", "wmdp"], "prepare.dataset is given twice: 'gsm8k' and --dataset 'wmdp'"),
     (["--dataset", "wmdp", "gsm8k"], "unexpected argument 'gsm8k'"),
@@ -358,7 +359,7 @@ def test_cli_prepare_and_merge(hub, tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["mmlu"], "error: config field 'prepare.dataset': unknown dataset 'mmlu' (choose from beavertails, wmdp, "
-               "gsm8k, merge, safety-prefs)"),
+               "gsm8k, merge, safety-prefs, attack-prompts)"),
     (["wmdp"], "error: wmdp needs --subset (choose from bio, chem, cyber)"),
     (["wmdp", "--subset", "physics"], "error: config field 'prepare.subset': unknown WMDP subset 'physics' "
                                       "(choose from bio, chem, cyber)"),
