@@ -12,7 +12,9 @@ from purplerl.errors import ExperimentError
 
 @runtime_checkable
 class Scorer(Protocol):
-    """Maps N response texts to N floats (higher = more of what the scorer measures)."""
+    """Maps N response texts to N floats (higher = more of what the scorer measures). A scorer that cannot score
+    without the prompts says so with a class attribute `needs_prompts = True` (the reward server then answers a
+    request without them with 422 instead of a failed scoring call)."""
 
     name: str  # short name used in metrics and errors, e.g. "toxicity"
 

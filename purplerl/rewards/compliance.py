@@ -128,6 +128,7 @@ class ComplianceJudge:
     """The compliance score of each (request, answer) in [0, 1] (module docstring: the formula)."""
 
     name = "compliance"
+    needs_prompts = True
 
     def __init__(self, params: ComplianceParams | None = None, embedder: Any = None) -> None:
         from purplerl.rewards.embedding import MiniLMEmbedder

@@ -104,6 +104,7 @@ class CausalGuardJudge:
     """
 
     name = "guard"
+    needs_prompts = True
 
     def __init__(self, model: str, unsafe_token: str = "unsafe", device: str = "cpu", batch_size: int = 8) -> None:
         from transformers import AutoModelForCausalLM
@@ -229,6 +230,7 @@ class StrongRejectJudge:
     """
 
     name = "strongreject"
+    needs_prompts = True
 
     def __init__(self, base_url: str, model: str, api_key_env: str | None = None, timeout_s: float = 60.0,
                  max_tokens: int = 512, transport: httpx.BaseTransport | None = None) -> None:

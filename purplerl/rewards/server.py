@@ -15,7 +15,8 @@ Endpoints (wire format in `purplerl.rewards.schema`):
   GET  /health status ok/degraded, why, counters (never needs a key)
 
 Bad input is answered, never crashes the server: malformed JSON or bad UTF-8 -> 400; a body that is not
-{texts: [str, ...], prompts?: [str, ...]}, an empty batch, or prompts of another length -> 422; more than
+{texts: [str, ...], prompts?: [str, ...]}, an empty batch, prompts of another length, or no prompts for a judge
+that reads them (a scorer with `needs_prompts`, e.g. the guard judge) -> 422; more than
 `max_texts` texts or a body over `max_body_bytes` -> 413; a content type other than JSON -> 415; a
 missing or wrong API key -> 401; the scorer failing -> 500 naming the error; too many queued requests, a
 wedged scorer (see `purplerl.rewards.batcher`) or too many connections -> 503.
@@ -243,6 +244,9 @@ def create_app(settings: RewardServerConfig, scorer: Scorer | None = None, label
             parsed = parse_score_request(body, request.headers.get("content-type", ""), settings)
         finally:
             batcher.arriving -= 1
+        if parsed.prompts is None and getattr(scorer, "needs_prompts", False):
+            raise HTTPException(422, f"scorer '{scorer.name}' judges each text with the prompt it answers: send "
+                                     "prompts (one per text)")
         texts, prompts, cut = truncate(parsed, settings.max_chars)
         try:
             scores = await batcher.submit(texts, prompts)

@@ -93,6 +93,7 @@ class RewardModelScorer:
     """A reward-model run's ensemble, loaded for scoring: `score` gives mean - penalty x std of each answer."""
 
     name = TERM
+    needs_prompts = True
 
     def __init__(self, run: str | Path, penalty: float = 0.0, device: str = "auto", batch_size: int = 16) -> None:
         from purplerl.data.preference import end_of_turn_id
