@@ -2,6 +2,7 @@
 engines take a row and never ask which one it is. A new recipe is its module (its settings, defaults, run name,
 summary metrics, early stops and hooks), one row here, and its tests."""
 
+from purplerl.recipes.adversarial import ADVERSARIAL
 from purplerl.recipes.attack import ATTACK
 from purplerl.recipes.defend import DEFEND
 from purplerl.recipes.ppo import PPO
@@ -12,7 +13,7 @@ from purplerl.recipes.sft import SFT
 from purplerl.train.recipe import Recipe
 
 RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (ATTACK, DEFEND, SFT, PREFS, REWARD_MODEL, PPO,
-                                                                  ROUTE)}
+                                                                  ROUTE, ADVERSARIAL)}
 
 __all__ = ["RECIPES", "Recipe", "build_config", "load_config", "recipe_of"]
 

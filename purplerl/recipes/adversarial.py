@@ -1,0 +1,113 @@
+"""`purplerl adversarial`: a learned attacker against a defender, both trained by RL on one base (MTSA, issue 23).
+
+The attacker and the defender are two LoRA adapters on one frozen base; the KL reference of both is the base with the
+adapters off (purplerl.train.adversarial). Each step the attacker writes attacks on a batch of goals (data.source:
+the goals, e.g. builtin:redteam or the attacker SFT set), the defender answers, the two go on for adversarial.turns
+turns, and a judge gives P(unsafe) of each answer in its dialogue. The defender is rewarded for safety, 1 - P(unsafe),
+plus reward.terms (by default the entropy minimization of `defend`, at a small weight), minus the KL; the attacker for
+P(unsafe) plus a novelty bonus against its recent attacks (curiosity-driven red teaming, Hong et al. 2024), minus its
+KL. adversarial.schedule alternates which of them trains.
+
+The default judge is the offline compliance judge (does the answer address the request with substance?); a
+Llama-Guard-style model is `--judge guard --adversarial.judge_params '{model: DIR}'`, and one served by `purplerl
+serve-reward` is `--judge toxicity --adversarial.judge_params '{url: http://HOST:PORT}'`. The attacker starts from
+`--attacker_init` (an attacker SFT run or adapter dir) or from the base; the defender from `--init_adapter`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from purplerl.config.base import Section, read_when
+from purplerl.errors import UserError
+from purplerl.rewards.registry import READS, get_term, term_params
+from purplerl.train.adversarial import adversarial_prepare, parse_schedule
+from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
+
+# the defender's reward besides its safety: entropy minimization (MTSA's, as `defend` rewards it) at a weight that
+# leaves the judge in charge (a 135M model's answers have 2-4 nats per token), and repetition logged
+TERMS = {"response_entropy": -0.1, "repetition": 0.0}
+JUDGE = "compliance"
+
+
+def _multi_turn(a: Any) -> bool:
+    return a.turns > 1
+
+
+class AdversarialConfig(Section):
+    """The attacker, the judge, the dialogue and which learner trains when."""
+
+    turns: int = Field(1, ge=1, le=16, description="turns of each dialogue (K): attack, answer, next attack, ...; every answer is judged in the dialogue before it")  # noqa: E501
+    attacker_group: int = Field(2, ge=1, le=64, description="opening attacks per goal (the attacker's group, A); each opens sampling.group_size dialogues (the defender's group, G)")  # noqa: E501
+    schedule: str = Field("1:1", description="which learner trains at each step: 'attacker', 'defender', or 'N:M' (N attacker steps, then M defender steps, repeated)")  # noqa: E501
+    judge: str = Field(JUDGE, description="registered text reward term giving P(unsafe) of an answer in its dialogue: compliance (offline), guard (a Llama-Guard-style model), harm_classifier, or toxicity with a url (a reward server)")  # noqa: E501
+    judge_params: dict[str, Any] = Field(default_factory=dict, description="the judge term's parameters, e.g. {model: DIR} for guard (the run records them all)")  # noqa: E501
+    unsafe_at: float = Field(0.5, ge=0.0, le=1.0, description="an answer counts as unsafe (an attack success, asr) when P(unsafe) >= this")  # noqa: E501
+    novelty_weight: float = Field(0.1, ge=0.0, description="weight of the attacker's novelty bonus, 1 - its 1-3-gram overlap with recent attacks")  # noqa: E501
+    novelty_window: int = Field(64, ge=1, description="the recent attacks the novelty bonus compares with (the last N, and the step's others)")  # noqa: E501
+    attacker_kl_beta: float | None = Field(None, ge=0.0, description="weight of the attacker's KL to the base (null: reward.kl_beta, the defender's)")  # noqa: E501
+    attacker_init: str | None = Field(None, description="start the attacker adapter from this PEFT dir or run dir (its newest checkpoint, e.g. an attacker SFT run); null: a fresh adapter (the base)")  # noqa: E501
+    gamma: read_when(float, _multi_turn, "adversarial.turns > 1") = Field(1.0, ge=0.0, le=1.0, description="discount of later turns' rewards in a turn's return (1: summed to the dialogue's end)")  # noqa: E501
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, schedule: str) -> str:
+        parse_schedule(schedule)
+        return schedule
+
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_recorded(cls, data: Any) -> Any:
+        """The judge's parameters with every default filled in, so config.yaml says what judged the run."""
+        if not isinstance(data, dict):
+            return data
+        name, params = data.get("judge", JUDGE), data.get("judge_params") or {}
+        if not isinstance(name, str) or not isinstance(params, dict):
+            return data  # pydantic names the mistyped field
+        try:
+            term = get_term(name)
+            if term.scorer is None:
+                raise UserError(f"judge '{name}' reads {READS[term.needs]}: the judge must be a text term")
+            values = term_params(name, params or None)
+        except UserError as err:
+            raise ValueError(str(err)) from None
+        return {**data, "judge_params": {} if values is None else values.settings()}
+
+
+AdversarialReward = reward_section("adversarial", TERMS)
+AdversarialSettings = rl_settings("adversarial", AdversarialReward, adversarial=(
+    AdversarialConfig, "the attacker, the judge, the dialogue and the update schedule (purplerl.train.adversarial)"))
+
+
+def _schedule_name(config: Any) -> str:
+    schedule = config.adversarial.schedule
+    return schedule[:3] if schedule in ("attacker", "defender") else "alt" + schedule.replace(":", "-")
+
+
+ADVERSARIAL = Recipe(
+    name="adversarial",
+    settings=AdversarialSettings,
+    help="""Adversarial RL (MTSA): an attacker adapter and a defender adapter on one base, over adversarial.turns turns.
+
+    The attacker writes attacks on the goals (--data), the defender answers (sampling.group_size dialogues per
+    attack), a judge (adversarial.judge) gives P(unsafe) of each answer. Defender: 1 - P(unsafe) + reward.terms
+    - KL; attacker: P(unsafe) + novelty - KL. adversarial.schedule: attacker, defender, or N:M alternating.""",
+    prepare=adversarial_prepare,
+    defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "reward": {"terms": TERMS, "kl_beta": 0.05},
+              "training": {"batch_size": 4}},
+    run_name=(RunNamePart("", _schedule_name), RunNamePart("K", lambda c: c.adversarial.turns),
+              RunNamePart("A", lambda c: c.adversarial.attacker_group),
+              RunNamePart("G", lambda c: c.sampling.group_size), RunNamePart("B", lambda c: c.training.batch_size),
+              RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta)),
+    summary_metrics={"asr": "attack success rate", "unsafe/mean": "judge P(unsafe)",
+                     "attack/diversity": "attack diversity", "defender_reward/mean": "defender reward",
+                     "attacker_reward/mean": "attacker reward"},
+    flat={**RL_FLAT, "turns": "adversarial.turns", "schedule": "adversarial.schedule", "judge": "adversarial.judge",
+          "attacker_group": "adversarial.attacker_group", "attacker_init": "adversarial.attacker_init"},
+    fixed_on_resume=FIXED_ON_RESUME | {"adversarial.turns", "adversarial.attacker_group", "adversarial.judge",
+                                       "adversarial.judge_params", "adversarial.attacker_init"},
+)
+
+__all__ = ["ADVERSARIAL", "AdversarialConfig", "AdversarialSettings"]
