@@ -40,8 +40,9 @@ from purplerl.engines.base import Engine
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.base import ConversationScorer
 from purplerl.rewards.compose import Reward
+from purplerl.rewards.conversation import conversation_judge
 from purplerl.rewards.named import TermSpec
-from purplerl.rewards.registry import READS, ScoringInput, get_term, term_params
+from purplerl.rewards.registry import ScoringInput
 from purplerl.runs.checkpoints import describe_skipped, newest_intact
 from purplerl.runs.layout import CONFIG_FILE, SAMPLES_FILE
 from purplerl.train.batch import build_train_batch, sequence_tensors
@@ -120,18 +121,6 @@ def check_adversarial(config: Any) -> None:
         raise UserError(f"training.mini_batches={t.mini_batches} exceeds the attacker's {rows} turns per step "
                         "(training.batch_size x adversarial.attacker_group openings, then one attack per episode "
                         "and turn)")
-
-
-def conversation_judge(name: str, params: dict[str, Any]) -> ConversationScorer:
-    """The judge term `name` built with `params`, loaded now; refused in one line unless it judges dialogues."""
-    term = get_term(name)
-    if term.scorer is None:
-        raise UserError(f"adversarial.judge '{name}' reads {READS[term.needs]}: the judge must be a text term that "
-                        "gives P(unsafe) of an answer in its dialogue (guard, harm_classifier, compliance, ...)")
-    scorer = term.scorer(term_params(name, params or None))
-    if not isinstance(scorer, ConversationScorer):
-        raise UserError(f"adversarial.judge '{name}' scores single answers, not dialogues (no score_conversations)")
-    return scorer
 
 
 def attacker_checkpoint(path: str | None, model: Any) -> Path | None:
@@ -381,7 +370,10 @@ def adversarial_prepare(config: Any) -> Bind:
     a, d, t = config.adversarial, config.data, config.training
     init = attacker_checkpoint(a.attacker_init, config.model)
     sampler = PromptSampler(load_prompts(d), t.batch_size, t.seed, shuffle=d.shuffle)
-    judge = conversation_judge(a.judge, a.judge_params)
+    try:
+        judge = conversation_judge(a.judge, a.judge_params or None)
+    except UserError as err:
+        raise UserError(f"adversarial.judge: {err}") from None
     terms, stops = defender_terms(config), rl_stops(config)
 
     def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:
