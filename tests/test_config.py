@@ -558,10 +558,11 @@ def test_leaf_field_counts_per_command():
     # a swept recipe's settings are that recipe's. Gradient routing (issue 22): route is attack's tree less attack's
     # own section (1) plus its route section (7); eval and sample each got `adapters` (+1: a routed checkpoint's
     # adapter modes, read only with a checkpoint).
+    # model.quantize (+1 for every command with a trained model: issue 23's 4-bit base, read only with LoRA).
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 126, "defend": 130, "tamper-test": 154, "sft": 54, "eval": 41, "sample": 16,
-                      "data prepare": 12, "align": 3, "verl export": 135,
-                      "prefs": 62, "reward-model": 54, "ppo": 129, "sweep": 20, "route": 132}
+    assert counts == {"attack": 127, "defend": 131, "tamper-test": 155, "sft": 55, "eval": 41, "sample": 16,
+                      "data prepare": 12, "align": 3, "verl export": 136,
+                      "prefs": 63, "reward-model": 55, "ppo": 130, "sweep": 20, "route": 133}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

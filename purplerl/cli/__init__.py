@@ -83,8 +83,9 @@ def _run_recipe(recipe: Any, cfg: Any, resume: Path | None, restart: bool) -> No
 
 
 def _check_run_paths(recipe: Any, cfg: Any, resume: Path | None) -> None:
-    """The run dir and the init adapter, checked before any work starts (and before torchrun starts workers)."""
-    from purplerl.engines import check_init_adapter
+    """The run dir, the init adapter and a quantized base, checked before any work starts (and before torchrun
+    starts workers)."""
+    from purplerl.engines import check_init_adapter, check_quantize
     from purplerl.train.runner import run_dir_of
 
     if resume is None:
@@ -93,6 +94,7 @@ def _check_run_paths(recipe: Any, cfg: Any, resume: Path | None) -> None:
         check_output_dir(resume, "--resume")
     from purplerl.runs.policy import ROUTED_ONE_ADAPTER, routed_checkpoint
 
+    check_quantize(cfg.model, cfg.engine)
     note = check_init_adapter(cfg.model, cfg.engine)
     if cfg.model.init_adapter is not None and routed_checkpoint(cfg.model.init_adapter):
         note = "\n".join(line for line in (note, ROUTED_ONE_ADAPTER.format(cfg.model.init_adapter)) if line)

@@ -16,6 +16,7 @@ def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", see
     """An engine of `engine.kind` (the section, or just its kind) holding `model` (its base and first adapter,
     "default"); over several processes (`world`, see engines.distributed), the local engine data-parallel."""
     engine = EngineConfig(kind=engine) if isinstance(engine, str) else engine
+    check_quantize(model, engine)
     kind = engine.kind
     if kind == "local":
         from purplerl.engines.local import LocalEngine
@@ -51,6 +52,20 @@ def check_init_adapter(model: ModelConfig, engine: EngineConfig) -> str | None:
     return check_adapter_fits(model.init_adapter, model.name, model.revision, "model.init_adapter")
 
 
+def check_quantize(model: ModelConfig, engine: EngineConfig) -> None:
+    """Refuse, before any model loads, a quantized base (`model.quantize`) that the engine or this machine cannot
+    load: the local engine loads it, through bitsandbytes on CUDA (purplerl.engines.loading.quantize_problem);
+    vLLM and Tinker load the base their own way."""
+    if model.quantize == "none":
+        return
+    if engine.kind != "local":
+        raise UserError(f"model.quantize {model.quantize} is for engine.kind local: engine '{engine.kind}' loads its "
+                        f"own base (use --model.quantize none)")
+    from purplerl.engines.loading import require_quantizable
+
+    require_quantizable(model.quantize, model.device)
+
+
 def check_heads(model: ModelConfig, engine: EngineConfig, who: str) -> None:
     """Refuse, before any model loads, an engine without scalar heads on named adapters (a critic, a reward model):
     only the local engine has them, over a LoRA base (purplerl.engines.adapters). `who` names what needs one."""
@@ -62,4 +77,4 @@ def check_heads(model: ModelConfig, engine: EngineConfig, who: str) -> None:
                         "use model.finetune lora")
 
 
-__all__ = ["ENGINES", "Engine", "EngineSettings", "check_heads", "check_init_adapter", "make_engine"]
+__all__ = ["ENGINES", "Engine", "EngineSettings", "check_heads", "check_init_adapter", "check_quantize", "make_engine"]

@@ -10,6 +10,7 @@ Every cache entry is sealed with a manifest and checked when it is loaded (engin
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -184,17 +185,57 @@ def load_tokenizer(name: str, revision: str | None = None):
     return tokenizer
 
 
-def load_causal_lm(name: str, revision: str | None, dtype: str, device: str):
-    """Load a causal LM in eval mode on the given device with all weights frozen."""
+def qlora_config():
+    """The bitsandbytes settings of a 4-bit base as QLoRA has it (Dettmers et al. 2023): NF4 weights, double
+    quantization (the quantization constants quantized too), and bfloat16 compute."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def quantize_problem(quantize: str, device: torch.device, has_bitsandbytes: bool) -> str | None:
+    """Why a base quantized as `quantize` cannot load on `device` (resolved), or None: bitsandbytes' 4-bit kernels
+    run on CUDA only."""
+    if quantize == "none":
+        return None
+    if device.type != "cuda":
+        return (f"model.quantize {quantize} loads the base through bitsandbytes, on CUDA only: the model's device is "
+                f"{device.type} (use --model.quantize none)")
+    if not has_bitsandbytes:
+        return f"model.quantize {quantize} needs bitsandbytes, which is not installed (pip install bitsandbytes)"
+    return None
+
+
+def require_quantizable(quantize: str, device: str) -> None:
+    """UserError when `quantize_problem` finds one on this machine ('auto' without CUDA is cpu; 'cuda' without
+    CUDA is refused by resolve_device); cheap, so it runs before any model loads."""
+    if quantize == "none":
+        return
+    problem = quantize_problem(quantize, resolve_device(device), importlib.util.find_spec("bitsandbytes") is not None)
+    if problem is not None:
+        raise UserError(problem)
+
+
+def load_causal_lm(name: str, revision: str | None, dtype: str, device: str, quantize: str = "none"):
+    """Load a causal LM in eval mode on the given device with all weights frozen; `quantize` "4bit": its linear
+    layers in 4 bits (`qlora_config`), the rest in `dtype`."""
     from transformers import AutoModelForCausalLM
 
+    require_quantizable(quantize, device)
     path = model_source(name, revision)
+    where = resolve_device(device)
+    kwargs: dict[str, object] = {"dtype": resolve_dtype(dtype, where)}
+    if quantize == "4bit":
+        # bitsandbytes quantizes the weights as they are placed: loaded onto the GPU, never moved there after
+        kwargs.update(quantization_config=qlora_config(),
+                      device_map={"": where.index if where.index is not None else torch.cuda.current_device()})
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, revision=revision,
-                                                     dtype=resolve_dtype(dtype, resolve_device(device)))
+        model = AutoModelForCausalLM.from_pretrained(path, revision=revision, **kwargs)
     except (OSError, ValueError) as err:
         raise _not_found(name, err) from None
-    model.to(resolve_device(device))
+    if quantize == "none":
+        model.to(where)
     model.eval()
     for param in model.parameters():
         param.requires_grad_(False)

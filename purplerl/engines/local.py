@@ -30,8 +30,11 @@ class LocalEngine:
     def __init__(self, cfg: ModelConfig, seed: int = 0, settings: EngineSettings | None = None) -> None:
         settings = settings or EngineSettings()
         tokenizer, base = load_base(cfg, settings)
-        # the plain copy is taken before PEFT wraps `base` in place; full fine-tuning samples the model itself
-        merged = copy.deepcopy(base) if settings.merged_sampler and cfg.finetune != "full" else None
+        # the plain copy is taken before PEFT wraps `base` in place; full fine-tuning samples the model itself, and
+        # a 4-bit base its PEFT model (merging into 4-bit weights would quantize the update away, and a second
+        # copy is the memory QLoRA saves)
+        plain = cfg.finetune != "full" and cfg.quantize == "none"
+        merged = copy.deepcopy(base) if settings.merged_sampler and plain else None
         self.trainer = LocalTrainer(cfg, tokenizer, base, seed=seed, settings=settings)
         self.sampler = LocalSampler(self.trainer, merged)
         self.tokenizer = tokenizer

@@ -33,6 +33,7 @@ from purplerl.engines.loading import (
     load_peft_adapter,
     load_tokenizer,
     read_adapter_config,
+    require_quantizable,
     resolve_device,
     resolve_dtype,
     stop_token_ids,
@@ -54,9 +55,11 @@ def load_base(cfg: ModelConfig, settings: EngineSettings):
             raise UserError("model.init_adapter is a LoRA adapter, model.finetune 'full' trains the model "
                             "itself: start from a model dir with --model, or use --model.finetune lora")
         read_adapter_config(cfg.init_adapter, "init_adapter")  # a malformed one fails before the model loads
+    require_quantizable(cfg.quantize, cfg.device)  # before the tokenizer too
     tokenizer = load_tokenizer(cfg.name, cfg.revision)
     # full: loaded in fp32 so the fp32 masters start from the exact weights, then cast to the compute dtype
-    return tokenizer, load_causal_lm(cfg.name, cfg.revision, "float32" if full else cfg.dtype, cfg.device)
+    return tokenizer, load_causal_lm(cfg.name, cfg.revision, "float32" if full else cfg.dtype, cfg.device,
+                                     cfg.quantize)
 
 
 class LocalTrainer:

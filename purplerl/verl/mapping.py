@@ -132,7 +132,10 @@ def _model(cfg: VerlExportConfig, out: Translation) -> None:
     if m.revision is not None:
         out.name("model.revision", m.revision, "veRL loads model.path as it is: download that revision to a dir "
                                                "and pass it as --model")
-    out.used.update(("model.lora_dropout", "model.revision"))
+    if m.quantize != "none":
+        out.name("model.quantize", m.quantize, "the export does not carry a bitsandbytes base: veRL's actor loads "
+                                               "model.path unquantized")
+    out.used.update(("model.lora_dropout", "model.revision", "model.quantize"))
 
 
 def _data(cfg: VerlExportConfig, train_rows: int, out: Translation) -> None:

@@ -21,7 +21,8 @@ def _named(translation) -> dict[str, str]:
 
 def test_every_setting_is_translated_written_or_named():
     cfg, out = _translate("--engine.procs", "2", "--model.autocast_bf16", "true",
-                          "--model.lora_dropout", "0.1", "--model.revision", "abc", "--data.template", "base",
+                          "--model.lora_dropout", "0.1", "--model.revision", "abc", "--model.quantize", "4bit",
+                          "--data.template", "base",
                           "--zscore", "true", "--training.collapse_stop", "true", "--training.adam_eps", "1.0e-6")
     named = _named(out)
     for setting in leaf_settings(cfg):
@@ -29,7 +30,7 @@ def test_every_setting_is_translated_written_or_named():
     # every field of today's config is handled by name: the catch-all is for fields added later
     assert NOT_TRANSLATED not in named.values()
     # model.autocast_bf16 is engine.autocast_bf16 now (the old name still works)
-    for setting in ("engine.procs", "engine.autocast_bf16", "model.lora_dropout", "model.revision",
+    for setting in ("engine.procs", "engine.autocast_bf16", "model.lora_dropout", "model.revision", "model.quantize",
                     "data.template", "reward.zscore", "training.collapse_stop", "training.adam_eps"):
         assert setting in named
     # the Token Noiser steps are the defend recipe's own (defend.noiser, no longer training.noiser)
