@@ -58,12 +58,13 @@ def fit_dialogue(messages: list[Message], count: Callable[[list[Message]], int],
                  keep_first: bool) -> tuple[list[Message], int]:
     """`messages` with their earliest turns dropped, a (message, reply) pair at a time, until `count(messages)`
     (the rendered prompt's tokens) is at most `limit`; returns them and the number of pairs dropped. The last message
-    (the one answered) and its predecessor in the alternation are never dropped, and with `keep_first` the first
-    message stays too (the attacker's request, which names the goal). A dialogue still too long is left for the
-    renderer's token cut."""
+    (the one answered) is never dropped; with `keep_first` the first one is kept instead (the attacker's request,
+    which names the goal: the attacker rather loses the whole exchange than its goal). A dialogue still too long is
+    left to the renderer's token cut."""
     head, body = (messages[:1], messages[1:]) if keep_first else ([], list(messages))
+    least = 0 if keep_first else 1
     dropped = 0
-    while len(body) >= 3 and count(head + body) > limit:
+    while len(body) >= least + 2 and count(head + body) > limit:
         body = body[2:]
         dropped += 1
     return head + body, dropped
@@ -204,7 +205,8 @@ class Prompter:
         self.cuts[side] += 1
         if not self.warned:
             self.warned = True
-            print(f"warning: a dialogue's {side} prompt has {len(whole)} tokens, over data.max_prompt_tokens="
+            who = "attacker" if side == ATTACKER else "defender"
+            print(f"warning: a dialogue's {who} prompt has {len(whole)} tokens, over data.max_prompt_tokens="
                   f"{self.max_prompt_tokens}: its earliest turns are cut (each step logs the share cut as "
                   "dialogue/<side>_cut_frac)", file=sys.stderr)
         fitted, _ = fit_dialogue(messages, lambda ms: len(self._render(ms, system_prompt, _UNCUT)),
