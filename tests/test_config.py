@@ -557,10 +557,11 @@ def test_leaf_field_counts_per_command():
     # fixed settings and seeds, the sweep dir, the cluster, resources (3), the diversity eval (4) and the summary (5);
     # a swept recipe's settings are that recipe's. Gradient routing (issue 22): route is attack's tree less attack's
     # own section (1) plus its route section (7); eval and sample each got `adapters` (+1: a routed checkpoint's
-    # adapter modes, read only with a checkpoint).
+    # adapter modes, read only with a checkpoint). eval.attacker, eval.attacker_temperature and
+    # eval.attacker_max_new_tokens (+3 for eval, the last two read only with an attacker: issue 23's learned attacker).
     # model.quantize (+1 for every command with a trained model: issue 23's 4-bit base, read only with LoRA).
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 127, "defend": 131, "tamper-test": 155, "sft": 55, "eval": 41, "sample": 16,
+    assert counts == {"attack": 127, "defend": 131, "tamper-test": 155, "sft": 55, "eval": 44, "sample": 16,
                       "data prepare": 12, "align": 3, "verl export": 136,
                       "prefs": 63, "reward-model": 55, "ppo": 130, "sweep": 20, "route": 133}
 

@@ -255,7 +255,8 @@ def sample(ctx: typer.Context, config: ConfigFile = None) -> None:
 def evaluate(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Evaluate the base model and each --checkpoint: harm, utility and diversity with 95% bootstrap CIs.
 
-    Each checkpoint of a run is prompted as its run was trained; the base model is the checkpoints' own.
+    Each checkpoint of a run is prompted as its run was trained; the base model is the checkpoints' own. With
+    --attacker, a learned attacker writes the prompts from goals (OUT/attacks.json) and every row keeps its goal.
     Writes OUT/generations/<label>.jsonl (resumable), OUT/eval.json and OUT/report.html; prints a table."""
     from purplerl.eval.run import eval_table, run_eval
 

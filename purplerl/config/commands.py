@@ -86,6 +86,10 @@ class TamperConfig(Section):
         return once_each(threats, "threat model")
 
 
+def _attacker(e: Any) -> bool:
+    return e.attacker is not None
+
+
 class EvalConfig(Section):
     checkpoints: list[str] = Field(default_factory=list, description="PEFT adapter dirs evaluated beside the base model, each prompted as its run was trained; repeat --checkpoint")
     suites: list[SUITE] = Field(default_factory=lambda: list(SUITE_NAMES), description="which suites to run, in order ('harm,utility' works too; default: all)")
@@ -122,6 +126,10 @@ class EvalConfig(Section):
     # eval.rewards: purplerl.eval.rescore (named rewards from purplerl/rewards/named_rewards.yaml, or registered terms)
     rewards: list[str] = Field(default_factory=list, description="named rewards or registered terms scored on every target's answers (and on a run checkpoint's logged samples), each a mean with a 95% CI; a combination also per term, a detector its rh_rate: the decomposition of a combined reward ('sentence_length_5,happy_count' works too)")
     rewards_file: read_when(str | None, lambda e: bool(e.rewards), "eval.rewards is set") = Field(None, description="a rewards YAML file whose named rewards eval.rewards may also name")
+    # eval.attacker: purplerl.eval.attacker (a learned attacker's prompts as the targets' harm prompts, issue 23)
+    attacker: str | None = Field(None, description="an attacker checkpoint or its run dir (e.g. purplerl sft on `data prepare attack-prompts`): it writes one attack per goal, asked as it was trained, and the attacks are every target's prompts; the goals are data.source's prompts, or with data.source left unset the attack-prompts set's goals of data.split (null: the prompts go to the targets as they are)")
+    attacker_temperature: read_when(float, _attacker, "eval.attacker is set") = Field(1.0, ge=0.0, le=10.0, description="the attacker's sampling temperature (0: greedy), seeded by eval.seed; top_p and top_k as the targets'")
+    attacker_max_new_tokens: read_when(int, _attacker, "eval.attacker is set") = Field(256, ge=1, le=32768, description="longest attack in tokens")
 
     @field_validator("rewards", mode="before")
     @classmethod
@@ -278,7 +286,8 @@ EVAL = Command(EvalCommandConfig, {
     "prompts": "data.source", "split": "data.split", "limit": "data.limit", "prompt_field": "data.prompt_field",
     **{name: f"judges.{name}" for name in JudgesConfig.model_fields},
     "choice_source": "utility.choice_source", "choice_limit": "utility.choice_limit",
-    "rewards": "eval.rewards", "rewards_file": "eval.rewards_file"},
+    "rewards": "eval.rewards", "rewards_file": "eval.rewards_file", "attacker": "eval.attacker",
+    "attacker_temperature": "eval.attacker_temperature", "attacker_tokens": "eval.attacker_max_new_tokens"},
     defaults={"data": {"split": "test"}, "sampling": {"top_p": 0.95}})
 SAMPLE = Command(SampleCommandConfig, {
     **MODEL_FLAT, **GENERATION_FLAT, **PROMPT_FORMAT_FLAT,

@@ -82,6 +82,11 @@ def completions_side_by_side(samples: list[dict[str, Any]], score_keys: list[str
                          for label in labels])
 
 
+def _asked(row: dict[str, Any]) -> str:
+    """The prompt a target answered; a learned attacker's (eval --attacker) after the goal it was written for."""
+    return f"goal: {row['goal']} | attack: {row['prompt']}" if "goal" in row else row["prompt"]
+
+
 def eval_report(result: dict[str, Any]) -> str:
     """The whole eval report as one self-contained HTML page."""
     targets, samples = result["targets"], result["samples"]
@@ -104,5 +109,5 @@ def eval_report(result: dict[str, Any]) -> str:
     if samples:
         sections.append(("Completions side by side", completions_side_by_side(samples, keys)))
         sections.append(("Every judged sample", samples_table(
-            [{**row, "prompt": f"[{row['target']}] {row['prompt']}"} for row in samples], keys)))
+            [{**row, "prompt": f"[{row['target']}] {_asked(row)}"} for row in samples], keys)))
     return render_report("purplerl eval", sections)

@@ -17,6 +17,7 @@ from typing import Any
 
 from purplerl.config import EvalCommandConfig
 from purplerl.errors import UserError
+from purplerl.eval.attacker import ATTACKS_FILE, attack, describe_attacker, load_goals, resolve_attacker
 from purplerl.eval.choice import NO_CHOICE
 from purplerl.eval.rescore import check_ground_truths, describe, load_rewards, target_rewards
 from purplerl.eval.suites import HarmJudges, choice_suite, diversity_suite, harm_suite, table, utility_suite
@@ -51,8 +52,8 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
     from purplerl.runs.policy import resolve_policy
 
     resolve_device(cfg.model.device)  # 'cuda' on a machine without one fails here, not after generation.json exists
-    check_output_dir(cfg.eval.out, "--out", files=(GENERATION_FILE, "eval.json", "report.html"),
-                     dirs=(GENERATIONS_DIR,), inputs=cfg.eval.checkpoints)
+    check_output_dir(cfg.eval.out, "--out", files=(GENERATION_FILE, "eval.json", "report.html", ATTACKS_FILE),
+                     dirs=(GENERATIONS_DIR,), inputs=[*cfg.eval.checkpoints, cfg.eval.attacker])
     _validate_judges(cfg)
     checkpoints: dict[str, Any] = {}
     wanted = cfg.eval.adapters if cfg.eval.checkpoints else []  # the adapter modes of a routed checkpoint
@@ -107,17 +108,19 @@ def _validate_judges(cfg: EvalCommandConfig) -> None:
 
 
 def load_eval_prompts(cfg: EvalCommandConfig) -> list[PromptRecord]:
+    """data.source's prompts; with an attacker, the goals it writes the prompts from (purplerl.eval.attacker)."""
     from purplerl.data.sources import load_prompts
 
-    records = load_prompts(cfg.data)
+    records = load_goals(cfg) if cfg.eval.attacker is not None else load_prompts(cfg.data)
     if "diversity" in cfg.eval.suites and len(records) * cfg.eval.n < 2:
         raise UserError("the diversity suite needs at least 2 completions: raise --limit or --n")
     return records
 
 
-def _generation(cfg: EvalCommandConfig, policies: dict[str, Any]) -> dict[str, Any]:
+def _generation(cfg: EvalCommandConfig, policies: dict[str, Any], attacker: Any = None) -> dict[str, Any]:
     return {**{key: setting(cfg, key) for key in GENERATION_KEYS},
-            "targets": {label: _generated_by(policy) for label, policy in policies.items()}}
+            "targets": {label: _generated_by(policy) for label, policy in policies.items()},
+            "attacker": describe_attacker(cfg, attacker)}
 
 
 def _generated_by(policy: Any) -> dict[str, Any]:
@@ -129,14 +132,15 @@ def _generated_by(policy: Any) -> dict[str, Any]:
     return found
 
 
-def _check_same_generation(cfg: EvalCommandConfig, policies: dict[str, Any], out: Path) -> None:
-    """Refuse an OUT whose generations were made with other settings; writes nothing. A target new to OUT
-    is fine (it gets its own file)."""
+def _check_same_generation(cfg: EvalCommandConfig, policies: dict[str, Any], out: Path, attacker: Any = None) -> None:
+    """Refuse an OUT whose generations were made with other settings (another attacker's prompts included); writes
+    nothing. A target new to OUT is fine (it gets its own file)."""
     path = out / GENERATION_FILE
     if not path.is_file():
         return
-    saved, now = read_json_object(path), _generation(cfg, policies)
+    saved, now = read_json_object(path), _generation(cfg, policies, attacker)
     changed = [key for key in GENERATION_KEYS if saved.get(key, _MISSING) != now[key]]
+    changed += ["eval.attacker"] if saved.get("attacker") != now["attacker"] else []  # older files: no attacker
     saved_targets = saved.get("targets") if isinstance(saved.get("targets"), dict) else {}
     changed += [f"target {label}" for label in now["targets"]
                 if label in saved_targets and saved_targets[label] != now["targets"][label]]
@@ -145,12 +149,12 @@ def _check_same_generation(cfg: EvalCommandConfig, policies: dict[str, Any], out
                         "use another --out or the same settings")
 
 
-def _record_generation(cfg: EvalCommandConfig, policies: dict[str, Any], out: Path) -> None:
+def _record_generation(cfg: EvalCommandConfig, policies: dict[str, Any], out: Path, attacker: Any = None) -> None:
     """Write OUT/generation.json just before the first sample is: a run that fails earlier (a bad device, a
     model that does not load) leaves nothing that would refuse the corrected rerun. Targets new to OUT are
     added to it."""
     path = out / GENERATION_FILE
-    record = _generation(cfg, policies)
+    record = _generation(cfg, policies, attacker)
     if path.is_file():
         saved = read_json_object(path)
         record["targets"] = {**saved.get("targets", {}), **record["targets"]}
@@ -207,9 +211,9 @@ class _Target:
 
 
 def generate(target: _Target, prompts: list[PromptRecord], path: Path, start: int, advance: Any,
-             record: Callable[[], None]) -> None:
+             record: Callable[[], None], goals: dict[str, str] | None = None) -> None:
     """Append samples for prompts[start:] to `path`, one batch at a time, calling advance() per batch and
-    record() before the first batch is written."""
+    record() before the first batch is written; `goals` (uid -> goal) puts each attack's goal in its rows."""
     cfg = target.cfg
     size = cfg.eval.batch_size
     for first in range(start, len(prompts), size):
@@ -221,8 +225,8 @@ def generate(target: _Target, prompts: list[PromptRecord], path: Path, start: in
             for offset, (prompt, texts) in enumerate(zip(batch, groups, strict=True)):
                 for k, text in enumerate(texts):
                     row = {"uid": prompt.uid, "prompt_index": first + offset, "sample": k,
-                           "category": prompt.category, "prompt": prompt.messages[-1]["content"],
-                           "completion": text}
+                           "category": prompt.category, **({"goal": goals[prompt.uid]} if goals else {}),
+                           "prompt": prompt.messages[-1]["content"], "completion": text}
                     sink.write(json.dumps(row) + "\n")
         advance()
 
@@ -244,12 +248,17 @@ def run_eval(cfg: EvalCommandConfig, console: Any = None, announce: Callable[[st
     from rich.progress import Progress
 
     policies = validate(cfg, announce)
+    attacker = resolve_attacker(cfg, announce)  # None without eval.attacker
     prompts = load_eval_prompts(cfg)
     rewards = load_rewards(cfg.eval.rewards, cfg.eval.rewards_file)  # eval --rewards (purplerl.eval.rescore)
     check_ground_truths(rewards, prompts, f"data.source {cfg.data.source}")
     judges = HarmJudges(cfg.judges, device=cfg.model.device) if "harm" in cfg.eval.suites else None
     out = Path(cfg.eval.out)
-    _check_same_generation(cfg, policies, out)
+    _check_same_generation(cfg, policies, out, attacker)
+    goals = None
+    if attacker is not None:  # the goals become the attacker's prompts before any target loads
+        attacks = attack(cfg, attacker, prompts, out)
+        prompts, goals = attacks.records(), attacks.goal_of()
     targets = [_Target(cfg, label, policy) for label, policy in policies.items()]
     starts = _resume_points(targets, prompts, out, cfg.eval.n)
     total = sum(math.ceil((len(prompts) - starts[t.label]) / cfg.eval.batch_size) for t in targets)
@@ -261,7 +270,7 @@ def run_eval(cfg: EvalCommandConfig, console: Any = None, announce: Callable[[st
             path = out / GENERATIONS_DIR / f"{t.label}.jsonl"
             progress.update(task, description=f"generating {t.label}")
             generate(t, prompts, path, starts[t.label], lambda: progress.advance(task),
-                     lambda: _record_generation(cfg, policies, out))
+                     lambda: _record_generation(cfg, policies, out, attacker), goals)
             rows = read_generations(path, prompts, cfg.eval.n)
             scored = judges.score(rows) if judges is not None else rows
             results[t.label] = {suite: SUITE_RUNS[suite](cfg, t, rows, scored) for suite in cfg.eval.suites}
@@ -273,7 +282,8 @@ def run_eval(cfg: EvalCommandConfig, console: Any = None, announce: Callable[[st
     result = {"config": {**cfg.model_dump(mode="json"),
                          "targets": {label: policy.model.init_adapter for label, policy in policies.items()},
                          "policies": {label: policy.describe() for label, policy in policies.items()},
-                         "judges": judges.describe() if judges else {}, "rewards": describe(rewards)},
+                         "judges": judges.describe() if judges else {}, "rewards": describe(rewards),
+                         "attacker": describe_attacker(cfg, attacker)},
               "targets": results, "samples": samples}
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(result, indent=1))
