@@ -81,6 +81,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> set[tuple[type, str]]:
     ("sft", []),
     ("ppo", ["--group_size", "2", "--max_new_tokens", "4", "--training.ppo_epochs", "2"]),
     ("route", ["--group_size", "2", "--max_new_tokens", "4", "--route.eval_prompts", "2", "--route.eval_n", "2"]),
+    ("adversarial", ["--group_size", "2", "--max_new_tokens", "4", "--turns", "2"]),
 ])
 def test_every_listed_setting_is_read(name: str, extra: list[str], tiny_model_dir: Path, tmp_path: Path,
                                       reads: set[tuple[type, str]]) -> None:
