@@ -295,3 +295,30 @@ def test_the_command_line_refuses_in_one_line(tmp_path: Path) -> None:
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "unknown schedule '3:x'" in done.stderr
+
+
+def test_the_guard_judge_scores_every_turn_in_its_dialogue(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The registered guard term as the judge (a Llama-Guard-style causal LM: here the tiny model itself): each
+    row's P(unsafe) is the next-token probability of "unsafe"'s first token after its dialogue up to that turn, in
+    the guard's chat template, computed here without the judge."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = _run(tiny_model_dir, tmp_path, "--steps", "1", "--turns", "2", "--judge", "guard", "--name", "guard",
+                   "--adversarial.judge_params", f"{{model: {tiny_model_dir}, device: cpu}}")
+    saved = saved_settings(ADVERSARIAL, run_dir)["adversarial"]["judge_params"]
+    assert saved == {"model": str(tiny_model_dir), "unsafe_token": "unsafe", "device": "cpu", "batch_size": 8}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    unsafe_id = tokenizer.encode("unsafe", add_special_tokens=False)[0]
+    rows = _rows(run_dir)
+    at = {(r["episode"], r["turn"]): r for r in rows}
+    for r in rows:
+        dialogue = [m for t in range(1, r["turn"] + 1) for m in (
+            {"role": "user", "content": at[r["episode"], t]["prompt"]},
+            {"role": "assistant", "content": at[r["episode"], t]["completion"]})]
+        text = tokenizer.apply_chat_template(dialogue, tokenize=False, add_generation_prompt=True)
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            expected = float(torch.softmax(model(input_ids=ids).logits[0, -1].float(), dim=-1)[unsafe_id])
+        assert r["unsafe"] == pytest.approx(expected, abs=1e-5)
+    assert len({round(r["unsafe"], 6) for r in rows}) > 1
