@@ -322,3 +322,29 @@ def test_the_guard_judge_scores_every_turn_in_its_dialogue(tiny_model_dir: Path,
             expected = float(torch.softmax(model(input_ids=ids).logits[0, -1].float(), dim=-1)[unsafe_id])
         assert r["unsafe"] == pytest.approx(expected, abs=1e-5)
     assert len({round(r["unsafe"], 6) for r in rows}) > 1
+
+
+def test_a_served_judge_scores_through_the_reward_client(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The guard hosted by the reward server (in a thread, on 127.0.0.1) judges through the HTTP client: the
+    toxicity term with a url, each dialogue read as its last answer with the history as the prompt."""
+    from purplerl.config import RewardServerConfig
+    from purplerl.rewards.conversation import LastTurnScorer
+    from purplerl.rewards.judges import CausalGuardJudge
+    from purplerl.rewards.served import make_server_scorer
+    from purplerl.rewards.server import create_app
+    from tests.rewards.reward_servers import ThreadServer
+
+    served = make_server_scorer("guard", {"model": str(tiny_model_dir)})
+    server = ThreadServer(create_app(RewardServerConfig(), served.scorer, served.label, served.model))
+    try:
+        run_dir = _run(tiny_model_dir, tmp_path, "--steps", "1", "--turns", "2", "--judge", "toxicity",
+                       "--adversarial.judge_params", f"{{url: '{server.url}', retries: 0}}", "--name", "served")
+    finally:
+        server.stop()
+    rows = _rows(run_dir)
+    at = {(r["episode"], r["turn"]): r for r in rows}
+    dialogues = [[m for t in range(1, r["turn"] + 1) for m in (
+        {"role": "user", "content": at[r["episode"], t]["prompt"]},
+        {"role": "assistant", "content": at[r["episode"], t]["completion"]})] for r in rows]
+    expected = LastTurnScorer(CausalGuardJudge(str(tiny_model_dir))).score_conversations(dialogues)
+    assert [r["unsafe"] for r in rows] == pytest.approx(expected, abs=1e-5)
