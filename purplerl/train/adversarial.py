@@ -112,6 +112,9 @@ def check_adversarial(config: Any) -> None:
     if t.advantage not in ADVANTAGES:
         raise UserError(f"training.advantage '{t.advantage}': adversarial compares each turn's returns within a "
                         f"group, so it takes a group estimator ({', '.join(ADVANTAGES)})")
+    if t.advantage_std and t.advantage != "grpo":
+        raise UserError(f"training.advantage_std divides GRPO's advantages by the group std; '{t.advantage}' has no "
+                        "such division: set it false")
     if parse_schedule(a.schedule)[0] and a.attacker_group < 2:
         raise UserError(f"adversarial.attacker_group {a.attacker_group}: the attacker's advantages compare the "
                         f"openings of one goal, so it needs 2 or more while adversarial.schedule '{a.schedule}' "

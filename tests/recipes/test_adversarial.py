@@ -272,6 +272,7 @@ def test_the_cli_runs_one_turn_and_three_and_report_reads_them(tiny_model_dir: P
     (["--judge", "compliance", "--adversarial.judge_params", "{model: x}"], "reward term 'compliance' parameter model"),
     (["--attacker_group", "1"], "adversarial.attacker_group 1"),
     (["--training.advantage", "reinforce_pp"], "takes a group estimator"),
+    (["--training.advantage", "rloo", "--training.advantage_std", "true"], "'rloo' has no such division"),
     (["--training.mini_batches", "5"], "exceeds the attacker's 4 turns"),
     (["--engine.procs", "2"], "one process"),
 ])
@@ -348,3 +349,40 @@ def test_a_served_judge_scores_through_the_reward_client(tiny_model_dir: Path, t
         {"role": "assistant", "content": at[r["episode"], t]["completion"]})] for r in rows]
     expected = LastTurnScorer(CausalGuardJudge(str(tiny_model_dir))).score_conversations(dialogues)
     assert [r["unsafe"] for r in rows] == pytest.approx(expected, abs=1e-5)
+
+
+def _saved_adapters(engine: Any, where: Path) -> dict[str, dict[str, torch.Tensor]]:
+    engine.save(where)
+    return {name: load_file(str(where / sub / "adapter_model.safetensors"))
+            for name, sub in ((DEFENDER, ""), (ATTACKER, ATTACKER))}
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_each_learner_starts_from_the_adapter_it_is_given(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--attacker_init: an attacker SFT run dir (its newest checkpoint) or an adversarial run's checkpoint (its
+    attacker adapter); --init_adapter starts the defender. A run dir without a checkpoint is refused in one line."""
+    sft = RECIPES["sft"]
+    data = tmp_path / "attacks.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"goal {i}", "completion": f"attack {i}"}) + "\n" for i in range(4)))
+    run_recipe(sft, load_command_config(sft.command(), None, [
+        "--model", str(tiny_model_dir), "--output_dir", str(tmp_path), "--name", "sft", "--data", str(data),
+        "--steps", "1", "--batch_size", "2", "--lora_rank", "4", "--lr", "5e-2", "--logging.progress", "false"]))
+    sft_adapter = load_file(str(tmp_path / "sft/checkpoints/step_000001/adapter_model.safetensors"))
+    earlier = _run(tiny_model_dir, tmp_path, "--steps", "1", "--lr", "5e-2", "--name", "earlier")
+    earlier_attacker = load_file(str(earlier / "checkpoints/step_000001" / ATTACKER / "adapter_model.safetensors"))
+
+    for init, expected in ((tmp_path / "sft", sft_adapter), (earlier / "checkpoints/step_000001", earlier_attacker)):
+        config = _config(tiny_model_dir, tmp_path, "--attacker_init", str(init),
+                         "--init_adapter", str(tmp_path / "sft/checkpoints/step_000001"))
+        engine = make_engine(config.model, seed=config.training.seed)
+        ADVERSARIAL.prepare(config)(engine, tmp_path / "unused")
+        saved = _saved_adapters(engine, tmp_path / f"saved_{init.name}")
+        assert _same(saved[ATTACKER], expected) and _same(saved[DEFENDER], sft_adapter)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.yaml").write_text("recipe: sft\n")
+    with pytest.raises(UserError, match="is a run dir without an intact checkpoint") as err:
+        ADVERSARIAL.prepare(_config(tiny_model_dir, tmp_path, "--attacker_init", str(tmp_path / "empty")))
+    assert "\n" not in str(err.value)
