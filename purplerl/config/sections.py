@@ -36,6 +36,11 @@ def _lora(model: Any) -> bool:
     return model.finetune == "lora"
 
 
+def _lora_on_cuda(model: Any) -> bool:
+    # bitsandbytes' 4-bit kernels run on CUDA only: the setting is listed once the device is named (--device cuda)
+    return model.finetune == "lora" and model.device == "cuda"
+
+
 class ModelConfig(ModelLoadConfig):
     """The policy a recipe trains: the model to load and what of it trains."""
 
@@ -45,7 +50,7 @@ class ModelConfig(ModelLoadConfig):
     lora_dropout: read_when(float, _lora, "model.finetune is lora") = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
     lora_targets: read_when(str, _lora, "model.finetune is lora") = Field("all-linear", description="'all-linear' or comma-separated module names (q_proj,v_proj)")
     init_adapter: read_when(str | None, _lora, "model.finetune is lora") = Field(None, description="PEFT adapter dir to start the policy from (e.g. a defended model)")
-    quantize: read_when(Literal["none", "4bit"], _lora, "model.finetune is lora") = Field("none", description="'4bit': load the frozen base in 4 bits through bitsandbytes (QLoRA: NF4, double quantization, bf16 compute); the local engine on CUDA only")
+    quantize: read_when(Literal["none", "4bit"], _lora_on_cuda, "model.finetune is lora and model.device is cuda") = Field("none", description="'4bit': load the frozen base in 4 bits through bitsandbytes (QLoRA: NF4, double quantization, bf16 compute); the local engine on CUDA only")
 
 
 class GenerationConfig(Section):
