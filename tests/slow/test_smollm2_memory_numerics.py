@@ -43,8 +43,9 @@ print(json.dumps({"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_ma
 """
 
 
-# bf16 at the default budget (4096 tokens = 16 sequences per pass); fp32 activations are twice as large
-@pytest.mark.parametrize(("dtype", "budget"), [("bfloat16", 4096), ("float32", 1024)])
+# bf16 at the default budget (4096 tokens = 16 sequences per pass), the README's claim. fp32 activations are twice
+# as large (it fit at a budget of 1024: 147 s here, left out of the CI's time budget)
+@pytest.mark.parametrize(("dtype", "budget"), [("bfloat16", 4096)])
 def test_64_by_256_training_batch_fits_in_8_gib(dtype: str, budget: int) -> None:
     proc = subprocess.run([sys.executable, "-c", BIG_BATCH, dtype, str(budget)], capture_output=True, text=True,
                           timeout=900)
