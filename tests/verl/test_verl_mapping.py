@@ -21,8 +21,8 @@ def _named(translation) -> dict[str, str]:
 
 def test_every_setting_is_translated_written_or_named():
     cfg, out = _translate("--engine.procs", "2", "--model.autocast_bf16", "true",
-                          "--model.lora_dropout", "0.1", "--model.revision", "abc", "--model.quantize", "4bit",
-                          "--data.template", "base",
+                          "--model.lora_dropout", "0.1", "--model.revision", "abc", "--model.device", "cuda",
+                          "--model.quantize", "4bit", "--data.template", "base",
                           "--zscore", "true", "--training.collapse_stop", "true", "--training.adam_eps", "1.0e-6")
     named = _named(out)
     for setting in leaf_settings(cfg):
