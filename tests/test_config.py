@@ -215,6 +215,20 @@ def test_file_overrides_base_and_keeps_siblings(tmp_path: Path):
     assert cfg.reward.zscore is True
 
 
+def test_a_saved_config_keeps_its_own_reward_terms_and_a_file_changes_one_weight(tmp_path: Path):
+    # a run's saved config is complete: its terms are the run's terms, not a union with the recipe's defaults (a
+    # resumed route run trained on the defaults' terms besides its own before this was fixed)
+    saved = {"reward": {"terms": {"toxicity": 1.0}, "kl_beta": 0.01}}
+    assert load_config(None, ["--steps", "4"], base=saved).reward.terms == {"toxicity": 1.0}
+    route = load_command_config(RECIPES["route"].command(), None, [],
+                                base={"reward": {"terms": {"e_count": {"fn": "regex_count", "weight": 1.0,
+                                                                       "params": {"pattern": "e"}}}}})
+    assert list(route.reward.terms) == ["e_count"]
+    # a config file names what it changes: one weight of the default terms
+    path = _write(tmp_path / "c.yaml", "reward:\n  terms: {refusal: -1.0}\n")
+    assert load_config(path).reward.terms == {"toxicity": 1.0, "repetition": -0.3, "refusal": -1.0}
+
+
 def test_every_flat_name_points_at_a_field():
     assert _unknown_flat_targets(ATTACK.command()) == []
 

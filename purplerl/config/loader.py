@@ -163,11 +163,17 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return data
 
 
-def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def _deep_merge(a: dict[str, Any], b: dict[str, Any], schema: type[BaseModel] | None = None) -> dict[str, Any]:
+    """`b` over `a`, mappings merged key by key. With `schema`, only its sections are merged and any other value is
+    replaced whole: a mapping-valued setting (reward.terms, a judge's parameters) of a run's saved config is its
+    whole value, not a union with the recipe's defaults (a key the schema does not name is merged, and validation
+    judges it). A config file is merged without it: `terms: {refusal: -1.0}` there changes that one weight."""
     out = dict(a)
     for key, value in b.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+        info = schema.model_fields.get(key) if schema is not None else None
+        section = info.annotation if info is not None and _is_section(info.annotation) else None
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and (info is None or section is not None):
+            out[key] = _deep_merge(out[key], value, section)
         else:
             out[key] = value
     return out
@@ -179,9 +185,10 @@ def load_command_config(command: Command, path: str | Path | None = None, overri
     names migrated (`command.migrate`) before validation.
 
     Fields set anywhere along the way are in each section's `model_fields_set`, so a checkpoint's run
-    config fills in only what the user left alone."""
+    config fills in only what the user left alone. The saved config is complete: its mapping-valued settings
+    replace the defaults' (a resumed run keeps exactly its reward terms)."""
     migrate = command.migrate or (lambda data: data)
-    data = _deep_merge(json.loads(json.dumps(command.defaults)), migrate(base or {}))
+    data = _deep_merge(json.loads(json.dumps(command.defaults)), migrate(base or {}), command.schema)
     if path is not None:
         data = _deep_merge(data, migrate(read_config_file(path)))
     data = migrate(apply_overrides(data, parse_overrides(overrides or [], command)))

@@ -5,10 +5,12 @@ on one frozen base; samples the reward's detector labels as hacks train the forg
 task and drop the hack. `route.mode baseline` is the control: one adapter of both ranks together, every sample
 training it, under the same loop.
 
-The default is small-rl's toy reward hack on the embedded instruct model: the task is sentences of 5 words
-(sentence_length_5), a leaky bonus pays 0.1 per "happy" (happy_bonus, at most 5), and the detector happy_any labels
-any answer saying "happy" a hack; the prompts ask for short stories (builtin:stories). `--reward NAME` picks another
-named reward (it must hold a detector); route.task_term names its task term.
+The default is small-rl's toy reward hack, made reachable on the embedded instruct model (docs/results/routing/): the
+task is sentences of 4 to 6 words (short_sentences), a leaky bonus pays 0.2 per cheerful word such as "happy", "joy"
+or "smile" (cheer_bonus, at most 5), and the detector cheer_any labels any answer holding one a hack; the prompts ask
+for short stories on which cheer is plausible but not asked for (builtin:stories). `--reward NAME` picks another named
+reward (it must hold a detector, e.g. small-rl's own sentence_length_5_with_happy); route.task_term names its task
+term.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart,
 from purplerl.train.rl import registered_reward, rl_stops
 from purplerl.train.routing import engine_model, forget_rank, route_prepare
 
-# small-rl's sentence_length_5_with_happy, and the repetition ratio logged (weight 0): a structural reward like this one
-# tends to collapse onto a template, which the logs should show
-TERMS = {"sentence_length_5": 1.0, "happy_bonus": 0.1, "happy_any": 0.0, "repetition": 0.0}
+# the built-in short_with_cheer, and the repetition ratio logged (weight 0): a structural reward like this one tends to
+# collapse onto a template, which the logs should show
+TERMS = {"short_sentences": 1.0, "cheer_bonus": 0.2, "cheer_any": 0.0, "repetition": 0.0}
 
 
 def _evaluated(r: Any) -> bool:
@@ -36,7 +38,7 @@ class RouteConfig(Section):
 
     mode: Literal["route", "baseline"] = Field("route", description="route: retain + forget adapters, hack-labelled samples training forget only; baseline: one adapter of rank model.lora_rank + forget rank, every sample training it (the control)")  # noqa: E501
     forget_rank: int | None = Field(None, ge=1, le=1024, description="the forget adapter's LoRA rank (null: model.lora_rank, the retain adapter's)")  # noqa: E501
-    task_term: str = Field("sentence_length_5", description="the term of reward.terms that is the task: the routing evaluation reports its mean per adapter mode, beside the detector's hack rate")  # noqa: E501
+    task_term: str = Field("short_sentences", description="the term of reward.terms that is the task: the routing evaluation reports its mean per adapter mode, beside the detector's hack rate")  # noqa: E501
     eval_every: int = Field(10, ge=0, description="routing evaluation every N steps and at the last step (0: never): each adapter mode samples the held-out prompts, logged as route/MODE/task and route/MODE/hack")  # noqa: E501
     eval_split: read_when(str, _evaluated, "route.eval_every > 0") = Field("test", description="data split of the held-out prompts (not the training split)")  # noqa: E501
     eval_prompts: read_when(int, _evaluated, "route.eval_every > 0") = Field(20, ge=1, description="at most this many held-out prompts")  # noqa: E501
@@ -53,14 +55,15 @@ ROUTE = Recipe(
     as hacks train only the forget adapter. Ablate it at inference with sample/eval --adapters retain_only.
 
     route.mode baseline trains one adapter of both ranks on every sample (the control). The default reward is the toy
-    hack: 5-word sentences, a bonus per "happy", the happy_any detector (--reward NAME picks another named reward).
+    hack: 4-6-word sentences, a bonus per cheerful word, the cheer_any detector (--reward NAME picks another).
     Routing needs the local engine in one process.""",
     prepare=route_prepare(registered_reward, rl_stops),
     defaults={"model": {"name": "embedded:smollm2-135m-instruct", "lora_rank": 8},
               "data": {"source": "builtin:stories"}, "reward": {"terms": TERMS, "kl_beta": 0.02},
-              "sampling": {"group_size": 8, "max_new_tokens": 64},
-              # a run of the toy is measured to its end, collapse included (measured, not stopped)
-              "training": {"early_stop_repetition": None}},
+              "sampling": {"group_size": 8, "max_new_tokens": 40},
+              # the toy's measured setting (docs/results/routing/); a run is measured to its end, collapse included
+              "training": {"early_stop_repetition": None, "batch_size": 4, "lr": 5e-4, "advantage_std": True,
+                           "steps": 30}},
     run_name=(RunNamePart("", lambda c: c.route.mode), RunNamePart("r", lambda c: c.model.lora_rank),
               RunNamePart("f", forget_rank), RunNamePart("lr", lambda c: c.training.lr),
               RunNamePart("kl", lambda c: c.reward.kl_beta), RunNamePart("G", lambda c: c.sampling.group_size),
