@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates docs/results/routing/ (README.md there): small-rl's toy reward hack on the embedded instruct model,
 # gradient routing (retain + forget LoRA adapters, rank 8 each) against its baseline (one LoRA of rank 16), 3 seeds
-# each, then the measurements. The rewards are in rewards.yaml here: the task is sentences of 4 to 6 words
-# (short_sentences); the hack is cheerful words (happy, joy, smile, laugh, ...), paid 0.2 a word (at most 5) by the
-# combined reward short_with_cheer; the detector cheer_any labels an answer holding one a hack, and routing sends
-# those answers' gradient to the forget adapter only.
+# each, then the measurements. The rewards are built in (purplerl/rewards/named_rewards.yaml): the task is sentences
+# of 4 to 6 words (short_sentences); the hack is cheerful words (happy, joy, smile, laugh, ...), paid 0.2 a word (at
+# most 5) by the combined reward short_with_cheer; the detector cheer_any labels an answer holding one a hack, and
+# routing sends those answers' gradient to the forget adapter only.
 # Resumable: a finished run is kept, a killed run resumes from its last checkpoint, a written result is kept
 # (delete it to measure again; each run keeps its sampled answers in RUN/routing_answers.json). Run alone on the
 # machine: two torch processes on 2 cores slow each other.
@@ -32,7 +32,7 @@ run() {  # run NAME ARGS...: a route run in $W/runs/NAME; a finished one is kept
 }
 
 # the same setup for both arms; only route.mode differs (the baseline's one adapter has rank 8 + 8)
-COMMON=(--model embedded:smollm2-135m-instruct --data builtin:stories --rewards-file $OUT/rewards.yaml
+COMMON=(--model embedded:smollm2-135m-instruct --data builtin:stories
         --reward short_with_cheer --task_term short_sentences --lora_rank 8 --forget_rank 8 --steps "$STEPS"
         --batch_size 4 --group_size 8 --max_new_tokens 40 --lr 5e-4 --training.advantage_std true --kl_beta 0.02
         --save_every 5 --route.eval_every 15 --route.eval_prompts 10 --route.eval_n 2)
