@@ -219,10 +219,10 @@ def test_a_saved_config_keeps_its_own_reward_terms_and_a_file_changes_one_weight
     # a run's saved config is complete: its terms are the run's terms, not a union with the recipe's defaults (a
     # resumed route run trained on the defaults' terms besides its own before this was fixed)
     saved = {"reward": {"terms": {"toxicity": 1.0}, "kl_beta": 0.01}}
-    assert load_config(None, ["--steps", "4"], base=saved).reward.terms == {"toxicity": 1.0}
+    assert load_command_config(ATTACK.command(), None, ["--steps", "4"], saved=saved).reward.terms == {"toxicity": 1.0}
     route = load_command_config(RECIPES["route"].command(), None, [],
-                                base={"reward": {"terms": {"e_count": {"fn": "regex_count", "weight": 1.0,
-                                                                       "params": {"pattern": "e"}}}}})
+                                saved={"reward": {"terms": {"e_count": {"fn": "regex_count", "weight": 1.0,
+                                                                        "params": {"pattern": "e"}}}}})
     assert list(route.reward.terms) == ["e_count"]
     # a config file names what it changes: one weight of the default terms
     path = _write(tmp_path / "c.yaml", "reward:\n  terms: {refusal: -1.0}\n")

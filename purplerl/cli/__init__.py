@@ -38,7 +38,7 @@ def _recipe_config(recipe: Any, args: list[str], config: Path | None, resume: Pa
             raise UserError("--resume uses the run's saved config; do not pass --config with it")
         from purplerl.train.runner import saved_settings  # lazily, like the runner: --help stays fast
 
-        cfg = load_command_config(recipe.command(), None, args, base=saved_settings(recipe, resume))
+        cfg = load_command_config(recipe.command(), None, args, saved=saved_settings(recipe, resume))
     if cfg.recipe != recipe.name:
         raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe.name}'")
     return cfg

@@ -180,15 +180,18 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any], schema: type[BaseModel] | 
 
 
 def load_command_config(command: Command, path: str | Path | None = None, overrides: list[str] | None = None,
-                        base: dict[str, Any] | None = None) -> Any:
+                        base: dict[str, Any] | None = None, saved: dict[str, Any] | None = None) -> Any:
     """A command's settings: its defaults (and a run's saved config, `base`) <- config file <- CLI overrides, older
     names migrated (`command.migrate`) before validation.
 
     Fields set anywhere along the way are in each section's `model_fields_set`, so a checkpoint's run
-    config fills in only what the user left alone. The saved config is complete: its mapping-valued settings
-    replace the defaults' (a resumed run keeps exactly its reward terms)."""
+    config fills in only what the user left alone. `base` is merged key by key (a sweep's or a pipeline stage's
+    settings); `saved`, a run's saved config, is complete: its mapping-valued settings replace the defaults' (a
+    resumed run keeps exactly its reward terms)."""
     migrate = command.migrate or (lambda data: data)
-    data = _deep_merge(json.loads(json.dumps(command.defaults)), migrate(base or {}), command.schema)
+    data = _deep_merge(json.loads(json.dumps(command.defaults)), migrate(base or {}))
+    if saved is not None:
+        data = _deep_merge(data, migrate(saved), command.schema)
     if path is not None:
         data = _deep_merge(data, migrate(read_config_file(path)))
     data = migrate(apply_overrides(data, parse_overrides(overrides or [], command)))

@@ -237,7 +237,7 @@ def test_a_resumed_run_ends_as_the_unbroken_one(tiny_model_dir: Path, tmp_path: 
     whole = _run(tiny_model_dir, tmp_path, "--steps", "4", "--name", "whole", *common)
     part = _run(tiny_model_dir, tmp_path, "--steps", "2", "--name", "part", *common)
     resumed = load_command_config(ADVERSARIAL.command(), None, ["--steps", "4"],
-                                  base=saved_settings(ADVERSARIAL, part))
+                                  saved=saved_settings(ADVERSARIAL, part))
     assert run_recipe(ADVERSARIAL, resumed, resume_dir=part)["last_step"] == 4
     final = "checkpoints/step_000004"
     for name in ("adapter_model.safetensors", f"{ATTACKER}/adapter_model.safetensors"):

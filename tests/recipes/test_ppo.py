@@ -78,7 +78,7 @@ def test_a_resumed_run_ends_as_the_unbroken_one(tiny_model_dir: Path, tmp_path: 
     part_args = _args(tiny_model_dir, tmp_path, "--steps", "3", "--name", "part", *common)
     run_recipe(PPO, load_command_config(PPO.command(), None, part_args))
     part_dir = tmp_path / "part"
-    resumed = load_command_config(PPO.command(), None, ["--steps", "6"], base=saved_settings(PPO, part_dir))
+    resumed = load_command_config(PPO.command(), None, ["--steps", "6"], saved=saved_settings(PPO, part_dir))
     run_recipe(PPO, resumed, resume_dir=part_dir)
     final = "checkpoints/step_000006"
     for name in ("adapter_model.safetensors", "critic/adapter_model.safetensors", "critic/scalar_head.safetensors"):

@@ -141,7 +141,7 @@ def test_a_resumed_run_ends_as_the_unbroken_one(tiny_model_dir: Path, tmp_path: 
     common = ("--lr", "1e-2", "--save_every", "2", "--route.eval_every", "2", "--training.mini_batches", "2")
     whole = _run(tiny_model_dir, tmp_path, "--steps", "4", "--name", "whole", *common)
     part = _run(tiny_model_dir, tmp_path, "--steps", "2", "--name", "part", *common)
-    resumed = load_command_config(ROUTE.command(), None, ["--steps", "4"], base=saved_settings(ROUTE, part))
+    resumed = load_command_config(ROUTE.command(), None, ["--steps", "4"], saved=saved_settings(ROUTE, part))
     run_recipe(ROUTE, resumed, resume_dir=part)
     final = "checkpoints/step_000004"
     for name in ("adapter_model.safetensors", f"{FORGET}/adapter_model.safetensors"):
@@ -169,7 +169,7 @@ def test_the_baseline_is_one_adapter_of_both_ranks(tiny_model_dir: Path, tmp_pat
     assert {k for k in metrics[1] if k.startswith("route/")} == {"route/both/task", "route/both/hack"}
     with pytest.raises(UserError, match="--route.mode cannot change when resuming"):  # nor continues as routed
         resumed = load_command_config(ROUTE.command(), None, ["--steps", "3", "--route.mode", "route"],
-                                      base=saved_settings(ROUTE, run_dir))
+                                      saved=saved_settings(ROUTE, run_dir))
         run_recipe(ROUTE, resumed, resume_dir=run_dir)
 
 
