@@ -123,7 +123,7 @@ def test_one_turn_rewards_each_side_as_the_recipe_states(tiny_model_dir: Path, t
     checkpoint = run_dir / "checkpoints" / "step_000002"
     assert (checkpoint / "adapter_model.safetensors").is_file()  # the defender, as any policy
     assert (checkpoint / ATTACKER / "adapter_model.safetensors").is_file()
-    optimizers = torch.load(checkpoint / "optimizer.pt", weights_only=False)["adapters"]
+    optimizers = torch.load(checkpoint / "optimizer.pt", weights_only=True)["adapters"]
     assert set(optimizers) == {DEFENDER, ATTACKER} and all(o["state"] for o in optimizers.values())
 
 
