@@ -110,15 +110,18 @@ def _stopped(code: int) -> bool:
 
 
 def execute_run(spec: RunSpec, assigned: Mapping[str, float]) -> dict[str, Any]:
-    """Train (or resume) the run, then evaluate its final checkpoint; the outcome as plain data. Never raises for
-    a failed run: the sweep records the failure and goes on."""
+    """Train (or resume) the run, then evaluate its final checkpoint; the outcome as plain data (with the threads,
+    GPUs and CUDA devices the run was given, and when its training started and ended). Never raises for a failed
+    run: the sweep records the failure and goes on."""
     threads = thread_budget(assigned.get("CPU"))
     env = run_env(os.environ, spec.env, threads, assigned.get("GPU", 0.0))
     outcome: dict[str, Any] = {"name": spec.name, "threads": threads, "gpus": assigned.get("GPU", 0.0),
-                               "host": os.uname().nodename, "resumed": (Path(spec.run_dir) / CONFIG_FILE).is_file()}
+                               "devices": env.get("CUDA_VISIBLE_DEVICES"), "host": os.uname().nodename,
+                               "resumed": (Path(spec.run_dir) / CONFIG_FILE).is_file(), "started_at": time.time()}
     started = time.monotonic()
     code, said = _run(train_command(spec), spec, env)
     outcome["train_s"] = round(time.monotonic() - started, 1)
+    outcome["trained_at"] = time.time()
     if code != 0:
         status = INTERRUPTED if _stopped(code) else FAILED
         return {**outcome, "status": status, "stage": "train", "returncode": code, "error": error_line(said, code)}
