@@ -128,6 +128,12 @@ bench-reward: $(STAMP)
 bench-concurrency: $(STAMP)
 	$(PY) bench/bench_concurrency.py $(BENCH_ARGS)
 
+# peak RSS of `purplerl adversarial` (attacker + defender + reference on one base) against one attack run at the same
+# defender batch, and 3 turns at two micro-batch budgets (bench/results/adversarial-memory-DATE-HOST.json; ~10 min)
+.PHONY: bench-adversarial-memory
+bench-adversarial-memory: $(STAMP)
+	$(PY) bench/bench_adversarial_memory.py $(BENCH_ARGS)
+
 # GRPO step throughput of purplerl vs TRL's GRPOTrainer at identical work (bench/results/grpo-DATE-HOST.json/.png);
 # installs TRL (the bench extra) when missing, within the lock's versions.
 # Options go through BENCH_ARGS, e.g. BENCH_ARGS="--steps 5 --trl-bf16"

@@ -15,12 +15,12 @@ before any target samples; a rerun into OUT with the same attacker and goals rea
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from purplerl.config import EvalCommandConfig, ModelLoadConfig, PromptFormatConfig
-from purplerl.data.attacker import attacker_messages
+from purplerl.data.attacker import ATTACKER_ADAPTER, attacker_messages
 from purplerl.errors import UserError
 from purplerl.files import read_json_object, write_durably
 from purplerl.types import PromptRecord, SamplingParams
@@ -75,6 +75,9 @@ def resolve_attacker(cfg: EvalCommandConfig, announce: Any = print) -> Any:
 
     checkpoint = attacker_checkpoint(cfg.eval.attacker)
     policy = resolve_policy(checkpoint, ModelLoadConfig(device=cfg.model.device), PromptFormatConfig())
+    trained = checkpoint / ATTACKER_ADAPTER
+    if (trained / "adapter_config.json").is_file():  # `purplerl adversarial`'s checkpoint: its attacker, not defender
+        policy = replace(policy, model=policy.model.model_copy(update={"init_adapter": str(trained)}))
     policy = policy.checked("--attacker")
     if policy.note:
         announce(policy.note)

@@ -23,6 +23,7 @@ from purplerl.eval.rescore import check_ground_truths, describe, load_rewards, t
 from purplerl.eval.suites import HarmJudges, choice_suite, diversity_suite, harm_suite, table, utility_suite
 from purplerl.files import looks_local, read_json_object, read_jsonl, safe_file_stem, write_durably
 from purplerl.outputs import check_output_dir
+from purplerl.runs.layout import CHECKPOINTS_DIR
 from purplerl.types import PromptRecord
 
 BASE_LABEL = "base"
@@ -67,7 +68,7 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
             announce(policy.note)
         # a routed checkpoint is a target per adapter mode (eval.adapters), labelled LABEL-MODE but for both
         modes = wanted if policy.mode is not None else ["both"]
-        for label in (checkpoint.resolve().name, f"{checkpoint.resolve().parent.name}-{checkpoint.resolve().name}"):
+        for label in _labels(checkpoint.resolve()):
             targets = {safe_file_stem(label if mode == "both" else f"{label}-{mode}"): mode for mode in modes}
             if not any(target in checkpoints or target == BASE_LABEL for target in targets):
                 break
@@ -76,6 +77,13 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
                             "dir names")
         checkpoints.update({target: policy.with_mode(mode) for target, mode in targets.items()})
     return {BASE_LABEL: _base_policy(cfg, checkpoints), **checkpoints}
+
+
+def _labels(checkpoint: Path) -> tuple[str, str]:
+    """A checkpoint's target label, then the one taken when another target has it: runs/A/checkpoints/step_N is
+    step_N, then A-step_N (the final checkpoints of several runs share their step)."""
+    parent = checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS_DIR else checkpoint.parent
+    return checkpoint.name, f"{parent.name}-{checkpoint.name}"
 
 
 def _base_policy(cfg: EvalCommandConfig, checkpoints: dict[str, Any]) -> Any:

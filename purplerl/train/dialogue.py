@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from purplerl.algorithms.advantages import ADVANTAGES
-from purplerl.data.attacker import attacker_messages
+from purplerl.data.attacker import ATTACKER_ADAPTER, attacker_messages
 from purplerl.engines.base import Engine
 from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
@@ -43,7 +43,7 @@ from purplerl.rewards.base import ConversationScorer
 from purplerl.types import Completion, PromptRecord, SamplingParams
 
 Message = dict[str, str]  # {"role": "user" | "assistant", "content": ...}
-ATTACKER, DEFENDER = "attacker", "default"  # the adapters: the defender is the policy's own, as in any run
+ATTACKER, DEFENDER = ATTACKER_ADAPTER, "default"  # the adapters: the defender is the policy's own, as in any run
 NOVELTY_MAX_N = 3  # n-gram sizes 1..3: BLEU's 4-grams are rare in attacks of a few dozen words
 _WORD = re.compile(r"[a-z0-9]+")
 _UNCUT = 10**9  # a prompt budget no dialogue reaches: the rendered length before any cut

@@ -4,6 +4,7 @@ target answers. On the tiny random model: an attacker SFT'd on the attack-prompt
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from purplerl.data.attack_prompts import attack_goals, prepare_attack_prompts
 from purplerl.data.attacker import attacker_request
 from purplerl.errors import UserError
 from purplerl.eval.attacker import attacker_checkpoint, load_goals, resolve_attacker, sample_attacks
+from purplerl.runs.checkpoints import sha256_of
 from purplerl.types import SamplingParams
 
 GOALS, TOKENS = 3, 12
@@ -114,6 +116,36 @@ def test_greedy_attacks_are_the_attackers_argmax(setup, tiny_model_dir, one_torc
     expected = direct_samples(tiny_model_dir, setup["run"] / "checkpoints" / "step_000002",
                               [g.messages[-1]["content"] for g in goals], 0.0, seed=0)
     assert texts == expected and len(texts) == 2
+
+
+def test_an_adversarial_checkpoint_attacks_with_its_attacker_adapter_not_its_defender(setup, tiny_model_dir, tmp_path,
+                                                                                      one_torch_thread) -> None:
+    from purplerl.engines.local import LocalEngine
+
+    # what `purplerl adversarial` saves: the defender at the top of the checkpoint, the attacker in attacker/
+    run = tmp_path / "adversarial"
+    shutil.copytree(setup["run"], run)
+    checkpoint = run / "checkpoints" / "step_000002"
+    shutil.copytree(checkpoint, tmp_path / "sft_attacker")
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (checkpoint / name).unlink()
+    LocalEngine(ModelConfig(name=str(tiny_model_dir), device="cpu")).save(checkpoint)  # a fresh defender
+    shutil.copytree(tmp_path / "sft_attacker", checkpoint / "attacker", ignore=shutil.ignore_patterns("*.pt", "*.json"),
+                    dirs_exist_ok=True)
+    shutil.copy(tmp_path / "sft_attacker" / "adapter_config.json", checkpoint / "attacker")
+    files = [p for p in checkpoint.rglob("*") if p.is_file() and p.name != "manifest.json"]
+    (checkpoint / "manifest.json").write_text(json.dumps({"files": {  # the new files, as the run writes them
+        str(p.relative_to(checkpoint)): {"size": p.stat().st_size, "sha256": sha256_of(p)} for p in files}}))
+    cfg = load_command_config(EVAL, None, ["--attacker", str(run), "--attacker_temperature", "0",
+                                           "--attacker_tokens", str(TOKENS), "--limit", "2", "--device", "cpu"])
+    policy = resolve_attacker(cfg, announce=lambda _: None)
+    assert policy.model.init_adapter == str(checkpoint / "attacker")
+    goals = load_goals(cfg)
+    expected = direct_samples(tiny_model_dir, tmp_path / "sft_attacker", [g.messages[-1]["content"] for g in goals],
+                              0.0, seed=0)
+    assert sample_attacks(cfg, policy, goals) == expected
+    assert expected != direct_samples(tiny_model_dir, checkpoint, [g.messages[-1]["content"] for g in goals], 0.0,
+                                      seed=0)  # the defender writes other attacks: the test tells them apart
 
 
 def test_goals_from_a_file_of_goals(setup) -> None:

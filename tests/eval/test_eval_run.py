@@ -212,6 +212,13 @@ def test_validate_labels_targets_and_refuses_bad_settings(adapter: Path, tiny_mo
     shutil.copytree(adapter, twin)
     assert list(_targets(_eval("--checkpoint", adapter, "--checkpoint", twin, model=tiny_model_dir))) == [
         "base", "step_000001", "other-step_000001"]
+    # the final checkpoints of several runs share their step: the run's name tells them apart
+    runs = [tmp_path / "runs" / name / "checkpoints" / "step_000001" for name in ("seed0", "seed1")]
+    for path in runs:
+        shutil.copytree(adapter, path)
+    assert list(_targets(_eval("--checkpoint", runs[0], "--checkpoint", runs[1], "--checkpoint", twin,
+                               model=tiny_model_dir))) == ["base", "step_000001", "seed1-step_000001",
+                                                           "other-step_000001"]
     # labels name generations/<label>.jsonl, so a dir name that is no safe file name is made one
     odd = tmp_path / "run; rm -rf ~" / "..step 1"
     shutil.copytree(adapter, odd)
