@@ -19,6 +19,11 @@ Phases, counted over real (non-padding) tokens only, so padding and recomputatio
 - training of a LoRA adapter on a frozen base: forward + backward to the inputs ≈ 2 × forward, plus the
   adapter's own matmuls: 2·P_lora per token for its weight gradients and 2·P_lora for its forward
   (4·P_lora·T; the adapter's share of the input gradients is neglected, under 2% at r=16).
+- full fine-tuning: forward + backward to the inputs + weight gradients = 3 × forward (the usual 6·N per token).
+
+Decode floor: a batched KV-cache decode step reads every matmul weight once, whatever the batch size, so the
+sampling phase cannot beat (decode steps) × (weight bytes) / (memory bandwidth). The cached keys and values each
+step reads are counted apart (`kv_cache_bytes`): they grow with batch and context, the weights do not.
 """
 
 from __future__ import annotations
@@ -96,8 +101,29 @@ def reference_flops(shape: ModelShape, sequences: Iterable[tuple[int, int]]) -> 
     return sum(forward_flops(shape, p + c, p + c) for p, c in sequences)
 
 
-def training_flops(shape: ModelShape, sequences: Iterable[tuple[int, int]], rank: int) -> float:
-    """Forward + backward of a LoRA-on-frozen-base policy over each (P, C) sequence: 2·forward + 4·P_lora·T."""
+def training_flops(shape: ModelShape, sequences: Iterable[tuple[int, int]], rank: int | None) -> float:
+    """Forward + backward over each (P, C) sequence: of a rank-r LoRA on a frozen base 2·forward + 4·P_lora·T;
+    of every weight (rank None: full fine-tuning) 3·forward."""
     sequences = list(sequences)
+    if rank is None:
+        return 3 * reference_flops(shape, sequences)
     tokens = sum(p + c for p, c in sequences)
     return 2 * reference_flops(shape, sequences) + 4 * lora_params(shape, rank) * tokens
+
+
+def decode_weight_bytes(shape: ModelShape, dtype_bytes: int, rank: int | None = None) -> int:
+    """Bytes of weights one batched decode step reads: every matmul weight (N) and the rank-r LoRA factors, if
+    any, each once per step. Norms and biases are left out (under 0.1%); the embedding lookup reads B rows."""
+    return dtype_bytes * (matmul_params(shape) + (lora_params(shape, rank) if rank is not None else 0))
+
+
+def kv_cache_bytes(shape: ModelShape, sequences: Iterable[tuple[int, int]], dtype_bytes: int) -> float:
+    """Bytes of cached keys and values the decode steps read: token j (1..C) of a (P, C) sequence reads P + j
+    positions (as in the attention FLOPs), each L·2·kv_heads·head_dim values."""
+    per_position = shape.layers * 2 * shape.kv_heads * shape.head_dim * dtype_bytes
+    return per_position * sum(c * p + c * (c + 1) / 2 for p, c in sequences)
+
+
+def mfu(flops: float, seconds: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilization: useful FLOPs per second as a fraction of the measured peak."""
+    return flops / seconds / peak_flops_per_s

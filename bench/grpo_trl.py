@@ -12,6 +12,13 @@ Settings that differ from TRL's defaults, so that both systems do the same work:
 `trl-bf16` sets bf16=True, autocast over fp32 weights, the nearest TRL setting to purplerl's bf16 `dtype auto`,
 so run both), shuffle_dataset=False
 (the dataset rows already are purplerl's prompt order), beta=0.1 (TRL's default 0 skips the reference pass).
+
+Work.dtype 'bfloat16' loads the model in bf16 and sets bf16=True, TRL's usual GPU setting: LoRA adapters stay fp32
+(PEFT's default), and full fine-tuning updates the bf16 weights themselves with bf16 AdamW states (no fp32
+masters, unlike purplerl). Work.finetune 'full' passes no peft_config: TRL trains every weight and loads a second
+copy of the model as the reference. Work.trl_micro_batch > 0 splits the B·G sequences into passes of that many
+with gradient accumulation; one generation batch of B·G still makes one optimizer step, and the 'dapo' loss
+divides by the whole batch's completion tokens, so the gradient is the one-pass gradient.
 """
 
 from __future__ import annotations
@@ -113,12 +120,16 @@ def toxicity_reward(recorder: StepRecorder, batches: list[list[PromptRecord]], g
 
 
 def grpo_config(work: Work, output_dir: Path, bf16: bool) -> GRPOConfig:
+    sequences = work.prompts_per_step * work.group_size
+    micro_batch = work.trl_micro_batch or sequences
     return GRPOConfig(
-        output_dir=str(output_dir), max_steps=work.steps, seed=work.seed, bf16=bf16,
+        output_dir=str(output_dir), max_steps=work.steps, seed=work.seed, bf16=bf16 or work.dtype == "bfloat16",
         use_cpu=not torch.cuda.is_available(),  # the same device as purplerl's 'auto'
-        model_init_kwargs={"dtype": "float32"}, gradient_checkpointing=False, disable_dropout=True,
-        # one generation batch of B·G sequences = one optimizer step, no accumulation, one pass
-        per_device_train_batch_size=work.prompts_per_step * work.group_size, gradient_accumulation_steps=1,
+        model_init_kwargs={"dtype": "float32" if work.dtype == "auto" else work.dtype},
+        gradient_checkpointing=False, disable_dropout=True,
+        # one generation batch of B·G sequences = one optimizer step (steps_per_generation defaults to the
+        # accumulation steps), in passes of micro_batch sequences
+        per_device_train_batch_size=micro_batch, gradient_accumulation_steps=sequences // micro_batch,
         num_generations=work.group_size, num_iterations=1, shuffle_dataset=False,
         max_completion_length=work.max_new_tokens, temperature=work.temperature, top_p=work.top_p,
         top_k=work.top_k,
@@ -151,7 +162,7 @@ def run_trl(work: Work, bf16: bool, out: Path) -> None:
         recorder = StepRecorder()
         path = resolve_model_path(work.model)
         peft_config = LoraConfig(r=work.lora_rank, lora_alpha=work.lora_alpha, lora_dropout=0.0,
-                                 target_modules="all-linear", task_type="CAUSAL_LM")
+                                 target_modules="all-linear", task_type="CAUSAL_LM") if work.lora else None
         args = grpo_config(work, Path(tmp), bf16)
         if args.gradient_checkpointing:  # transformers 5 resolves it through its activation_checkpointing alias
             raise RuntimeError("gradient checkpointing is on: TRL would recompute the forward that purplerl keeps")
@@ -165,9 +176,11 @@ def run_trl(work: Work, bf16: bool, out: Path) -> None:
         raise RuntimeError(f"TRL ran {len(recorder.steps)} steps, expected {work.steps}")
     # enums (optim, lr_scheduler_type) as their plain values
     settings = {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in RECORDED_ARGS}
-    settings["lora"] = {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": peft_config.lora_dropout,
-                        "target_modules": str(peft_config.target_modules)}
+    settings["model_dtype"] = args.model_init_kwargs["dtype"]
+    settings["lora"] = None if peft_config is None else {
+        "r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": peft_config.lora_dropout,
+        "target_modules": str(peft_config.target_modules)}
     name = "trl-bf16" if bf16 else "trl"
-    out.write_text(json.dumps({"system": name, "settings": settings, "peak_rss_mib": peak_rss_mib(),
-                               "peak_gpu_mib": peak_gpu_mib(),
+    out.write_text(json.dumps({"system": name, "settings": settings, "compute_dtype": "bf16" if args.bf16 else "fp32",
+                               "peak_rss_mib": peak_rss_mib(), "peak_gpu_mib": peak_gpu_mib(),
                                "steps": [_finish(s) for s in recorder.steps]}))

@@ -3,8 +3,8 @@
 `Work` holds every knob both systems share. `purplerl_config` turns it into a purplerl Config; grpo_trl.py turns
 it into a GRPOConfig. The prompts of step k are `PromptSampler.batch(k - 1)` of that Config for both systems.
 
-A child writes one JSON file: {"system", "settings", "peak_rss_mib", "peak_gpu_mib" (null on CPU), "steps": [record]},
-one record per step:
+A child writes one JSON file: {"system", "settings", "compute_dtype" ('bf16' or 'fp32': its matmuls' dtype),
+"peak_rss_mib", "peak_gpu_mib" (null on CPU), "steps": [record]}, one record per step:
 step, step_s, sample_s (rollout), score_s (reference pass + reward), train_s (advantages, forward/backward and
 optimizer step), toxicity (mean P(toxic) of the step's completions), prompt_lens / completion_lens (non-padding
 tokens of each of the B·G sequences, in group-major order), prompt_tokens / completion_tokens (their sums) and
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from purplerl.config import EMBEDDED_MODEL
 from purplerl.data import PromptSampler, load_prompts
 from purplerl.engines.loading import load_tokenizer
@@ -32,6 +34,8 @@ from purplerl.types import PromptRecord
 # purplerl overrides that change how the work is done, not what it is; any other key makes the comparison unfair
 ENGINE_KEYS = ("model.dtype", "model.device", "engine.autocast_bf16", "engine.fast_paths",
                "engine.micro_batch_tokens", "training.old_logprobs")
+FINETUNES = ("lora", "full")
+DTYPES = ("auto", "bfloat16", "float32")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Work:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k truncation
+    finetune: str = "lora"  # 'lora' (rank-r adapters on a frozen base) or 'full' (every weight)
     lora_rank: int = 16
     lora_alpha: float = 32.0
     lr: float = 5e-4  # AdamW, constant, no warmup, weight decay 0
@@ -53,14 +58,33 @@ class Work:
     kl_beta: float = 0.1  # k3 KL to the base model, in the loss
     seed: int = 0
     model: str = EMBEDDED_MODEL
+    # how, not what: 'auto' keeps each system's default (purplerl bf16 on bf16-capable hardware, TRL fp32
+    # weights); 'bfloat16' loads both in bf16 (TRL then autocasts, as bf16=True on a GPU); 'float32' both fp32
+    dtype: str = "auto"
+    trl_micro_batch: int = 0  # sequences per TRL forward/backward pass (gradient accumulation); 0: all B·G at once
+
+    def __post_init__(self) -> None:
+        if self.finetune not in FINETUNES:
+            raise ValueError(f"finetune must be one of {', '.join(FINETUNES)}, got '{self.finetune}'")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got '{self.dtype}'")
+        sequences = self.prompts_per_step * self.group_size
+        if self.trl_micro_batch < 0 or (self.trl_micro_batch and sequences % self.trl_micro_batch):
+            raise ValueError(f"trl_micro_batch {self.trl_micro_batch} does not divide the {sequences} sequences "
+                             "of a step")
+
+    @property
+    def lora(self) -> bool:
+        return self.finetune == "lora"
 
 
 def purplerl_config(work: Work, output_dir: Path, sets: list[str]) -> Any:
     """The attack config that does `work`, with `sets` (KEY=VALUE, dotted or flat names) applied last."""
     base = {
         # dtype, micro-batching and the sampler copy stay purplerl's defaults: they are the engine under test
-        "model": {"name": work.model, "device": "auto", "lora_rank": work.lora_rank,
-                  "lora_alpha": work.lora_alpha, "lora_dropout": 0.0, "lora_targets": "all-linear"},
+        "model": {"name": work.model, "device": "auto", "dtype": work.dtype, "finetune": work.finetune,
+                  **({"lora_rank": work.lora_rank, "lora_alpha": work.lora_alpha, "lora_dropout": 0.0,
+                      "lora_targets": "all-linear"} if work.lora else {})},
         "sampling": {"group_size": work.group_size, "max_new_tokens": work.max_new_tokens,
                      "temperature": work.temperature, "top_p": work.top_p, "top_k": work.top_k},
         "training": {"steps": work.steps, "batch_size": work.prompts_per_step, "lr": work.lr, "weight_decay": 0.0,
@@ -98,14 +122,20 @@ def rendered_prompts(config: Any, batches: list[list[PromptRecord]]) -> list[lis
              for r in batch for _ in range(group)] for batch in batches]
 
 
+def purplerl_compute_dtype(config: Any) -> str:
+    """'bf16' or 'fp32': the dtype purplerl's matmuls run in under `config`."""
+    from purplerl.engines.loading import resolve_device, resolve_dtype
+
+    dtype = resolve_dtype(config.model.dtype, resolve_device(config.model.device))
+    return "bf16" if dtype == torch.bfloat16 or config.engine.autocast_bf16 else "fp32"
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def peak_gpu_mib() -> float | None:
     """Peak memory torch allocated on the GPU in this process (None without CUDA)."""
-    import torch
-
     return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
 
 
@@ -154,5 +184,6 @@ def run_purplerl(work: Work, sets: list[str], out: Path) -> None:
     steps = [_purplerl_step(row, [s for s in samples if s["step"] == row["step"]], batches[row["step"] - 1],
                             prompt_ids[row["step"] - 1], work.group_size) for row in metrics]
     settings = {"overrides": sets, "config": config.settings()}
-    out.write_text(json.dumps({"system": "purplerl", "settings": settings, "peak_rss_mib": peak_rss_mib(),
+    out.write_text(json.dumps({"system": "purplerl", "settings": settings,
+                               "compute_dtype": purplerl_compute_dtype(config), "peak_rss_mib": peak_rss_mib(),
                                "peak_gpu_mib": peak_gpu_mib(), "steps": steps}))

@@ -60,3 +60,17 @@ def test_defaults_and_missing_fields():
     with pytest.raises(ValueError, match="intermediate_size"):
         flops.ModelShape.from_hf_config(SimpleNamespace(num_hidden_layers=1, hidden_size=8, num_attention_heads=2,
                                                         vocab_size=10))
+
+
+def test_full_finetuning_flops_are_three_forwards(shape):
+    # forward + backward to the inputs + weight gradients: 3 · 13920 for the (3, 2) sequence
+    assert flops.training_flops(shape, [(3, 2)], rank=None) == 41760
+
+
+def test_decode_weight_and_kv_cache_bytes(shape):
+    # bf16: 2 · N = 2 · 1232; with the r=2 LoRA 2 · (1232 + 512)
+    assert flops.decode_weight_bytes(shape, dtype_bytes=2) == 2464
+    assert flops.decode_weight_bytes(shape, dtype_bytes=2, rank=2) == 3488
+    # per cached position L2 · (K, V) · kv1 · hd4 · 2 bytes = 32; (P=3, C=2) decodes tokens that read 4 and 5
+    assert flops.kv_cache_bytes(shape, [(3, 2)], dtype_bytes=2) == 32 * 9
+    assert flops.kv_cache_bytes(shape, [(3, 2), (1, 1)], dtype_bytes=2) == 32 * (9 + 2)
