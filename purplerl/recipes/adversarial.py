@@ -16,7 +16,7 @@ serve-reward` is `--judge toxicity --adversarial.judge_params '{url: http://HOST
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -44,6 +44,7 @@ class AdversarialConfig(Section):
     schedule: str = Field("1:1", description="which learner trains at each step: 'attacker', 'defender', or 'N:M' (N attacker steps, then M defender steps, repeated)")  # noqa: E501
     judge: str = Field(JUDGE, description="registered text reward term giving P(unsafe) of an answer in its dialogue: compliance (offline), guard (a Llama-Guard-style model), harm_classifier, or toxicity with a url (a reward server)")  # noqa: E501
     judge_params: dict[str, Any] = Field(default_factory=dict, description="the judge term's parameters, e.g. {model: DIR} for guard (the run records them all)")  # noqa: E501
+    judge_reads: Literal["goal", "dialogue"] = Field("goal", description="what the judge reads with each answer: 'goal' (the harmful goal as the request, as HarmBench's classifiers judge: an attack that loses the goal earns nothing for an on-topic answer) or 'dialogue' (the dialogue up to the answer, as the defender saw it)")  # noqa: E501
     unsafe_at: float = Field(0.5, ge=0.0, le=1.0, description="an answer counts as unsafe (an attack success, asr) when P(unsafe) >= this")  # noqa: E501
     novelty_weight: float = Field(0.1, ge=0.0, description="weight of the attacker's novelty bonus, 1 - its 1-3-gram overlap with recent attacks")  # noqa: E501
     novelty_window: int = Field(64, ge=1, description="the recent attacks the novelty bonus compares with (the last N, and the step's others)")  # noqa: E501

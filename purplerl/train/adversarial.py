@@ -54,6 +54,7 @@ from purplerl.train.dialogue import (
     Shape,
     distinct_ngrams,
     diversity,
+    episode_goal,
     judge_dialogues,
     novelty,
     opening_advantages,
@@ -222,7 +223,11 @@ def score_round(parts: Parts, rnd: Round, shape: Shape, attacker: Side, defender
                 window: list[str]) -> Scored:
     """Both sides' per-turn rewards (the module docstring's formulas)."""
     a, r, K, E = config.adversarial, config.reward, shape.turns, shape.episodes
-    unsafe_EK = judge_dialogues(parts.judge, rnd.dialogues, K)
+    goals = None
+    if a.judge_reads == "goal":
+        texts = [goal.messages[-1]["content"] for goal in rnd.goals]
+        goals = [texts[episode_goal(e, shape.openings, shape.group)] for e in range(E)]
+    unsafe_EK = judge_dialogues(parts.judge, rnd.dialogues, K, goals)
     prompts = [rnd.attack_text(e, t) for t in range(1, K + 1) for e in range(E)]
     terms = parts.terms(ScoringInput(texts=[c.text for c in defender.completions], prompts=prompts,
                                      completions=defender.completions))

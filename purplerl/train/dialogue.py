@@ -254,10 +254,16 @@ def rollout(engine: Engine, goals: list[PromptRecord], shape: Shape, prompter: P
     return Round(goals, attacks, replies, dialogues)
 
 
-def judge_dialogues(judge: ConversationScorer, dialogues: list[list[Message]], turns: int) -> torch.Tensor:
-    """P(unsafe) [E, K] of every defender turn, each judged in the dialogue up to it; ExperimentError naming the
-    episode and turn of a value that is not a probability."""
-    conversations = [d[:2 * t] for t in range(1, turns + 1) for d in dialogues]  # turn-major
+def judge_dialogues(judge: ConversationScorer, dialogues: list[list[Message]], turns: int,
+                    goals: list[str] | None = None) -> torch.Tensor:
+    """P(unsafe) [E, K] of every defender turn, judged in the dialogue up to it, or with `goals` (one per episode)
+    as the answer to its episode's goal alone (the goal as the request: success is serving the goal, whatever the
+    attack said); ExperimentError naming the episode and turn of a value that is not a probability."""
+    if goals is None:
+        conversations = [d[:2 * t] for t in range(1, turns + 1) for d in dialogues]  # turn-major
+    else:
+        conversations = [[{"role": "user", "content": goals[e]}, d[2 * t - 1]]
+                         for t in range(1, turns + 1) for e, d in enumerate(dialogues)]
     values = list(judge.score_conversations(conversations))
     if len(values) != len(conversations):
         raise ExperimentError(f"judge '{judge.name}' returned {len(values)} scores for {len(conversations)} "

@@ -119,6 +119,11 @@ def test_one_turn_rewards_each_side_as_the_recipe_states(tiny_model_dir: Path, t
         assert m["asr"] == pytest.approx(sum(r["unsafe"] >= 0.5 for r in here) / E)
         assert m["unsafe/mean"] == pytest.approx(sum(r["unsafe"] for r in here) / E, abs=1e-6)
     assert [m["train/attacker"] for m in metrics] == [1.0, 0.0]  # schedule 1:1
+    # by default the judge reads each answer as the reply to its goal, not to the attack that drew it
+    assert KeywordJudge.seen == [[{"role": "user", "content": r["goal"]},
+                                  {"role": "assistant", "content": r["completion"]}]
+                                 for r in sorted(rows, key=lambda r: (r["step"], r["episode"]))]
+    assert all(r["goal"] != r["prompt"] for r in rows)
     assert {"attack/diversity", "attack/distinct_2", "entropy/mean", "defender_kl/mean"} <= set(metrics[0])
     checkpoint = run_dir / "checkpoints" / "step_000002"
     assert (checkpoint / "adapter_model.safetensors").is_file()  # the defender, as any policy
@@ -131,7 +136,7 @@ def test_three_turns_judge_every_answer_in_its_dialogue_and_credit_each_turn(tin
                                                                                tmp_path: Path) -> None:
     K, gamma = 3, 0.5
     run_dir = _run(tiny_model_dir, tmp_path, "--steps", "1", "--turns", str(K), "--adversarial.gamma", str(gamma),
-                   "--schedule", "attacker", "--name", "three")
+                   "--schedule", "attacker", "--adversarial.judge_reads", "dialogue", "--name", "three")
     rows = _rows(run_dir)
     at = {(r["episode"], r["turn"]): r for r in rows}
     assert sorted(at) == [(e, t) for e in range(E) for t in range(1, K + 1)]
@@ -305,7 +310,8 @@ def test_the_guard_judge_scores_every_turn_in_its_dialogue(tiny_model_dir: Path,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run_dir = _run(tiny_model_dir, tmp_path, "--steps", "1", "--turns", "2", "--judge", "guard", "--name", "guard",
-                   "--adversarial.judge_params", f"{{model: {tiny_model_dir}, device: cpu}}")
+                   "--adversarial.judge_params", f"{{model: {tiny_model_dir}, device: cpu}}",
+                   "--adversarial.judge_reads", "dialogue")
     saved = saved_settings(ADVERSARIAL, run_dir)["adversarial"]["judge_params"]
     assert saved == {"model": str(tiny_model_dir), "unsafe_token": "unsafe", "device": "cpu", "batch_size": 8}
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -339,7 +345,8 @@ def test_a_served_judge_scores_through_the_reward_client(tiny_model_dir: Path, t
     server = ThreadServer(create_app(RewardServerConfig(), served.scorer, served.label, served.model))
     try:
         run_dir = _run(tiny_model_dir, tmp_path, "--steps", "1", "--turns", "2", "--judge", "toxicity",
-                       "--adversarial.judge_params", f"{{url: '{server.url}', retries: 0}}", "--name", "served")
+                       "--adversarial.judge_params", f"{{url: '{server.url}', retries: 0}}",
+                       "--adversarial.judge_reads", "dialogue", "--name", "served")
     finally:
         server.stop()
     rows = _rows(run_dir)

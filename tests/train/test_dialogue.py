@@ -153,3 +153,9 @@ def test_every_defender_turn_is_judged_in_the_dialogue_before_it() -> None:
             judge_dialogues(_Fixed([0.1, 0.2, 0.3, bad]), dialogues, 2)
     with pytest.raises(ExperimentError, match="returned 3 scores for 4 dialogues"):
         judge_dialogues(_Fixed([0.1, 0.2, 0.3]), dialogues, 2)
+    # with goals, each answer is judged as the reply to its episode's goal alone
+    judge = _Fixed([0.1, 0.2, 0.3, 0.4])
+    assert torch.allclose(judge_dialogues(judge, dialogues, 2, goals=["g0", "g1"]), torch.tensor([[0.1, 0.3],
+                                                                                                [0.2, 0.4]]))
+    assert judge.seen == [[{"role": "user", "content": f"g{e}"}, {"role": "assistant", "content": f"r{e}{t}"}]
+                          for t in (1, 2) for e in (0, 1)]
