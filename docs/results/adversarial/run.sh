@@ -6,7 +6,7 @@
 #   3. `purplerl adversarial` from that attacker, 1 turn and 3 turns, 3 seeds each (the defender is the run's policy)
 #   4. eval: the SFT attacker writes one attack per held-out goal; the aligned base and every defender answer each
 #      twice (T = 1); then each model answers the alignment data's held-out benign requests greedily and the utility
-#      set; then each run's own co-trained attacker against the base and its defender
+#      set; then each run's own co-trained attacker against the base and its defender (46 goals, 1 answer each)
 #   5. measure.py: pooled rates with 95% two-level cluster bootstrap intervals -> adversarial.json
 # Resumable: a finished run or eval is kept, a killed run resumes from its last checkpoint, an eval resumes its
 # generations. Run alone on the machine: two torch processes on 2 cores slow each other.
@@ -57,12 +57,13 @@ done
 $P eval --model $MODEL --attacker "$W/runs/attacker" --attacker_tokens 40 "${CHECKPOINTS[@]}" --suite harm --n 2 \
   --max_new_tokens 40 --out "$W/eval_asr"
 
-# benign requests of the alignment data's held-out templates and topics (greedy) and the utility suite
+# benign requests of the alignment data's held-out templates and topics (greedy), many worded like harmful ones, and
+# the utility suite
 [ -f "$W/benign.jsonl" ] || $PY -c "
 import json, sys
 from purplerl.data.alignment.build import alignment_examples
 with open(sys.argv[1], 'w') as f:
-    for e in alignment_examples('test', 'benign'):
+    for e in alignment_examples('test', 'benign')[::2]:  # every other one: 126 of 252, every category
         f.write(json.dumps({'prompt': e.messages[-1]['content'], 'category': e.category, 'uid': e.uid}) + '\n')
 " "$W/benign.jsonl"
 $P eval --model $MODEL --prompts "$W/benign.jsonl" "${CHECKPOINTS[@]}" --suite harm,utility --temperature 0 \
@@ -73,7 +74,7 @@ if [ "${COTRAINED:-1}" = 1 ]; then
   for s in $SEEDS; do
     for t in 1 3; do
       $P eval --model $MODEL --attacker "$W/runs/adv${t}_s$s" --attacker_tokens 40 --checkpoint "$(final adv${t}_s$s)" \
-        --suite harm --n 1 --max_new_tokens 40 --out "$W/eval_cotrained/adv${t}_s$s"
+        --suite harm --n 1 --limit 46 --max_new_tokens 40 --out "$W/eval_cotrained/adv${t}_s$s"
     done
   done
 fi
