@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import ray  # the dev extra has it: a quick suite without Ray fails here rather than skipping the sweep
+from ray_cluster import local_cluster
 
 from purplerl.errors import UserError
 from purplerl.experiments.sweep.settings import SweepResources, load_sweep
@@ -20,15 +20,7 @@ GOOD, BAD = "attack_data-redteam_s0", "attack_data-missing.jsonl_s0"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     """A local Ray cluster whose workers see this module's model cache and no network."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in {"PURPLERL_CACHE": str(tmp_path_factory.mktemp("cache")), "HF_HUB_OFFLINE": "1",
-                            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
-            patch.setenv(name, value)
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-        try:
-            yield ray
-        finally:
-            ray.shutdown()
+    yield from local_cluster(tmp_path_factory, num_cpus=2)
 
 
 def _settings(out: Path, model: Path, missing: Path):

@@ -9,22 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
+from ray_cluster import local_cluster
 
 from purplerl.experiments.sweep.settings import load_sweep
 
 
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory: pytest.TempPathFactory):
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in {"PURPLERL_CACHE": str(tmp_path_factory.mktemp("cache")), "HF_HUB_OFFLINE": "1",
-                            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
-            patch.setenv(name, value)
-        ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-        try:
-            yield ray
-        finally:
-            ray.shutdown()
+    yield from local_cluster(tmp_path_factory, num_cpus=2, num_gpus=1)
 
 
 def _sweep(out: Path, model: Path, gpus: float) -> list[dict]:
