@@ -134,6 +134,12 @@ bench-concurrency: $(STAMP)
 bench-adversarial-memory: $(STAMP)
 	$(PY) bench/bench_adversarial_memory.py $(BENCH_ARGS)
 
+# where CPU sampling's time goes (profiler) and the growing vs static KV cache on the CPU
+# (bench/results/cpu-decode-DATE-HOST.json; ~2 min)
+.PHONY: bench-cpu-decode
+bench-cpu-decode: $(STAMP)
+	$(PY) bench/bench_cpu_decode.py $(BENCH_ARGS)
+
 # GRPO step throughput of purplerl vs TRL's GRPOTrainer at identical work (bench/results/grpo-DATE-HOST.json/.png);
 # installs TRL (the bench extra) when missing, within the lock's versions.
 # Options go through BENCH_ARGS, e.g. BENCH_ARGS="--steps 5 --trl-bf16"
