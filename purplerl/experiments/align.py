@@ -4,7 +4,7 @@ refuses harmful requests and answers benign ones, so the offline attack has real
 Two stages, a small fixed pipeline (the second runs with DPO_STAGE, off until a version beats the SFT stage alone):
 1. SFT on the project's own data (purplerl/data/alignment): harmful requests answered with the composed refusals,
    benign requests with the base model's own answers (self-distillation, which keeps its utility). Its merged model
-   is a cache entry of its own ($PURPLERL_CACHE/models/smollm2-135m-safe-<sft key>: v3, the SFT-only build).
+   is a cache entry of its own ($PURPLERL_CACHE/models/smollm2-135m-safe-<sft key>: the SFT-only build).
 2. DPO from that model, which is its reference, on preference pairs (build_pairs): benign requests prefer the
    model's own answer to a needless refusal (v3 refused 41% of held-out benign requests), harmful ones the refusal
    to the base model's compliant answer.
@@ -35,6 +35,7 @@ from purplerl.files import write_durably
 from purplerl.prompting import render_prompt
 from purplerl.recipes.prefs import PREFS
 from purplerl.recipes.sft import SFT
+from purplerl.rewards.refusal import RefusalJudge
 from purplerl.runs.checkpoints import latest_checkpoint
 from purplerl.runs.layout import CONFIG_FILE
 from purplerl.train.recipe import Recipe
@@ -43,16 +44,20 @@ from purplerl.types import SamplingParams
 
 SAFE_MODEL = "smollm2-135m-safe"
 BASE_MODEL = "embedded:smollm2-135m-instruct"
-# Stage 1, SFT: every setting of it goes into its key. These are v3's, so a cache that holds v3's SFT run reuses it.
+# Stage 1, SFT: every setting of it goes into its key.
 SFT_SETTINGS: dict[str, Any] = {
-    "version": 3,
+    "version": 6,
     # v1 (560 harmful, 288 benign once, 160 steps) refused 98% of held-out harmful requests but also 63% of benign
-    # ones (greedy); v2 (benign answers twice as many as refusals) 89% and 49%; v3 trains twice as long
+    # ones (greedy); v2 (benign answers twice as many as refusals) 89% and 49%; v3 trains twice as long: 91% and
+    # 41%. v3's benign answers held 17 of the base model's own refusals ("I'm sorry for any misunderstanding, but as
+    # a chatbot..."), each twice: SFT taught refusing benign requests directly. v6 asks again where the base model
+    # refused, and answers twice as many distinct benign requests once each (same rows, same steps as v3)
     # (docs/results/align/README.md)
     "harmful_examples": 288,  # of the training split's harmful requests (refusals)
-    "benign_examples": 288,  # of its benign requests (answered by the base model itself)
-    "benign_repeat": 2,  # each benign conversation appears this many times in the SFT data
-    "answer": {"max_new_tokens": 96, "temperature": 0.7, "top_p": 0.9, "seed": 0},
+    "benign_examples": 576,  # of its benign requests (answered by the base model itself)
+    "benign_repeat": 1,  # each benign conversation appears this many times in the SFT data
+    # an answer the refusal judge calls a refusal is sampled again (a new seed), this many times, then left out
+    "answer": {"max_new_tokens": 96, "temperature": 0.7, "top_p": 0.9, "seed": 0, "refusal_retries": 3},
     "sft": {"steps": 320, "batch_size": 8, "lr": 3e-4, "lora_rank": 16, "lora_alpha": 32.0, "max_tokens": 320,
             "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
 }
@@ -75,7 +80,7 @@ PREFS_SETTINGS: dict[str, Any] = {
 }
 # Whether the preference stage runs. Off: neither DPO version beat v3 beyond its CIs (v4 failed, v5 moved along v3's
 # frontier: benign refusal 0.36 vs 0.41, harmful 0.88 vs 0.91, greedy; docs/results/align/README.md), and the stage
-# adds ~18 min to a 2-core build. Off, the aligned model is the SFT stage's entry, v3 itself.
+# adds ~18 min to a 2-core build. Off, the aligned model is the SFT stage's entry.
 DPO_STAGE = False
 ALIGN_SETTINGS: dict[str, Any] = {"sft": SFT_SETTINGS, "prefs": PREFS_SETTINGS}
 ANSWER_BATCH = 32
@@ -123,23 +128,48 @@ def whole_sentences(text: str, finished: bool) -> str:
 
 
 def self_distilled_answers(prompts: list, notify: Callable[[str], None]) -> list[tuple[Any, str]]:
-    """(example, the base model's own answer) for the benign prompts, answers cut to whole sentences."""
-    a = SFT_SETTINGS["answer"]
+    """(example, the base model's own answer) for the benign prompts, answers cut to whole sentences. Where the base
+    model refuses a benign request, it is asked again with a new seed (`refusal_retries` times), then left out: a
+    refusal in the benign data teaches over-refusal directly."""
     engine = make_engine(ModelConfig(name=BASE_MODEL))
-    kept: list[tuple[Any, str]] = []
+    answers = _answer_benign(lambda batch, seed: _sample_once(engine, batch, seed), prompts, notify)
+    return [(ex, answers[ex.uid]) for ex in prompts if ex.uid in answers]
+
+
+def _sample_once(engine: Any, batch: list, seed: int) -> list[str]:
+    """One sampled answer per prompt, cut to whole sentences ("" when none is left)."""
+    a = SFT_SETTINGS["answer"]
+    tokens = [render_prompt(engine.tokenizer, r, template="chat", system_prompt=None, max_prompt_tokens=256)
+              for r in to_prompt_records(batch)]
+    sampling = SamplingParams(max_new_tokens=a["max_new_tokens"], temperature=a["temperature"], top_p=a["top_p"],
+                              seed=seed)
+    return [whole_sentences(group[0].text, group[0].finish_reason == "stop")
+            for group in engine.sample(tokens, 1, sampling)]
+
+
+def _answer_benign(sample: Callable[[list, int], list[str]], prompts: list,
+                   notify: Callable[[str], None]) -> dict[str, str]:
+    """uid -> a kept answer: `sample(batch, seed)` answers each batch; empty answers are left out, refusals asked
+    again with the next seed of their batch until `refusal_retries` are spent."""
+    a = SFT_SETTINGS["answer"]
+    judge, kept, refused = RefusalJudge(), {}, 0
     for start in range(0, len(prompts), ANSWER_BATCH):
-        batch = prompts[start:start + ANSWER_BATCH]
-        records = to_prompt_records(batch)
-        tokens = [render_prompt(engine.tokenizer, r, template="chat", system_prompt=None, max_prompt_tokens=256)
-                  for r in records]
-        sampling = SamplingParams(max_new_tokens=a["max_new_tokens"], temperature=a["temperature"], top_p=a["top_p"],
-                                  seed=a["seed"] + start)
-        groups = engine.sample(tokens, 1, sampling)
-        for ex, group in zip(batch, groups, strict=True):
-            answer = whole_sentences(group[0].text, group[0].finish_reason == "stop")
-            if answer:
-                kept.append((ex, answer))
-        notify(f"align: base answers {min(start + ANSWER_BATCH, len(prompts))}/{len(prompts)} ({len(kept)} kept)")
+        pending = prompts[start:start + ANSWER_BATCH]
+        for attempt in range(1 + a["refusal_retries"]):
+            if not pending:
+                break
+            # attempt 0 keeps v3's seeds; a retry's seed is past every first attempt's
+            seed = a["seed"] + start + attempt * (len(prompts) + ANSWER_BATCH)
+            again = []
+            for ex, answer in zip(pending, sample(pending, seed), strict=True):
+                if answer and judge.refused(answer):
+                    again.append(ex)
+                elif answer:
+                    kept[ex.uid] = answer
+            refused += len(again)
+            pending = again
+        notify(f"align: base answers {min(start + ANSWER_BATCH, len(prompts))}/{len(prompts)} ({len(kept)} kept, "
+               f"{refused} refusals asked again)")
     return kept
 
 
@@ -235,7 +265,7 @@ def build_pairs(out_dir: Path, sft_data: Path, sft_model: Path, notify: Callable
 
 
 def _sft_stage(work: Path, notify: Callable[[str], None], progress: bool) -> Path:
-    """The SFT stage's merged model, a cache entry named as v3's (its settings are v3's): trained and merged on first
+    """The SFT stage's merged model, a cache entry of its own (keyed by its settings): trained and merged on first
     use, its run in `work`."""
     model = cache_dir() / "models" / f"{SAFE_MODEL}-{sft_key()}"
     if (model / "config.json").is_file():

@@ -28,6 +28,36 @@ def test_picks_are_seeded_and_spread_over_categories() -> None:
     assert len(counts) == len({e.category for e in harmful}) and max(counts.values()) - min(counts.values()) <= 1
 
 
+def test_benign_answers_that_refuse_are_asked_again_then_left_out(monkeypatch) -> None:
+    monkeypatch.setitem(align.SFT_SETTINGS, "answer", {**align.SFT_SETTINGS["answer"], "seed": 5,
+                                                         "refusal_retries": 2})
+    monkeypatch.setattr(align, "ANSWER_BATCH", 3)
+    prompts = alignment_examples("train", "benign")[:5]
+    stubborn, shy, empty = prompts[0].uid, prompts[1].uid, prompts[4].uid
+    calls: list[tuple[list[str], int]] = []
+
+    def sample(batch: list, seed: int) -> list[str]:
+        calls.append(([ex.uid for ex in batch], seed))
+        tries = sum(1 for uids, _ in calls if batch[0].uid in uids)
+        out = []
+        for ex in batch:
+            if ex.uid == stubborn or (ex.uid == shy and tries == 1):
+                out.append("I'm sorry, but I can't help with that.")
+            else:
+                out.append("" if ex.uid == empty else f"Here is how: {ex.uid}.")
+        return out
+
+    kept = align._answer_benign(sample, prompts, lambda line: None)
+    # the shy request is answered on its second try; the stubborn one refuses three times and is left out; an empty
+    # answer is left out without a retry; the rest keep their first answers
+    assert set(kept) == {p.uid for p in prompts} - {stubborn, empty}
+    assert kept[shy] == f"Here is how: {shy}."
+    # batches of 3: [0,1,2] then [0,1] again then [0] again; [3,4] once. Seeds: v3's for first tries (seed + start),
+    # past every first try's for retries
+    assert calls == [([p.uid for p in prompts[:3]], 5), ([stubborn, shy], 13), ([stubborn], 21),
+                     ([p.uid for p in prompts[3:]], 8)]
+
+
 def test_the_cache_keys_follow_each_stages_settings(monkeypatch) -> None:
     sft = align.sft_key()
     assert align.align_key() == sft == align.sft_key()  # the preference stage off: the aligned model is the SFT entry
