@@ -44,23 +44,30 @@ from purplerl.types import SamplingParams
 
 SAFE_MODEL = "smollm2-135m-safe"
 BASE_MODEL = "embedded:smollm2-135m-instruct"
-# Stage 1, SFT: every setting of it goes into its key.
-SFT_SETTINGS: dict[str, Any] = {
-    "version": 6,
+# Stage 1, SFT: every setting of it goes into its key. The shipped build is v3; v6 is kept to reproduce its measurement
+# (set SFT_SETTINGS = SFT_V6). docs/results/align/README.md measures every version.
+SFT_V3: dict[str, Any] = {
+    "version": 3,
     # v1 (560 harmful, 288 benign once, 160 steps) refused 98% of held-out harmful requests but also 63% of benign
-    # ones (greedy); v2 (benign answers twice as many as refusals) 89% and 49%; v3 trains twice as long: 91% and
-    # 41%. v3's benign answers held 17 of the base model's own refusals ("I'm sorry for any misunderstanding, but as
-    # a chatbot..."), each twice: SFT taught refusing benign requests directly. v6 asks again where the base model
-    # refused, and answers twice as many distinct benign requests once each (same rows, same steps as v3)
-    # (docs/results/align/README.md)
+    # ones (greedy); v2 (benign answers twice as many as refusals) 89% and 49%; v3 trains twice as long: 91% and 41%
     "harmful_examples": 288,  # of the training split's harmful requests (refusals)
-    "benign_examples": 576,  # of its benign requests (answered by the base model itself)
-    "benign_repeat": 1,  # each benign conversation appears this many times in the SFT data
-    # an answer the refusal judge calls a refusal is sampled again (a new seed), this many times, then left out
-    "answer": {"max_new_tokens": 96, "temperature": 0.7, "top_p": 0.9, "seed": 0, "refusal_retries": 3},
+    "benign_examples": 288,  # of its benign requests (answered by the base model itself)
+    "benign_repeat": 2,  # each benign conversation appears this many times in the SFT data
+    # without "refusal_retries", the base model's own refusals of benign requests stay in the data (v3 has 17, twice)
+    "answer": {"max_new_tokens": 96, "temperature": 0.7, "top_p": 0.9, "seed": 0},
     "sft": {"steps": 320, "batch_size": 8, "lr": 3e-4, "lora_rank": 16, "lora_alpha": 32.0, "max_tokens": 320,
             "eval_fraction": 0.05, "eval_every": 40, "seed": 0},
 }
+# v6: the base model is asked again where it refused a benign request (3 retries, then the request is left out), and
+# twice as many distinct benign requests appear once each (830 rows and 320 steps, as v3). Measured: harmful refusal
+# up (0.93 / 0.82 greedy / sampled, v3 0.91 / 0.77), benign refusal not down (0.47 / 0.35, v3 0.41 / 0.31): the
+# over-refusal does not come from the refusals in the benign data.
+SFT_V6: dict[str, Any] = {
+    **SFT_V3, "version": 6, "benign_examples": 576, "benign_repeat": 1,
+    # an answer the refusal judge calls a refusal is sampled again (a new seed), this many times, then left out
+    "answer": {**SFT_V3["answer"], "refusal_retries": 3},
+}
+SFT_SETTINGS: dict[str, Any] = SFT_V3
 # Stage 2, DPO from the SFT model (its own reference) on the training split's preference pairs
 # (experiments/safety_prefs.py): benign requests prefer the base model's answer to a needless refusal, harmful ones
 # the refusal to the base model's compliant answer. v3 (SFT only) refused 41% of held-out benign requests.
@@ -149,20 +156,21 @@ def _sample_once(engine: Any, batch: list, seed: int) -> list[str]:
 
 def _answer_benign(sample: Callable[[list, int], list[str]], prompts: list,
                    notify: Callable[[str], None]) -> dict[str, str]:
-    """uid -> a kept answer: `sample(batch, seed)` answers each batch; empty answers are left out, refusals asked
-    again with the next seed of their batch until `refusal_retries` are spent."""
+    """uid -> a kept answer: `sample(batch, seed)` answers each batch; empty answers are left out; with
+    `refusal_retries` set, refusals are asked again with the next seed of their batch until the retries are spent."""
     a = SFT_SETTINGS["answer"]
+    retries = a.get("refusal_retries")  # None: refusals are kept as answers (v3's data)
     judge, kept, refused = RefusalJudge(), {}, 0
     for start in range(0, len(prompts), ANSWER_BATCH):
         pending = prompts[start:start + ANSWER_BATCH]
-        for attempt in range(1 + a["refusal_retries"]):
+        for attempt in range(1 + (retries or 0)):
             if not pending:
                 break
             # attempt 0 keeps v3's seeds; a retry's seed is past every first attempt's
             seed = a["seed"] + start + attempt * (len(prompts) + ANSWER_BATCH)
             again = []
             for ex, answer in zip(pending, sample(pending, seed), strict=True):
-                if answer and judge.refused(answer):
+                if answer and retries is not None and judge.refused(answer):
                     again.append(ex)
                 elif answer:
                     kept[ex.uid] = answer

@@ -29,8 +29,8 @@ def test_picks_are_seeded_and_spread_over_categories() -> None:
 
 
 def test_benign_answers_that_refuse_are_asked_again_then_left_out(monkeypatch) -> None:
-    monkeypatch.setitem(align.SFT_SETTINGS, "answer", {**align.SFT_SETTINGS["answer"], "seed": 5,
-                                                         "refusal_retries": 2})
+    monkeypatch.setattr(align, "SFT_SETTINGS", {**align.SFT_V6, "answer": {**align.SFT_V6["answer"], "seed": 5,
+                                                                            "refusal_retries": 2}})
     monkeypatch.setattr(align, "ANSWER_BATCH", 3)
     prompts = alignment_examples("train", "benign")[:5]
     stubborn, shy, empty = prompts[0].uid, prompts[1].uid, prompts[4].uid
@@ -56,6 +56,30 @@ def test_benign_answers_that_refuse_are_asked_again_then_left_out(monkeypatch) -
     # past every first try's for retries
     assert calls == [([p.uid for p in prompts[:3]], 5), ([stubborn, shy], 13), ([stubborn], 21),
                      ([p.uid for p in prompts[3:]], 8)]
+
+
+def test_without_retries_refusals_stay_in_the_benign_data_as_in_v3(monkeypatch) -> None:
+    assert "refusal_retries" not in align.SFT_V3["answer"] and align.SFT_SETTINGS is align.SFT_V3
+    monkeypatch.setattr(align, "ANSWER_BATCH", 4)
+    prompts = alignment_examples("train", "benign")[:3]
+    seeds: list[int] = []
+
+    def sample(batch: list, seed: int) -> list[str]:
+        seeds.append(seed)
+        return ["I'm sorry, but I can't help with that.", "", "Whisk them."]
+
+    kept = align._answer_benign(sample, prompts, lambda line: None)
+    assert kept == {prompts[0].uid: "I'm sorry, but I can't help with that.", prompts[2].uid: "Whisk them."}
+    assert seeds == [0]
+
+
+def test_v6_differs_from_v3_in_its_benign_data_only_and_has_its_own_key(monkeypatch) -> None:
+    v3_key = align.sft_key()
+    assert {k: v for k, v in align.SFT_V6.items() if k not in ("version", "benign_examples", "benign_repeat",
+                                                                 "answer")} == \
+        {k: v for k, v in align.SFT_V3.items() if k not in ("version", "benign_examples", "benign_repeat", "answer")}
+    monkeypatch.setattr(align, "SFT_SETTINGS", align.SFT_V6)
+    assert align.sft_key() != v3_key
 
 
 def test_the_cache_keys_follow_each_stages_settings(monkeypatch) -> None:
