@@ -14,7 +14,7 @@ def test_aligned_model_refuses_held_out_harmful_requests_and_keeps_utility() -> 
     from purplerl.eval.alignment import evaluate_model, within_ci
     from purplerl.experiments.align import BASE_MODEL, SAFE_MODEL, aligned_model_dir
 
-    aligned_model_dir()  # built on first use (~8 min on 2 cores), then cached
+    aligned_model_dir()  # built on first use (~20 min on 2 cores), then cached
     kwargs = {"limit": 60, "max_new_tokens": 32, "utility_limit": 20, "seed": 0, "notify": lambda line: None}
     base, aligned = evaluate_model(BASE_MODEL, **kwargs), evaluate_model(f"embedded:{SAFE_MODEL}", **kwargs)
     harmful, benign = aligned["refusal/harmful/greedy"]["mean"], aligned["refusal/benign/greedy"]["mean"]
