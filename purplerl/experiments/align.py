@@ -177,7 +177,7 @@ def _answer_benign(sample: Callable[[list, int], list[str]], prompts: list,
             refused += len(again)
             pending = again
         notify(f"align: base answers {min(start + ANSWER_BATCH, len(prompts))}/{len(prompts)} ({len(kept)} kept, "
-               f"{refused} refusals asked again)")
+               f"{refused} refused answers, each asked again while retries remain)")
     return kept
 
 
