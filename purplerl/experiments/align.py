@@ -44,8 +44,8 @@ from purplerl.types import SamplingParams
 
 SAFE_MODEL = "smollm2-135m-safe"
 BASE_MODEL = "embedded:smollm2-135m-instruct"
-# Stage 1, SFT: every setting of it goes into its key. The shipped build is v3; v6 is kept to reproduce its measurement
-# (set SFT_SETTINGS = SFT_V6). docs/results/align/README.md measures every version.
+# Stage 1, SFT: every setting of it goes into its key. The shipped build is v3; v6 and v7 are kept to reproduce their
+# measurements (set SFT_SETTINGS = SFT_V6 or SFT_V7). docs/results/align/README.md measures every version.
 SFT_V3: dict[str, Any] = {
     "version": 3,
     # v1 (560 harmful, 288 benign once, 160 steps) refused 98% of held-out harmful requests but also 63% of benign
@@ -67,6 +67,8 @@ SFT_V6: dict[str, Any] = {
     # an answer the refusal judge calls a refusal is sampled again (a new seed), this many times, then left out
     "answer": {**SFT_V3["answer"], "refusal_retries": 3},
 }
+# v7: v6 trained twice as long (640 steps), the one lever that moved both numbers the right way (v2 -> v3)
+SFT_V7: dict[str, Any] = {**SFT_V6, "version": 7, "sft": {**SFT_V6["sft"], "steps": 640}}
 SFT_SETTINGS: dict[str, Any] = SFT_V3
 # Stage 2, DPO from the SFT model (its own reference) on the training split's preference pairs
 # (experiments/safety_prefs.py): benign requests prefer the base model's answer to a needless refusal, harmful ones

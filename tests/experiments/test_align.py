@@ -82,6 +82,16 @@ def test_v6_differs_from_v3_in_its_benign_data_only_and_has_its_own_key(monkeypa
     assert align.sft_key() != v3_key
 
 
+def test_v7_is_v6_trained_twice_as_long_with_its_own_key(monkeypatch) -> None:
+    assert align.SFT_V7["sft"] == {**align.SFT_V6["sft"], "steps": 2 * align.SFT_V6["sft"]["steps"]}
+    assert {k: v for k, v in align.SFT_V7.items() if k not in ("version", "sft")} == \
+        {k: v for k, v in align.SFT_V6.items() if k not in ("version", "sft")}  # the same data as v6
+    monkeypatch.setattr(align, "SFT_SETTINGS", align.SFT_V6)
+    v6_key = align.sft_key()
+    monkeypatch.setattr(align, "SFT_SETTINGS", align.SFT_V7)
+    assert align.sft_key() != v6_key
+
+
 def test_the_cache_keys_follow_each_stages_settings(monkeypatch) -> None:
     sft = align.sft_key()
     assert align.align_key() == sft == align.sft_key()  # the preference stage off: the aligned model is the SFT entry
