@@ -37,7 +37,6 @@ for s in $SEEDS; do
   run dpo_s$s prefs --data "$W/data/train.jsonl" --steps 40 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
     --prefs.eval_every 20 --seed "$s"
 done
-# (dpo_2seeds.json: the first two seeds, measured by hand as measure.py policy RUN_0 RUN_1)
 [ -s $OUT/dpo.json ] || $PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/dpo_s$s"; done) > $OUT/dpo.json
 
 # 3b. the base model on the same held-out requests
@@ -48,8 +47,12 @@ for s in $SEEDS; do
   run rpo_s$s prefs --data "$W/data/train.jsonl" --steps 40 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
     --prefs.sft_weight 1.0 --prefs.eval_every 20 --seed "$s"
 done
-# (rpo_2seeds.json: the first two seeds, measured as measure.py policy RUN_0 RUN_1)
 [ -s $OUT/rpo.json ] || $PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/rpo_s$s"; done) > $OUT/rpo.json
+
+# 3d. RPO four times as long (160 steps, ~1.7 passes over the pairs), one seed: does the budget hold DPO back?
+run rpo_long_s0 prefs --data "$W/data/train.jsonl" --steps 160 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
+  --prefs.sft_weight 1.0 --prefs.eval_every 40 --seed 0
+[ -s $OUT/rpo_long.json ] || $PY $OUT/measure.py policy "$W/runs/rpo_long_s0" > $OUT/rpo_long.json
 
 # 4. PPO with a critic against the reward model, on the training split's requests, 30 steps, 3 seeds
 for s in $SEEDS; do
