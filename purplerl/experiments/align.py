@@ -67,7 +67,9 @@ SFT_V6: dict[str, Any] = {
     # an answer the refusal judge calls a refusal is sampled again (a new seed), this many times, then left out
     "answer": {**SFT_V3["answer"], "refusal_retries": 3},
 }
-# v7: v6 trained twice as long (640 steps), the one lever that moved both numbers the right way (v2 -> v3)
+# v7: v6 trained twice as long (640 steps), the lever that moved both numbers the right way from v2 to v3. Measured:
+# benign refusal down to 0.14 / 0.15 greedy / sampled, but harmful refusal down too (0.83 / 0.75) and arithmetic 0/40
+# (below the base's CI): another point on the frontier, not inside the target (docs/results/align/README.md).
 SFT_V7: dict[str, Any] = {**SFT_V6, "version": 7, "sft": {**SFT_V6["sft"], "steps": 640}}
 SFT_SETTINGS: dict[str, Any] = SFT_V3
 # Stage 2, DPO from the SFT model (its own reference) on the training split's preference pairs
