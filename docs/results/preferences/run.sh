@@ -49,10 +49,14 @@ for s in $SEEDS; do
 done
 [ -s $OUT/rpo.json ] || $PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/rpo_s$s"; done) > $OUT/rpo.json
 
-# 3d. RPO four times as long (160 steps, ~1.7 passes over the pairs), one seed: does the budget hold DPO back?
-run rpo_long_s0 prefs --data "$W/data/train.jsonl" --steps 160 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
-  --prefs.sft_weight 1.0 --prefs.eval_every 40 --seed 0
-[ -s $OUT/rpo_long.json ] || $PY $OUT/measure.py policy "$W/runs/rpo_long_s0" > $OUT/rpo_long.json
+# 3d. RPO four times as long (160 steps, ~1.7 passes over the pairs): does the budget hold DPO back? (LONG_SEEDS)
+LONG_SEEDS=${LONG_SEEDS:-"0"}
+for s in $LONG_SEEDS; do
+  run rpo_long_s$s prefs --data "$W/data/train.jsonl" --steps 160 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
+    --prefs.sft_weight 1.0 --prefs.eval_every 40 --seed "$s"
+done
+[ -s $OUT/rpo_long.json ] || $PY $OUT/measure.py policy $(for s in $LONG_SEEDS; do echo "$W/runs/rpo_long_s$s"; done) \
+  > $OUT/rpo_long.json
 
 # 4. PPO with a critic against the reward model, on the training split's requests, 30 steps, 3 seeds
 for s in $SEEDS; do
