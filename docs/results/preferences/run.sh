@@ -50,7 +50,7 @@ done
 [ -s $OUT/rpo.json ] || $PY $OUT/measure.py policy $(for s in $SEEDS; do echo "$W/runs/rpo_s$s"; done) > $OUT/rpo.json
 
 # 3d. RPO four times as long (160 steps, ~1.7 passes over the pairs): does the budget hold DPO back? (LONG_SEEDS)
-LONG_SEEDS=${LONG_SEEDS:-"0"}
+LONG_SEEDS=${LONG_SEEDS:-"0 1"}
 for s in $LONG_SEEDS; do
   run rpo_long_s$s prefs --data "$W/data/train.jsonl" --steps 160 --batch_size 8 --lr 1e-4 --prefs.beta 0.1 \
     --prefs.sft_weight 1.0 --prefs.eval_every 40 --seed "$s"
