@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 random_twin = importlib.import_module("random_twin")
@@ -210,3 +211,26 @@ def test_memory_bandwidth_counts_bytes_read_and_written(monkeypatch: pytest.Monk
     best = grpo_machine.best_of(before, after)
     assert (best["bf16"]["gflops"], best["bandwidth"]["gb_per_s"]) == (7.0, 9.0)
     assert (best["bandwidth"]["before_gb_per_s"], best["bandwidth"]["after_gb_per_s"]) == (9.0, 3.0)
+
+
+def test_matmul_peak_stops_at_the_probe_for_a_dtype_without_fast_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    grpo_machine = importlib.import_module("grpo_machine")
+    calls: list[int] = []
+
+    def timed(seconds_by_repeats: dict[int, float]):
+        def best_time(fn, repeats):
+            calls.append(repeats)
+            return seconds_by_repeats[repeats]
+        return best_time
+
+    monkeypatch.setattr(grpo_machine, "PROBE_SIZE", 100)
+    monkeypatch.setattr(grpo_machine, "best_time", timed({1: 2.0}))  # the probe: 2e6 FLOPs in 2 s
+    assert grpo_machine.matmul_peak(torch.float32, sizes=(200, 400)) == {
+        "gflops": 0.0, "by_size": {"100": 0.0}, "slow_dtype": True}
+    assert calls == [1]  # the peak sizes never ran
+    calls.clear()
+    monkeypatch.setattr(grpo_machine, "best_time", timed({1: 1e-6, 5: 1e-3}))
+    peak = grpo_machine.matmul_peak(torch.float32, sizes=(200, 400))
+    assert peak == {"gflops": round(2 * 400**3 / 1e-3 / 1e9, 1),
+                    "by_size": {"200": round(2 * 200**3 / 1e-3 / 1e9, 1), "400": round(2 * 400**3 / 1e-3 / 1e9, 1)}}
+    assert calls == [1, 5, 5]
