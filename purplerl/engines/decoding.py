@@ -11,7 +11,12 @@ Two ways to hold the KV cache:
   millisecond of GPU work.
 
 Both compute the same function: the static cache's unused positions are masked out, so they add exactly zero to
-each softmax. `tests/engines/test_decoding.py` checks the two against each other on CPU (without the graph) and
+each softmax. The prefill takes each distinct prompt once with the number of rows that continue it (a GRPO group
+samples G answers to one prompt): the growing cache runs the B distinct prompts and repeats their keys and values
+G times, so the prompt's FLOPs are paid once per group; the static cache, which cannot grow a batch, prefills every
+row (on a GPU, where it is used, a prefill is a few large matmuls). Only the last position's logits are computed
+where the model can skip the others (`logits_to_keep`), not a vocabulary-wide row per prompt token.
+`tests/engines/test_decoding.py` checks the two against each other on CPU (without the graph) and
 `tests/engines/test_engine_cuda.py` the graph against eager decoding on a GPU.
 """
 
@@ -25,10 +30,10 @@ import torch
 class DynamicDecoder:
     """Decoding over a cache that grows by one position per token."""
 
-    def __init__(self, model, cache_kwarg: str, attn_NP: torch.Tensor) -> None:
+    def __init__(self, model, cache_kwarg: str, attn_NP: torch.Tensor, last_logits: dict | None = None) -> None:
         from transformers import DynamicCache
 
-        self.model, self.cache_kwarg = model, cache_kwarg
+        self.model, self.cache_kwarg, self.last_logits = model, cache_kwarg, last_logits or {}
         try:
             self.cache = DynamicCache(config=model.config)
         except TypeError:  # transformers < 4.56 builds its cache without the config
@@ -37,12 +42,16 @@ class DynamicDecoder:
 
     def _forward(self, ids, attn, position):
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=position, use_cache=True,
-                         **{self.cache_kwarg: self.cache})
+                         **{self.cache_kwarg: self.cache}, **self.last_logits)
         return out.logits[:, -1, :]
 
-    def prefill(self, ids_NP: torch.Tensor, position_NP: torch.Tensor) -> torch.Tensor:
-        """Logits [N, V] after the (left-padded) prompts."""
-        return self._forward(ids_NP, self.attn, position_NP)
+    def prefill(self, ids_BP: torch.Tensor, position_BP: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+        """Logits [B·repeats, V] after the B (left-padded) distinct prompts, prompt b continued by rows
+        b·repeats to b·repeats + repeats - 1 (the rows of the attention mask given at construction)."""
+        logits_BV = self._forward(ids_BP, self.attn[::repeats], position_BP)
+        if repeats > 1:
+            self.cache.batch_repeat_interleave(repeats)
+        return logits_BV.repeat_interleave(repeats, dim=0)
 
     def step(self, tok_N: torch.Tensor, position_N1: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] after appending one token per row at `position_N1`."""
@@ -57,11 +66,13 @@ class StaticDecoder:
     Capture needs one eager run of the step first (lazy cuBLAS and allocator state), done on a side stream as
     torch's CUDA graph notes require; that run is the first real decode step, not a throwaway."""
 
-    def __init__(self, model, cache_kwarg: str, attn_NP: torch.Tensor, max_new_tokens: int, graphed: bool) -> None:
+    def __init__(self, model, cache_kwarg: str, attn_NP: torch.Tensor, max_new_tokens: int, graphed: bool,
+                 last_logits: dict | None = None) -> None:
         from transformers import StaticCache
 
         N, P = attn_NP.shape
         self.model, self.cache_kwarg, self.graphed = model, cache_kwarg, graphed
+        self.last_logits = last_logits or {}
         self.cache = StaticCache(config=model.config, max_cache_len=P + max_new_tokens)
         device = attn_NP.device
         # the step's inputs: fixed buffers, refilled before every step
@@ -75,15 +86,17 @@ class StaticDecoder:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits_NV: torch.Tensor | None = None
 
-    def prefill(self, ids_NP: torch.Tensor, position_NP: torch.Tensor) -> torch.Tensor:
+    def prefill(self, ids_BP: torch.Tensor, position_BP: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+        """As DynamicDecoder.prefill, with every row prefilled: the static cache's batch is fixed at allocation."""
+        ids_NP, position_NP = ids_BP.repeat_interleave(repeats, 0), position_BP.repeat_interleave(repeats, 0)
         out = self.model(input_ids=ids_NP, attention_mask=self.attn_NP, position_ids=position_NP, use_cache=True,
-                         **{self.cache_kwarg: self.cache})
+                         **{self.cache_kwarg: self.cache}, **self.last_logits)
         return out.logits[:, -1, :]
 
     def _forward(self) -> torch.Tensor:
         # a 4D boolean mask is passed to attention as it is: no mask building, no host sync, inside the graph
         out = self.model(input_ids=self.ids_N1, attention_mask=self.mask_N11L, position_ids=self.position_N1,
-                         use_cache=True, **{self.cache_kwarg: self.cache})
+                         use_cache=True, **{self.cache_kwarg: self.cache}, **self.last_logits)
         return out.logits[:, -1, :]
 
     def step(self, tok_N: torch.Tensor, position_N1: torch.Tensor) -> torch.Tensor:

@@ -66,13 +66,16 @@ class LocalSampler:
         # transformers renamed the KV-cache argument from past_key_values to cache (5.x); take what the model has
         params = inspect.signature(trainer.causal_lm.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # the lm_head at the last position only (transformers >= 4.50 names it logits_to_keep)
+        self.last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     @torch.no_grad()
     def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
         check_prompts(prompt_tokens, n)
         generator = torch.Generator(device=self.trainer.device).manual_seed(sampling.seed)
         expanded = [p for p in prompt_tokens for _ in range(n)]
-        tokens_NC, logprobs_NC, entropies_NC, lengths_N, stopped_N = self._decode(expanded, sampling, generator)
+        tokens_NC, logprobs_NC, entropies_NC, lengths_N, stopped_N = self._decode(prompt_tokens, n, sampling,
+                                                                                  generator)
         completions = []
         for i, prompt in enumerate(expanded):
             c = int(lengths_N[i])
@@ -134,25 +137,27 @@ class LocalSampler:
         else:  # set by tests: the static cache on any device, with or without the graph
             static, graphed = True, self.decode_static == "graph"
         if static:
-            return StaticDecoder(model, self.cache_kwarg, attn_NP, max_new_tokens, graphed)
-        return DynamicDecoder(model, self.cache_kwarg, attn_NP)
+            return StaticDecoder(model, self.cache_kwarg, attn_NP, max_new_tokens, graphed, self.last_logits)
+        return DynamicDecoder(model, self.cache_kwarg, attn_NP, self.last_logits)
 
-    def _decode(self, prompts: list[list[int]], sampling: SamplingParams, generator: torch.Generator):
-        """Left-padded batched decoding with a KV cache; returns per-step tokens/logprobs/entropies."""
+    def _decode(self, prompts: list[list[int]], n: int, sampling: SamplingParams, generator: torch.Generator):
+        """Left-padded batched decoding with a KV cache of n rows per prompt (rows b·n … b·n + n - 1 continue
+        prompt b); returns per-step tokens/logprobs/entropies."""
         model, trainer, device = self.decoding_model(), self.trainer, self.trainer.device
-        N, P = len(prompts), max(len(p) for p in prompts)
+        B, P = len(prompts), max(len(p) for p in prompts)
+        N = B * n
         pad = int(trainer.tokenizer.pad_token_id)
-        ids_NP = torch.full((N, P), pad, dtype=torch.long, device=device)
-        attn_NP = torch.zeros((N, P), dtype=torch.long, device=device)
+        ids_BP = torch.full((B, P), pad, dtype=torch.long, device=device)
+        attn_BP = torch.zeros((B, P), dtype=torch.long, device=device)
         for i, p in enumerate(prompts):
-            ids_NP[i, P - len(p):] = torch.tensor(p, device=device)
-            attn_NP[i, P - len(p):] = 1
+            ids_BP[i, P - len(p):] = torch.tensor(p, device=device)
+            attn_BP[i, P - len(p):] = 1
         stop = torch.tensor(trainer.stop_ids, device=device)
-        position_NP = (attn_NP.cumsum(-1) - 1).clamp(min=0)
-        decoder = self.decoder(model, attn_NP, sampling.max_new_tokens)
+        position_BP = (attn_BP.cumsum(-1) - 1).clamp(min=0)
+        decoder = self.decoder(model, attn_BP.repeat_interleave(n, 0), sampling.max_new_tokens)
         with trainer.autocast():
-            logits_NV = decoder.prefill(ids_NP, position_NP)
-        next_pos = position_NP[:, -1:] + 1
+            logits_NV = decoder.prefill(ids_BP, position_BP, n)
+        next_pos = position_BP[:, -1:].repeat_interleave(n, 0) + 1
         finished_N = torch.zeros(N, dtype=torch.bool, device=device)
         lengths_N = torch.zeros(N, dtype=torch.long, device=device)
         nonfinite = torch.zeros((), dtype=torch.bool, device=device)

@@ -78,3 +78,34 @@ def test_the_decoders_step_logits_agree_and_the_static_cache_refuses_to_overflow
             position_N1 = position_N1 + 1
         with pytest.raises(RuntimeError, match="static KV cache full"):
             static.step(torch.tensor([1, 1]), position_N1)
+
+
+def test_the_growing_cache_prefills_each_prompt_once_for_its_group(tiny_model_dir: Path, one_torch_thread) -> None:
+    """A group's G rows share one prefill of their prompt: the decoder runs B rows, not B·G, computes the lm_head
+    at the last prompt position only, and then decodes exactly as over a prefill of every row."""
+    engine = _engine(tiny_model_dir)
+    model = engine.sampler.decoding_model()
+    attn_BP = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    ids_BP = torch.tensor([[2, 2, 10, 11], [1, 12, 13, 14]])
+    position_BP = (attn_BP.cumsum(-1) - 1).clamp(min=0)
+    G = 3
+    lm_head_rows: list[tuple[int, ...]] = []
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: lm_head_rows.append(tuple(args[0].shape[:2])))
+    with torch.no_grad():
+        kwarg, last = engine.sampler.cache_kwarg, engine.sampler.last_logits
+        shared = DynamicDecoder(model, kwarg, attn_BP.repeat_interleave(G, 0), last)
+        every_row = DynamicDecoder(model, kwarg, attn_BP.repeat_interleave(G, 0), last)
+        logits_shared = shared.prefill(ids_BP, position_BP, G)
+        assert lm_head_rows == [(2, 1)]  # two prompts, one position each
+        logits_every = every_row.prefill(ids_BP.repeat_interleave(G, 0), position_BP.repeat_interleave(G, 0))
+        assert lm_head_rows[-1] == (6, 1)
+        torch.testing.assert_close(logits_shared, logits_every, atol=1e-5, rtol=0)
+        assert torch.equal(logits_shared[0], logits_shared[2]) and not torch.equal(logits_shared[2], logits_shared[3])
+        position_N1 = position_BP[:, -1:].repeat_interleave(G, 0) + 1
+        for step in range(3):  # each row of a group now draws its own token
+            tok_N = torch.arange(6) + 5 * step
+            torch.testing.assert_close(shared.step(tok_N, position_N1), every_row.step(tok_N, position_N1),
+                                       atol=1e-5, rtol=0)
+            position_N1 = position_N1 + 1
+    hook.remove()
