@@ -34,11 +34,15 @@ class DynamicDecoder:
         from transformers import DynamicCache
 
         self.model, self.cache_kwarg, self.last_logits = model, cache_kwarg, last_logits or {}
-        try:
-            self.cache = DynamicCache(config=model.config)
-        except TypeError:  # transformers < 4.56 builds its cache without the config
-            self.cache = DynamicCache()
+        self.cache = self._new_cache(DynamicCache, model)
         self.attn = attn_NP
+
+    @staticmethod
+    def _new_cache(cache_type, model):
+        try:
+            return cache_type(config=model.config)
+        except TypeError:  # transformers < 4.56 builds its cache without the config
+            return cache_type()
 
     def _forward(self, ids, attn, position):
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=position, use_cache=True,
@@ -49,9 +53,14 @@ class DynamicDecoder:
         """Logits [B·repeats, V] after the B (left-padded) distinct prompts, prompt b continued by rows
         b·repeats to b·repeats + repeats - 1 (the rows of the attention mask given at construction)."""
         logits_BV = self._forward(ids_BP, self.attn[::repeats], position_BP)
-        if repeats > 1:
+        if repeats == 1:
+            return logits_BV
+        if all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(self.cache, "layers", [self.cache])):
             self.cache.batch_repeat_interleave(repeats)
-        return logits_BV.repeat_interleave(repeats, dim=0)
+            return logits_BV.repeat_interleave(repeats, dim=0)
+        # a cache layer that cannot repeat its batch (a linear-attention state): every row is prefilled instead
+        self.cache = self._new_cache(type(self.cache), self.model)
+        return self._forward(ids_BP.repeat_interleave(repeats, 0), self.attn, position_BP.repeat_interleave(repeats, 0))
 
     def step(self, tok_N: torch.Tensor, position_N1: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] after appending one token per row at `position_N1`."""

@@ -109,3 +109,31 @@ def test_the_growing_cache_prefills_each_prompt_once_for_its_group(tiny_model_di
                                        atol=1e-5, rtol=0)
             position_N1 = position_N1 + 1
     hook.remove()
+
+
+def test_a_cache_that_cannot_repeat_its_batch_prefills_every_row(tiny_model_dir: Path, one_torch_thread,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache layer without batch_repeat_interleave (a linear-attention state) cannot share a prefill: the
+    decoder then prefills all B·G rows, and decodes as before."""
+    from transformers.cache_utils import DynamicLayer
+
+    engine = _engine(tiny_model_dir)
+    model = engine.sampler.decoding_model()
+    attn_BP, ids_BP = torch.tensor([[0, 1, 1], [1, 1, 1]]), torch.tensor([[2, 10, 11], [1, 12, 13]])
+    position_BP = (attn_BP.cumsum(-1) - 1).clamp(min=0)
+    kwarg, last = engine.sampler.cache_kwarg, engine.sampler.last_logits
+    with torch.no_grad():
+        shared = DynamicDecoder(model, kwarg, attn_BP.repeat_interleave(2, 0), last)
+        expected = shared.prefill(ids_BP, position_BP, 2)
+        monkeypatch.delattr(DynamicLayer, "batch_repeat_interleave")
+        rows: list[int] = []
+        hook = model.get_output_embeddings().register_forward_hook(
+            lambda module, args, out: rows.append(args[0].shape[0]))
+        fallback = DynamicDecoder(model, kwarg, attn_BP.repeat_interleave(2, 0), last)
+        torch.testing.assert_close(fallback.prefill(ids_BP, position_BP, 2), expected, atol=1e-5, rtol=0)
+        assert rows == [2, 4]  # the distinct prompts, then every row
+        tok_N, position_N1 = torch.tensor([5, 6, 7, 8]), position_BP[:, -1:].repeat_interleave(2, 0) + 1
+        logits_NV = fallback.step(tok_N, position_N1)
+        hook.remove()
+        monkeypatch.undo()
+        torch.testing.assert_close(logits_NV, shared.step(tok_N, position_N1), atol=1e-5, rtol=0)
