@@ -1,5 +1,6 @@
 """The README's `purplerl defend --config examples/configs/defend.yaml` on the embedded model (make test-slow,
-~15 min on 2 cores): Token Buncher meets its own objective, stably, and the defended adapter keeps its utility.
+~8 min on 2 AVX512-BF16 cores, ~20 min in fp32 on AVX2 ones): Token Buncher meets its own objective,
+stably, and the defended adapter keeps its utility.
 
 - harmful-prompt response entropy: the last 10 steps below the first 5, and no step after the warm-up above
   the start (recipes/summary.py DefendObjective);

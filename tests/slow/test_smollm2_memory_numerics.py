@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from purplerl.engines.loading import cpu_has_fast_bf16
+
 pytestmark = pytest.mark.slow
 
 # One reference pass plus one forward_backward + optim_step on 64 sequences of 256 tokens (64 prompt +
@@ -43,9 +45,14 @@ print(json.dumps({"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_ma
 """
 
 
-# bf16 at the default budget (4096 tokens = 16 sequences per pass), the README's claim. fp32 activations are twice
-# as large (it fit at a budget of 1024: 147 s here, left out of the CI's time budget)
-@pytest.mark.parametrize(("dtype", "budget"), [("bfloat16", 4096)])
+# bf16 at the default budget (4096 tokens = 16 sequences per pass), the README's claim, where the CPU computes bf16
+# natively (AMX/AVX512-BF16: `model.dtype auto` picks it there). Elsewhere bf16 matmuls are emulated at ~1 GFLOP/s
+# (the step takes over 15 minutes) and `auto` picks fp32, whose activations are twice as large: it is checked at a
+# budget of 1024 instead (147 s on an AVX512 CPU).
+FAST_BF16 = cpu_has_fast_bf16()
+
+
+@pytest.mark.parametrize(("dtype", "budget"), [("bfloat16", 4096) if FAST_BF16 else ("float32", 1024)])
 def test_64_by_256_training_batch_fits_in_8_gib(dtype: str, budget: int) -> None:
     proc = subprocess.run([sys.executable, "-c", BIG_BATCH, dtype, str(budget)], capture_output=True, text=True,
                           timeout=900)
