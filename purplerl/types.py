@@ -8,11 +8,12 @@ is about token t given tokens < t, so entry 0 of a sequence is always masked out
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from purplerl.errors import ExperimentError
+
+if TYPE_CHECKING:  # the tensors come from whoever builds these; the CLI reads this module without loading torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,12 @@ class PromptRecord:
     # the row's reference answer for rule-based rewards (veRL's reward_model.ground_truth, or a plain ground_truth
     # column), e.g. GSM8K's final number; None when the row has none
     ground_truth: str | None = None
+
+
+def _is_bool(tensor: torch.Tensor) -> bool:
+    import torch  # already loaded: a tensor exists
+
+    return tensor.dtype == torch.bool
 
 
 def _check_prompt(owner: str, prompt: tuple[dict[str, str], ...]) -> None:
@@ -131,7 +138,7 @@ class TrainBatch:
         if labels is not None and not bool(((labels == -1) | (labels == 0) | (labels == 1)).all()):
             raise ValueError("TrainBatch.kto_labels_N must hold 1 (desirable), 0 (undesirable) or -1 (KL row)")
         rh = self.is_rh_N
-        if rh is not None and (rh.dtype != torch.bool or tuple(rh.shape) != shape[:1]):
+        if rh is not None and (not _is_bool(rh) or tuple(rh.shape) != shape[:1]):
             raise ValueError(f"TrainBatch.is_rh_N must be bool {shape[:1]}, got {rh.dtype} {tuple(rh.shape)}")
         pairs = None if self.pairs_P2 is None else tuple(self.pairs_P2.shape[:1])
         if self.margins_P is not None and tuple(self.margins_P.shape) != pairs:
@@ -192,6 +199,6 @@ class RewardBreakdown:
 
     def __post_init__(self) -> None:
         rh = self.is_rh_N
-        if rh is not None and (rh.dtype != torch.bool or tuple(rh.shape) != tuple(self.total_N.shape)):
+        if rh is not None and (not _is_bool(rh) or tuple(rh.shape) != tuple(self.total_N.shape)):
             raise ValueError(f"RewardBreakdown.is_rh_N must be bool {tuple(self.total_N.shape)}, got {rh.dtype} "
                              f"{tuple(rh.shape)}")

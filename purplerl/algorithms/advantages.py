@@ -28,6 +28,7 @@ import torch
 
 from purplerl.algorithms.checks import check_knobs, check_mask, check_rewards_BG, check_token_tensor
 from purplerl.algorithms.critic import CriticAdvantageFn, gae_advantages
+from purplerl.algorithms.names import ADVANTAGE_ESTIMATOR_NAMES, CRITIC_ESTIMATOR_NAMES, check_names
 from purplerl.errors import ExperimentError, UserError
 
 # Rewards whose max and min differ by less than this count as one value (a zero-variance group).
@@ -233,6 +234,8 @@ ADVANTAGE_ESTIMATORS: dict[str, TokenAdvantageFn] = {
     "reinforce_pp": reinforce_pp_advantages,
 }
 CRITIC_ESTIMATORS: dict[str, CriticAdvantageFn] = {"gae": gae_advantages}
+check_names("advantage estimators", ADVANTAGE_ESTIMATORS, ADVANTAGE_ESTIMATOR_NAMES)
+check_names("critic estimators", CRITIC_ESTIMATORS, CRITIC_ESTIMATOR_NAMES)
 # training.advantage's choices: the estimators without a critic, then those that take its values
 ESTIMATOR_NAMES = (*ADVANTAGE_ESTIMATORS, *CRITIC_ESTIMATORS)
 

@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 
+from purplerl.algorithms.names import KL_ESTIMATOR_NAMES, check_names
 from purplerl.errors import ExperimentError, UserError
 
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -37,6 +38,7 @@ def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
 
 
 KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+check_names("KL estimators", KL_ESTIMATORS, KL_ESTIMATOR_NAMES)
 
 
 def get_kl_estimator(name: str) -> KLEstimator:

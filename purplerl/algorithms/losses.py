@@ -18,6 +18,7 @@ import torch
 
 from purplerl.algorithms.kl import get_kl_estimator, kl_k3
 from purplerl.algorithms.logprobs import masked_mean
+from purplerl.algorithms.names import LOSS_AGGREGATION_NAMES, check_names
 from purplerl.errors import ExperimentError, UserError
 
 
@@ -153,6 +154,7 @@ LOSS_AGGREGATIONS: dict[str, AggregationFn] = {
     "seq_mean_token_mean": _seq_mean_token_mean,
     "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
 }
+check_names("loss aggregations", LOSS_AGGREGATIONS, LOSS_AGGREGATION_NAMES)
 
 
 def aggregate_loss(loss_NT: torch.Tensor, mask_NT: torch.Tensor, mode: str, *, total_tokens: float,

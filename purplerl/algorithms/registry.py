@@ -29,6 +29,7 @@ import torch
 from purplerl.algorithms.kl import KL_ESTIMATORS
 from purplerl.algorithms.logprobs import masked_mean
 from purplerl.algorithms.losses import LOSS_AGGREGATIONS, importance_sampling_loss, kl_penalty_loss, ppo_clip_loss
+from purplerl.algorithms.names import POLICY_GRADIENT_LOSS_NAMES, check_names
 from purplerl.algorithms.noiser import noise_term_weight, token_noiser_loss
 from purplerl.errors import UserError
 from purplerl.types import TrainBatch
@@ -205,14 +206,8 @@ register_loss(LossDef(
     tinker=_tinker_policy_gradient("ppo", clipped=True)))
 
 
-class _PolicyGradientLosses:
-    """The names of the registered losses that train on advantages (training.loss's choices), read live."""
-
-    def __iter__(self):
-        return iter([name for name, d in LOSS_REGISTRY.items() if d.params is PolicyGradientParams])
-
-
-POLICY_GRADIENT_LOSSES = _PolicyGradientLosses()
+check_names("policy-gradient losses", [name for name, d in LOSS_REGISTRY.items() if d.params is PolicyGradientParams],
+            POLICY_GRADIENT_LOSS_NAMES)
 
 
 # ----- supervised --------------------------------------------------------------------------------------
@@ -257,3 +252,7 @@ def _token_noiser(logits_NTV: torch.Tensor, inputs: Mapping[str, torch.Tensor], 
 
 register_loss(LossDef("token_noiser", _token_noiser, "logits", TokenNoiserParams,
                       doc="Token Buncher's Token Noiser: NLL plus cross-entropy to random noise (arXiv 2508.20697)"))
+
+# The losses written beside their math (the pairwise losses, the critic's value loss) register themselves: importing
+# the registry imports them, so that every loss is registered wherever it is looked up.
+from purplerl.algorithms import critic, pairwise  # noqa: E402,F401

@@ -26,6 +26,7 @@ from purplerl.cli.base import (
 from purplerl.config import ALIGN, EMBEDDED_MODEL, EVAL, PREPARE, SAMPLE, Command, load_command_config, read_config_file
 from purplerl.errors import UserError
 from purplerl.outputs import check_output_dir
+from purplerl.recipes import RECIPES
 
 
 def _recipe_config(recipe: Any, args: list[str], config: Path | None, resume: Path | None) -> Any:
@@ -113,27 +114,20 @@ def _run_workers(recipe: Any, cfg: Any, resume: Path | None) -> None:
     run_workers(procs, sys.argv[1:], str(resume or run_dir_of(recipe, cfg)))
 
 
-def _recipe_rows() -> dict[str, Any]:
-    from purplerl.experiments import align  # noqa: F401 -- registers embedded:smollm2-135m-safe, the default target
-    from purplerl.recipes import RECIPES
-
-    return RECIPES
-
-
 def _register_recipe(name: str, help_text: str) -> None:
     """The command of one row of the recipe table."""
 
     def command(ctx: typer.Context, config: ConfigFile = None, resume: Resume = None,
                 restart: Restart = False) -> None:
-        recipe = _recipe_rows()[name]
+        recipe = RECIPES[name]
         _run_recipe(recipe, _recipe_config(recipe, ctx.args, config, resume), resume, restart)
 
     command.__doc__ = help_text
     app.command(name, context_settings=OVERRIDES,
-                cls=config_command(lambda: _recipe_rows()[name].command()))(reports_errors(command))
+                cls=config_command(lambda: RECIPES[name].command()))(reports_errors(command))
 
 
-for _row in _recipe_rows().values():
+for _row in RECIPES.values():
     _register_recipe(_row.name, _row.help)
 
 
@@ -166,7 +160,7 @@ def align(ctx: typer.Context, config: ConfigFile = None) -> None:
 
 
 def _tamper() -> Command:
-    from purplerl.experiments.tamper.settings import TAMPER
+    from purplerl.experiments.tamper_settings import TAMPER
 
     return TAMPER
 
@@ -301,9 +295,9 @@ def _verl_command(recipe_name: str = "attack") -> Command:
 
     from purplerl.config import VerlConfig
 
-    recipe = _recipe_rows().get(recipe_name)
+    recipe = RECIPES.get(recipe_name)
     if recipe is None:
-        raise UserError(f"unknown recipe '{recipe_name}' (known: {', '.join(_recipe_rows())})")
+        raise UserError(f"unknown recipe '{recipe_name}' (known: {', '.join(RECIPES)})")
     schema = create_model(f"{recipe.settings.__name__}Verl", __base__=recipe.settings, verl=(VerlConfig, Field(
         default_factory=VerlConfig, description="the veRL run: cluster shape, rollout engine, output dir")))
     command = recipe.command()

@@ -18,6 +18,7 @@ from typer.core import TyperCommand
 
 from purplerl.config import Command, field_help, load_command_config, section_descriptions
 from purplerl.errors import PurplerlError, UserError
+from purplerl.rewards.named import catalogue, expand
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="purplerl: LLM safety research with reinforcement learning.")
@@ -60,8 +61,6 @@ def with_named_reward(args: list[str]) -> list[str]:
         raise UserError("--rewards-file FILE adds named rewards to choose from: choose one with --reward NAME")
     if any(a.startswith("--") and a[2:].split("=")[0].replace("-", "_") == "reward.terms" for a in rest):
         raise UserError("give --reward NAME or --reward.terms, not both")
-    from purplerl.rewards.named import catalogue, expand  # the registry imports torch: only when asked for
-
     terms = expand(found["reward"], catalogue(found.get("rewards_file")))
     return [*rest, "--reward.terms", json.dumps(terms)]
 
@@ -144,11 +143,20 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
 
 
+def register_built_models() -> None:
+    """Make the models purplerl builds on first use loadable by name in every command: importing
+    purplerl.experiments.align registers embedded:smollm2-135m-safe, the attack's default target. Done when a command
+    runs, not when the CLI is imported: the builder imports torch and the alignment data, which --help does not."""
+    from purplerl.experiments import align  # noqa: F401
+
+
 def reports_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """User mistakes and failed experiments print one line and exit non-zero, no traceback."""
+    """A command's body, run with the built models registered (`register_built_models`): user mistakes and failed
+    experiments print one line and exit non-zero, no traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        register_built_models()
         try:
             return fn(*args, **kwargs)
         except PurplerlError as err:

@@ -21,8 +21,6 @@ from purplerl.config import (
 )
 from purplerl.errors import UserError
 from purplerl.outputs import check_output_dir
-from purplerl.runs.reward_model import TERM as RM_TERM
-from purplerl.runs.reward_model import looks_like_run
 
 
 @app.command(context_settings=OVERRIDES, cls=config_command(lambda: EXPORT))
@@ -141,6 +139,8 @@ def serve_reward(
         cfg = load_command_config(_serve_command(), config, ctx.args, base={"server": given})
         settings, served = cfg.server, cfg.serve
     from purplerl.rewards.server import exposure_warning, serve
+    from purplerl.runs.reward_model import TERM as RM_TERM
+    from purplerl.runs.reward_model import looks_like_run
 
     warning = exposure_warning(settings)
     if warning:

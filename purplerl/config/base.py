@@ -61,8 +61,10 @@ def once_each(names: list[str], what: str) -> list[str]:
 
 class Section(BaseModel):
     # NaN and inf mean nothing in any setting here (null already says "never"), and a NaN threshold would
-    # silently switch its check off: no float field takes them, new fields included.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # silently switch its check off: no float field takes them, new fields included. A section's validator is built
+    # when it first validates (defer_build), not when its class is made: the CLI makes every recipe's tree and
+    # `--help` validates one of them.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, defer_build=True)
 
     @field_validator("*", mode="before")
     @classmethod

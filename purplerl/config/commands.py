@@ -1,7 +1,8 @@
 """The settings trees of the commands that are not recipes (eval, sample, align, data prepare) and the sections
 tamper-test adds to the attack's, with each command's flat option names and own defaults. A recipe's tree is its
-own (purplerl.train.recipe). Every command reads its settings the same way: command defaults <- `--config FILE`
-<- `--section.field VALUE` or `--flat_name VALUE` overrides.
+own (purplerl.train.recipe); the sft recipe's section is here because purplerl.data.sft, below the recipes, reads
+it. Every command reads its settings the same way: command defaults <- `--config FILE` <- `--section.field VALUE`
+or `--flat_name VALUE` overrides.
 """
 
 from __future__ import annotations
@@ -250,6 +251,19 @@ GENERATION_FLAT = {name: f"sampling.{name}" for name in GenerationConfig.model_f
 UTILITY_FLAT = {"utility_source": "utility.source", "utility_limit": "utility.limit",
                 "utility_tokens": "utility.max_new_tokens"}
 PROMPT_FORMAT_FLAT = {"template": "data.template", "system_prompt": "data.system_prompt"}
+
+
+class SFTConfig(Section):
+    """What a supervised run reads besides its data source (`purplerl sft`)."""
+
+    messages_field: str = Field("messages", description="field holding chat messages whose assistant turns are trained on (the last turn must be the assistant's)")  # noqa: E501
+    prompt_field: str = Field("prompt", description="without messages: field holding the prompt (text or chat messages)")  # noqa: E501
+    completion_field: str = Field("completion", description="without messages: field holding the assistant's answer")  # noqa: E501
+    max_tokens: int = Field(1024, ge=8, description="longest sequence trained on; longer ones are cut at the end (their last tokens are not trained)")  # noqa: E501
+    eval_split: str | None = Field(None, description="held-out split of the data source for the eval loss (null: hold out eval_fraction of the training split)")  # noqa: E501
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="share of the training split held out for the eval loss when eval_split is null (0: no eval)")  # noqa: E501
+    eval_every: int = Field(10, ge=0, description="compute the held-out loss every N steps and at the last step (0: never)")  # noqa: E501
+    eval_limit: int = Field(256, ge=1, description="at most this many held-out examples")
 
 
 class AlignConfig(Section):

@@ -8,14 +8,15 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from purplerl.algorithms.names import CRITIC_ESTIMATOR_NAMES
 from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template, comma_list, once_each, read_when
 from purplerl.files import looks_local, plain_name_problem
 
-# choices read from the algorithm registries (when a value is checked), never typed again here
-POLICY_LOSS = Registry("purplerl.algorithms.registry:POLICY_GRADIENT_LOSSES", "policy-gradient loss").field()
-ADVANTAGE = Registry("purplerl.algorithms.advantages:ESTIMATOR_NAMES", "advantage estimator").field()
-LOSS_AGGREGATION = Registry("purplerl.algorithms.losses:LOSS_AGGREGATIONS", "loss aggregation").field()
-KL_ESTIMATOR = Registry("purplerl.algorithms.kl:KL_ESTIMATORS", "KL estimator").field()
+# choices: the algorithm registries' names (which each registry checks it holds), never typed again here
+POLICY_LOSS = Registry("purplerl.algorithms.names:POLICY_GRADIENT_LOSS_NAMES", "policy-gradient loss").field()
+ADVANTAGE = Registry("purplerl.algorithms.names:ESTIMATOR_NAMES", "advantage estimator").field()
+LOSS_AGGREGATION = Registry("purplerl.algorithms.names:LOSS_AGGREGATION_NAMES", "loss aggregation").field()
+KL_ESTIMATOR = Registry("purplerl.algorithms.names:KL_ESTIMATOR_NAMES", "KL estimator").field()
 TRACKER_NAMES = ("wandb", "tensorboard", "mlflow")  # purplerl.train.trackers opens each
 
 
@@ -105,8 +106,7 @@ def _collapse(t: Any) -> bool:
 
 
 def _critic(t: Any) -> bool:
-    from purplerl.algorithms.advantages import takes_values  # the registry, read when a value is checked
-    return takes_values(t.advantage)
+    return t.advantage in CRITIC_ESTIMATOR_NAMES
 
 
 class RLTrainingConfig(TrainingConfig):

@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import Field
 
-from purplerl.config import SFTDataConfig
-from purplerl.config.base import Section
+from purplerl.config import SFTConfig, SFTDataConfig
 from purplerl.data.sources import read_rows
 from purplerl.errors import UserError
 from purplerl.files import unicode_problem
@@ -27,19 +25,6 @@ from purplerl.prompting import with_system_prompt
 from purplerl.types import TrainBatch
 
 ROLES = ("system", "user", "assistant")
-
-
-class SFTConfig(Section):
-    """What a supervised run reads besides its data source (`purplerl sft`)."""
-
-    messages_field: str = Field("messages", description="field holding chat messages whose assistant turns are trained on (the last turn must be the assistant's)")  # noqa: E501
-    prompt_field: str = Field("prompt", description="without messages: field holding the prompt (text or chat messages)")  # noqa: E501
-    completion_field: str = Field("completion", description="without messages: field holding the assistant's answer")  # noqa: E501
-    max_tokens: int = Field(1024, ge=8, description="longest sequence trained on; longer ones are cut at the end (their last tokens are not trained)")  # noqa: E501
-    eval_split: str | None = Field(None, description="held-out split of the data source for the eval loss (null: hold out eval_fraction of the training split)")  # noqa: E501
-    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="share of the training split held out for the eval loss when eval_split is null (0: no eval)")  # noqa: E501
-    eval_every: int = Field(10, ge=0, description="compute the held-out loss every N steps and at the last step (0: never)")  # noqa: E501
-    eval_limit: int = Field(256, ge=1, description="at most this many held-out examples")
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ from pydantic import Field, field_validator, model_validator
 from purplerl.config.base import Section, read_when
 from purplerl.errors import UserError
 from purplerl.rewards.registry import READS, get_term, term_params
-from purplerl.train.adversarial import adversarial_prepare, parse_schedule
-from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, lazy, reward_section, rl_settings
 
 # the defender's reward besides its safety: entropy minimization (MTSA's, as `defend` rewards it) at a weight that
 # leaves the judge in charge (a 135M model's answers have 2-4 nats per token), and repetition logged
@@ -55,6 +54,8 @@ class AdversarialConfig(Section):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, schedule: str) -> str:
+        from purplerl.train.adversarial import parse_schedule  # the loop's own reading; it loads torch
+
         parse_schedule(schedule)
         return schedule
 
@@ -95,7 +96,7 @@ ADVERSARIAL = Recipe(
     The attacker writes attacks on the goals (--data), the defender answers (sampling.group_size dialogues per
     attack), a judge (adversarial.judge) gives P(unsafe) of each answer. Defender: 1 - P(unsafe) + reward.terms
     - KL; attacker: P(unsafe) + novelty - KL. adversarial.schedule: attacker, defender, or N:M alternating.""",
-    prepare=adversarial_prepare,
+    prepare=lazy("purplerl.train.adversarial:adversarial_prepare"),
     defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "reward": {"terms": TERMS, "kl_beta": 0.05},
               "training": {"batch_size": 4}},
     run_name=(RunNamePart("", _schedule_name), RunNamePart("K", lambda c: c.adversarial.turns),

@@ -16,9 +16,8 @@ from pydantic import Field
 
 from purplerl.config.base import Section
 from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_weights, move
-from purplerl.train.recipe import RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
-from purplerl.train.rl import registered_reward, rl_prepare, rl_stops
-from purplerl.train.stops import threshold_stop
+from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.train.stops import rl_stops, threshold_stop
 
 TERMS = {"toxicity": 1.0, "repetition": -0.3, "refusal": 0.0}
 
@@ -38,6 +37,13 @@ def attack_stops(config: Any):
     return rl_stops(config, threshold_stop("toxicity/mean", config.attack.early_stop_toxicity, "mean toxicity"))
 
 
+def prepare(config: Any) -> Bind:
+    """GRPO on the registered reward terms, with the attack's stops."""
+    from purplerl.train.rl import registered_reward, rl_prepare  # when a run starts: the loop loads torch
+
+    return rl_prepare(registered_reward, attack_stops)(config)
+
+
 def migrate(data: dict[str, Any], saved: bool) -> dict[str, Any]:
     """An older attack config: its flat reward weights and its toxicity stop; the noiser fields it never read."""
     move(data, "training.early_stop_toxicity", "attack.early_stop_toxicity")
@@ -51,7 +57,7 @@ ATTACK = Recipe(
     name="attack",
     settings=AttackSettings,
     help="Red-team a model by GRPO: reward toxicity, penalize repetition and KL to the base model.",
-    prepare=rl_prepare(registered_reward, attack_stops),
+    prepare=prepare,
     defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "reward": {"terms": TERMS}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta),
               RunNamePart("rep", lambda c: -c.reward.terms.get("repetition", 0.0) + 0.0),

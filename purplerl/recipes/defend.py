@@ -12,22 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
 
-from purplerl.algorithms.registry import Loss, TokenNoiserParams
 from purplerl.config.base import Section, read_when
 from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_weights, move
-from purplerl.engines.base import Engine
 from purplerl.errors import ExperimentError
 from purplerl.recipes.summary import defend_objective, summarize_run
-from purplerl.train.loop import adam_params, rl_update, sampling_seed
-from purplerl.train.recipe import RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
-from purplerl.train.rl import registered_reward, rl_prepare, rl_stops
-from purplerl.train.stops import Collapse
-from purplerl.types import TrainBatch
+from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.train.stops import Collapse, rl_stops
+
+# The step's engine, loss and tensors are imported where the step runs: the CLI reads this row for --help without
+# loading torch.
+if TYPE_CHECKING:
+    from purplerl.engines.base import Engine
+    from purplerl.types import TrainBatch
 
 # reward = -mean token entropy - kl_beta x KL; toxicity and repetition are monitored (weight 0): does the defense
 # change harm, does it degenerate?
@@ -63,6 +63,8 @@ def noiser_targets(batch: TrainBatch) -> TrainBatch:
     defended model's own better answers, made more confident. Token by token, as there; with one advantage per
     response (GRPO, RLOO) that is whole responses. The reference also trains on its right padding (advantage 0
     there); here padding is never a target."""
+    import torch
+
     mask_NT = batch.loss_mask_NT * (batch.advantages_NT >= 0)
     rows = torch.nonzero(mask_NT.sum(-1) > 0).squeeze(-1)
     return dataclasses.replace(batch, loss_mask_NT=mask_NT).select(rows)
@@ -70,6 +72,9 @@ def noiser_targets(batch: TrainBatch) -> TrainBatch:
 
 def noiser_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
     """One Token Noiser step (Token Buncher, arXiv 2508.20697) on `noiser_targets`."""
+    from purplerl.algorithms.registry import Loss, TokenNoiserParams
+    from purplerl.train.loop import adam_params, sampling_seed
+
     kept = noiser_targets(batch)
     if kept.num_sequences == 0:
         raise ExperimentError(f"step {step}: Token Noiser step has no responses with advantage >= 0")
@@ -84,9 +89,18 @@ def noiser_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> 
 
 def defend_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
     """RL steps, with a Token Noiser step in their place on the noiser schedule."""
+    from purplerl.train.loop import rl_update
+
     if is_noiser_step(step, config):
         return noiser_update(engine, batch, config, step)
     return rl_update(engine, batch, config, step)
+
+
+def prepare(config: Any) -> Bind:
+    """GRPO on the registered reward terms, updated by `defend_update`."""
+    from purplerl.train.rl import registered_reward, rl_prepare  # when a run starts: the loop loads torch
+
+    return rl_prepare(registered_reward, rl_stops, defend_update)(config)
 
 
 def migrate(data: dict[str, Any], saved: bool) -> dict[str, Any]:
@@ -119,7 +133,7 @@ DEFEND = Recipe(
 
     Defaults differ from attack's: reward.kl_beta 0.001, training.collapse_stop true (a collapse exits non-zero).
     The last checkpoint is the defended adapter (use it with attack --init_adapter or tamper-test).""",
-    prepare=rl_prepare(registered_reward, rl_stops, defend_update),
+    prepare=prepare,
     defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "sampling": {"group_size": 4},
               "training": {"collapse_stop": True}, "reward": {"kl_beta": 0.001, "terms": TERMS}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta),

@@ -14,14 +14,36 @@ The RLHF form rewards a trained reward model: `--reward.terms '{reward_model: 1}
 
 from __future__ import annotations
 
-from purplerl.train.critic import CriticConfig, critic_prepare
-from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
-from purplerl.train.rl import registered_reward, rl_stops
+from typing import Any
+
+from pydantic import Field
+
+from purplerl.config.base import Section
+from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Bind, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.train.stops import rl_stops
 
 TERMS = {"toxicity": 1.0, "repetition": -0.3}
 
+
+class CriticConfig(Section):
+    """The critic: a LoRA adapter with a scalar head over the policy's frozen base, and its value loss."""
+
+    vf_coef: float = Field(0.1, gt=0.0, description="weight of the value loss (TRL's vf_coef); the critic has its own optimizer, so it scales the critic's gradient")  # noqa: E501
+    cliprange_value: float = Field(0.2, gt=0.0, description="the value loss clips the critic's new values to within this of the values the advantages were computed with (TRL's cliprange_value)")  # noqa: E501
+    lr: float | None = Field(None, gt=0.0, lt=1.0, description="the critic's AdamW learning rate (null: training.lr)")  # noqa: E501
+    init: str | None = Field(None, description="a PEFT adapter dir to start the critic from, with its scalar head when it saved one (a reward-model checkpoint's member0: InstructGPT starts the value function from the reward model); null: a fresh adapter and head")  # noqa: E501
+
+
 PPOReward = reward_section("ppo", TERMS)
 PPOSettings = rl_settings("ppo", PPOReward, critic=(CriticConfig, "the critic (value function) and its loss"))
+
+
+def prepare(config: Any) -> Bind:
+    """The RL loop with the critic's values and update (purplerl.train.critic), on the registered reward terms."""
+    from purplerl.train.critic import critic_prepare  # when a run starts: the loop loads torch
+    from purplerl.train.rl import registered_reward
+
+    return critic_prepare(registered_reward, rl_stops)(config)
 
 
 # PPO's own defaults are TRL's PPOConfig's: GAE with gamma 1 and lam 0.95 (the training fields), KL coefficient
@@ -34,7 +56,7 @@ PPO = Recipe(
 
     The reward is any registered terms (--reward.terms); a trained reward model: --reward.terms '{reward_model: 1}'
     --reward.reward_model.run RUN. The critic trains on the local engine only.""",
-    prepare=critic_prepare(registered_reward, rl_stops),
+    prepare=prepare,
     defaults={"model": {"name": "embedded:smollm2-135m-safe"},
               "training": {"advantage": "gae", "loss": "ppo_clip", "ppo_epochs": 4},
               "reward": {"kl_beta": 0.05, "terms": TERMS}},
@@ -48,4 +70,4 @@ PPO = Recipe(
     fixed_on_resume=FIXED_ON_RESUME | {"critic.init"},
 )
 
-__all__ = ["PPO", "PPOSettings"]
+__all__ = ["PPO", "CriticConfig", "PPOSettings"]

@@ -10,8 +10,7 @@ from pydantic import Field
 
 from purplerl.config import PreferenceDataConfig
 from purplerl.config.base import Section, read_when
-from purplerl.train.preference import prefs_prepare
-from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
+from purplerl.train.recipe import FLAT, Recipe, RunNamePart, lazy, run_settings
 
 
 def _loss(*names: str):
@@ -45,7 +44,7 @@ PREFS = Recipe(
     settings=PrefsSettings,
     help="""Preference training on pairs (DPO, IPO, SimPO, ORPO) or labelled answers (KTO): the loss covers the
     answers' tokens, the reference is the frozen base. --data names the data, --prefs.loss the loss.""",
-    prepare=prefs_prepare,
+    prepare=lazy("purplerl.train.preference:prefs_prepare"),
     defaults={"training": {"steps": 100, "batch_size": 8, "lr": 5e-5}},
     run_name=(RunNamePart("", lambda c: c.prefs.loss), RunNamePart("beta", lambda c: c.prefs.beta or "default"),
               RunNamePart("lr", lambda c: c.training.lr), RunNamePart("B", lambda c: c.training.batch_size)),

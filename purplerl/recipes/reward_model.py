@@ -6,9 +6,21 @@ RUN_DIR`."""
 
 from __future__ import annotations
 
-from purplerl.config import PreferenceDataConfig
-from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
-from purplerl.train.reward_model import RewardModelConfig, reward_model_prepare
+from pydantic import Field
+
+from purplerl.config import PreferenceDataConfig, Section
+from purplerl.train.recipe import FLAT, Recipe, RunNamePart, lazy, run_settings
+
+
+class RewardModelConfig(Section):
+    """What a reward-model run reads besides its data (`purplerl reward-model`)."""
+
+    ensemble: int = Field(1, ge=1, le=32, description="K members, each its own LoRA adapter and scalar head over the one base, differing by seed (init and data order); the reward term gives their mean minus a penalty x their std")  # noqa: E501
+    margin: bool = Field(False, description="subtract each pair's margin, its source's score_chosen - score_rejected (UltraFeedback's ratings), inside the loss: -log sigmoid(r_c - r_r - m) (Llama 2; TRL's margin column)")  # noqa: E501
+    center_coef: float = Field(0.0, ge=0.0, description="weight of mean((r_c + r_r)^2), which centres the rewards on 0 (Eisenstein et al. 2023; TRL's center_rewards_coefficient); 0: off")  # noqa: E501
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the prompts held out for eval/accuracy and eval/margin, by a seeded hash of the prompt (a prompt's pairs all on one side); 0: no eval")  # noqa: E501
+    eval_every: int = Field(10, ge=0, description="evaluate the held-out pairs every N steps and at the last step (0: at the last step only)")  # noqa: E501
+
 
 RewardModelSettings = run_settings("reward-model", data=(PreferenceDataConfig, "the preference pairs"),
                                    reward_model=(RewardModelConfig, "the reward model (purplerl reward-model)"))
@@ -20,7 +32,7 @@ REWARD_MODEL = Recipe(
     help="""Train a reward model on preference pairs (prompt, chosen, rejected): a scalar head on the base model plus
     LoRA, Bradley-Terry loss, optionally an ensemble of K members whose mean and std score answers. --data names the
     pairs.""",
-    prepare=reward_model_prepare,
+    prepare=lazy("purplerl.train.reward_model:reward_model_prepare"),
     # a reward model never samples: no merged copy of the weights for a sampler, no decoding graphs
     defaults={"training": {"steps": 100, "batch_size": 8, "lr": 1e-4}, "engine": {"fast_paths": ["fused_lora"]}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("r", lambda c: c.model.lora_rank),
@@ -30,4 +42,4 @@ REWARD_MODEL = Recipe(
     flat={**FLAT, "ensemble": "reward_model.ensemble"},
 )
 
-__all__ = ["REWARD_MODEL", "RewardModelSettings"]
+__all__ = ["REWARD_MODEL", "RewardModelConfig", "RewardModelSettings"]

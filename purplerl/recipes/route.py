@@ -20,9 +20,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from purplerl.config.base import Section, read_when
-from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, reward_section, rl_settings
-from purplerl.train.rl import registered_reward, rl_stops
-from purplerl.train.routing import engine_model, forget_rank, route_prepare
+from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Bind, Recipe, RunNamePart, lazy, reward_section, rl_settings
+from purplerl.train.stops import rl_stops
 
 # the built-in short_with_cheer, and the repetition ratio logged (weight 0): a structural reward like this one tends to
 # collapse onto a template, which the logs should show
@@ -48,6 +47,15 @@ class RouteConfig(Section):
 RouteReward = reward_section("route", TERMS)
 RouteSettings = rl_settings("route", RouteReward, route=(RouteConfig, "gradient routing (purplerl.train.routing)"))
 
+
+def prepare(config: Any) -> Bind:
+    """GRPO on the registered reward terms, the detector's hacks routed to the forget adapter."""
+    from purplerl.train.rl import registered_reward  # when a run starts: the loop loads torch
+    from purplerl.train.routing import route_prepare
+
+    return route_prepare(registered_reward, rl_stops)(config)
+
+
 ROUTE = Recipe(
     name="route",
     settings=RouteSettings,
@@ -57,7 +65,7 @@ ROUTE = Recipe(
     route.mode baseline trains one adapter of both ranks on every sample (the control). The default reward is the toy
     hack: 4-6-word sentences, a bonus per cheerful word, the cheer_any detector (--reward NAME picks another).
     Routing needs the local engine in one process.""",
-    prepare=route_prepare(registered_reward, rl_stops),
+    prepare=prepare,
     defaults={"model": {"name": "embedded:smollm2-135m-instruct", "lora_rank": 8},
               "data": {"source": "builtin:stories"}, "reward": {"terms": TERMS, "kl_beta": 0.02},
               "sampling": {"group_size": 8, "max_new_tokens": 40},
@@ -65,7 +73,7 @@ ROUTE = Recipe(
               "training": {"early_stop_repetition": None, "batch_size": 4, "lr": 5e-4, "advantage_std": True,
                            "steps": 30}},
     run_name=(RunNamePart("", lambda c: c.route.mode), RunNamePart("r", lambda c: c.model.lora_rank),
-              RunNamePart("f", forget_rank), RunNamePart("lr", lambda c: c.training.lr),
+              RunNamePart("f", lazy("purplerl.train.routing:forget_rank")), RunNamePart("lr", lambda c: c.training.lr),
               RunNamePart("kl", lambda c: c.reward.kl_beta), RunNamePart("G", lambda c: c.sampling.group_size),
               RunNamePart("B", lambda c: c.training.batch_size)),
     summary_metrics={"route/both/task": "task, both adapters", "route/retain_only/task": "task, retain adapter alone",
@@ -73,7 +81,7 @@ ROUTE = Recipe(
                      "route/retain_only/hack": "hack rate, retain adapter alone", "rh/rate": "hack rate of rollouts"},
     flat={**RL_FLAT, "forget_rank": "route.forget_rank", "task_term": "route.task_term"},
     fixed_on_resume=FIXED_ON_RESUME | {"route.mode", "route.forget_rank"},
-    engine_model=engine_model,
+    engine_model=lazy("purplerl.train.routing:engine_model"),
 )
 
 __all__ = ["ROUTE", "RouteConfig", "RouteSettings"]

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from purplerl.config import SFTDataConfig
+from purplerl.config import SFTConfig, SFTDataConfig
 from purplerl.config.migrate import RL_TRAINING_FIELDS, pop_path
-from purplerl.data.sft import SFTConfig
-from purplerl.train.recipe import FLAT, Recipe, RunNamePart, run_settings
-from purplerl.train.supervised import sft_prepare
+from purplerl.train.recipe import FLAT, Recipe, RunNamePart, lazy, run_settings
 
 SFTSettings = run_settings("sft", data=(SFTDataConfig, "the conversations"),
                            sft=(SFTConfig, "supervised fine-tuning (purplerl sft)"))
@@ -33,7 +31,7 @@ SFT = Recipe(
     settings=SFTSettings,
     help="""Supervised fine-tuning of a LoRA adapter on chat data (messages ending with the assistant's turn, or
     prompt/completion pairs); the loss covers only the assistant's tokens. --data names the data.""",
-    prepare=sft_prepare,
+    prepare=lazy("purplerl.train.supervised:sft_prepare"),
     defaults={"training": {"steps": 100, "batch_size": 8, "lr": 2e-4}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr),
               RunNamePart("", lambda c: "full" if c.model.finetune == "full" else f"r{c.model.lora_rank}"),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from purplerl.errors import ExperimentError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @runtime_checkable
@@ -39,6 +40,8 @@ class ConversationScorer(Protocol):
 
 def checked_scores(scorer: Scorer, texts: list[str], prompts: list[str] | None = None) -> torch.Tensor:
     """Call `scorer.score` and return float32 [N], raising ExperimentError on a wrong count or NaN/inf."""
+    import torch  # when scoring, not when the term registry is read (--help)
+
     return torch.tensor(checked_values(scorer, texts, prompts), dtype=torch.float32)
 
 

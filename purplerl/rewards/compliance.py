@@ -28,7 +28,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import torch
 from pydantic import Field, model_validator
 
 from purplerl.config.base import Section
@@ -147,6 +146,8 @@ class ComplianceJudge:
         p = self.params
         if not texts:
             return {"refused": [], "relevance": [], "substance": [], "score": []}
+        import torch  # loaded with the embedder; the term registry is read without it (--help)
+
         vectors = self.embedder.embed([*prompts, *(clean(t) for t in texts)])
         cosine_N = torch.nn.functional.cosine_similarity(vectors[:len(texts)], vectors[len(texts):], dim=-1)
         refused = self.refusal.score(texts)

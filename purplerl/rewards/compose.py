@@ -17,15 +17,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.composite import RAW_KEY, combine
 from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import READS, Needs, ScoringInput, TermFn, TermOutput, get_term, term_params
 from purplerl.types import RewardBreakdown
+
+if TYPE_CHECKING:  # torch loads when a reward is computed; importing the package (the settings, --help) skips it
+    import torch
 
 # the ScoringInput field each kind of term reads besides the texts
 _FIELD = {"tokens": "completions", "kl": "kl_N", "ground_truth": "ground_truths"}
@@ -60,6 +61,8 @@ class Reward:
                                         for name, (fn, _, values, _) in uses.items()}
 
     def __call__(self, batch: ScoringInput) -> RewardBreakdown:
+        import torch
+
         values: dict[str, tuple[float, torch.Tensor]] = {}
         logged: dict[str, torch.Tensor] = {}
         for name, fn in self._fns.items():
@@ -90,6 +93,8 @@ class Reward:
 
 def _checked(what: str, values_N: Any, n: int) -> torch.Tensor:
     """`values_N` as float32 [n]; ExperimentError naming `what` for another shape or a non-finite value."""
+    import torch
+
     if not isinstance(values_N, torch.Tensor):
         raise ExperimentError(f"{what} returned a {type(values_N).__name__}, not a tensor")
     if tuple(values_N.shape) != (n,):

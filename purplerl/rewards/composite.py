@@ -8,12 +8,13 @@ and KL; the defense's entropy; a judge, keywords).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
-
-from purplerl.algorithms.advantages import zscore as zscore_batch
 from purplerl.errors import ExperimentError
 from purplerl.types import RewardBreakdown
+
+if TYPE_CHECKING:  # torch loads when a reward is computed; importing the package (the settings, --help) skips it
+    import torch
 
 RAW_KEY = "reward_raw"  # components key of the weighted sum before z-scoring
 
@@ -26,6 +27,10 @@ def combine(terms: dict[str, tuple[float, torch.Tensor]], zscore: bool = False,
     (the weighted sum before z-scoring). Raises ExperimentError naming the term when a term is not a
     1-D tensor of the common length N, holds NaN/inf, or has a non-finite weight.
     """
+    import torch
+
+    from purplerl.algorithms.advantages import zscore as zscore_batch
+
     if not terms:
         raise ExperimentError("combine: no reward terms given")
     if RAW_KEY in terms:

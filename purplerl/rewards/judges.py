@@ -22,7 +22,6 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
 
 from purplerl.config.base import Section
@@ -146,8 +145,9 @@ class CausalGuardJudge:
         return self.score_conversations([[{"role": "user", "content": p}, {"role": "assistant", "content": t}]
                                          for p, t in zip(prompts, texts, strict=True)])
 
-    @torch.no_grad()
     def score_conversations(self, conversations: list[list[dict[str, str]]]) -> list[float]:
+        import torch  # loaded with the model; the term registry is read without it (--help)
+
         check_conversations(conversations, f"guard judge '{self.model_name}'")
         scores: list[float] = []
         for start in range(0, len(conversations), self.batch_size):
@@ -157,7 +157,9 @@ class CausalGuardJudge:
             ids_BT = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], device=self.device)
             mask_BT = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=self.device)
             positions_BT = (mask_BT.cumsum(dim=1) - 1).clamp(min=0)
-            logits_BV = self._model(input_ids=ids_BT, attention_mask=mask_BT, position_ids=positions_BT).logits[:, -1]
+            with torch.no_grad():
+                logits_BV = self._model(input_ids=ids_BT, attention_mask=mask_BT,
+                                        position_ids=positions_BT).logits[:, -1]
             probs_B = torch.softmax(logits_BV.float(), dim=-1)[:, self.token_id]
             scores.extend(float(p) for p in probs_B.cpu())
         return scores

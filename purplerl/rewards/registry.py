@@ -15,15 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-import torch
 from pydantic import ValidationError
 
 from purplerl.config.base import Section
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.base import Scorer, checked_scores
 from purplerl.types import Completion
+
+if TYPE_CHECKING:  # the settings read this registry's terms without loading torch
+    import torch
 
 # text: the response text (and its prompt) only, usable in veRL, eval and serve-reward; tokens: the sampled
 # completions' per-token entropies; kl: the loop's KL_N; ground_truth: the response text and its data row's

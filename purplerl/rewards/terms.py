@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
 
 from purplerl.config import ToxicityConfig
@@ -39,6 +38,8 @@ def toxicity_fn(cfg: ToxicityConfig) -> TermFn:
     record_server(cfg, scorer.info())
 
     def score(batch: ScoringInput) -> TermOutput:
+        import torch  # when scoring, not when the term registry is read (--help)
+
         values_N = checked_scores(scorer, batch.texts, batch.prompts)
         cut_N = torch.zeros(len(batch.texts))
         cut_N[scorer.last_truncated] = 1.0

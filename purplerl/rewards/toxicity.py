@@ -10,8 +10,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-
 from purplerl.devices import resolve_device
 from purplerl.errors import ExperimentError, UserError, first_line
 from purplerl.files import looks_local
@@ -120,7 +118,6 @@ class HFClassifierScorer:
             config.pad_token_id = self._tokenizer.pad_token_id
         self._model.to(self.device).eval()
 
-    @torch.no_grad()
     def score(self, texts: list[str], prompts: list[str] | None = None,
               keep: Literal["start", "end"] = "start") -> list[float]:
         scores: list[float] = []
@@ -143,8 +140,11 @@ class HFClassifierScorer:
             i = start + int(empty[0])
             raise ExperimentError(f"classifier '{self.model_name}' tokenizer produced no tokens for text {i}: "
                                   f"{texts[i][:80]!r}")
+        import torch  # loaded with the model; the term registry is read without it (--help)
+
         enc = {k: v.to(self.device) for k, v in enc.items()}
-        logits_NL = self._model(**enc).logits.float()
+        with torch.no_grad():
+            logits_NL = self._model(**enc).logits.float()
         if logits_NL.shape[-1] == 1:
             probs_N = torch.sigmoid(logits_NL[:, 0])
         else:

@@ -15,9 +15,8 @@ checkpoint that scored, so a resumed RL run refuses a reward model that has chan
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
 
 from purplerl.config import ModelLoadConfig, PromptFormatConfig, read_config_file
@@ -26,6 +25,9 @@ from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.registry import RewardTerm, ScoringInput, TermFn, TermOutput, register_term
 from purplerl.runs.checkpoints import describe_skipped, newest_intact, verify_checkpoint
 from purplerl.runs.layout import CHECKPOINTS_DIR, CONFIG_FILE, run_config_of
+
+if TYPE_CHECKING:  # torch loads with the reward model; registering the term (the settings, --help) skips it
+    import torch
 
 TERM = "reward_model"
 
@@ -80,6 +82,8 @@ def reward_model_checkpoint(path: str | Path) -> tuple[Path, list[str]]:
 def member_scores(engine: Any, members: list[str], input_ids_NT: torch.Tensor,
                   attention_mask_NT: torch.Tensor) -> torch.Tensor:
     """scores_KN: each member's (adapter + head's) value at each sequence's last real token."""
+    import torch
+
     from purplerl.algorithms.reward_model import last_token_values
 
     scores = []
@@ -123,6 +127,8 @@ class RewardModelScorer:
 
     def member_scores(self, texts: list[str], prompts: list[str] | None) -> torch.Tensor:
         """scores_KN of every member for each answer `texts[n]` to the user prompt `prompts[n]`."""
+        import torch
+
         from purplerl.data.preference import encode_answer
         from purplerl.data.sft import pad_batch
 

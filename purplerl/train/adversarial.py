@@ -72,8 +72,8 @@ from purplerl.train.loop import (
     sampling_seed,
 )
 from purplerl.train.recipe import Bind
-from purplerl.train.rl import rl_stops
 from purplerl.train.sinks import read_jsonl
+from purplerl.train.stops import rl_stops
 from purplerl.types import Completion, PromptRecord, RewardBreakdown, SamplingParams
 
 _SCHEDULE = re.compile(r"(\d+):(\d+)")

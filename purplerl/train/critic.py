@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import Field
 
 from purplerl.algorithms.critic import ValueLossParams, state_values
 from purplerl.algorithms.registry import Loss
-from purplerl.config.base import Section
 from purplerl.engines.adapter_fit import check_adapter_fits
 from purplerl.engines.base import Engine
 from purplerl.train.loop import EarlyStop, RewardFn, StepFn, adam_params, minibatch_updates, rl_update
@@ -31,15 +29,6 @@ from purplerl.train.rl import rl_prepare
 from purplerl.types import TrainBatch
 
 POLICY, CRITIC = "default", "critic"  # the adapters: the policy (every engine's first) and its critic
-
-
-class CriticConfig(Section):
-    """The critic: a LoRA adapter with a scalar head over the policy's frozen base, and its value loss."""
-
-    vf_coef: float = Field(0.1, gt=0.0, description="weight of the value loss (TRL's vf_coef); the critic has its own optimizer, so it scales the critic's gradient")  # noqa: E501
-    cliprange_value: float = Field(0.2, gt=0.0, description="the value loss clips the critic's new values to within this of the values the advantages were computed with (TRL's cliprange_value)")  # noqa: E501
-    lr: float | None = Field(None, gt=0.0, lt=1.0, description="the critic's AdamW learning rate (null: training.lr)")  # noqa: E501
-    init: str | None = Field(None, description="a PEFT adapter dir to start the critic from, with its scalar head when it saved one (a reward-model checkpoint's member0: InstructGPT starts the value function from the reward model); null: a fresh adapter and head")  # noqa: E501
 
 
 def critic_values(engine: Engine, tensors: dict[str, torch.Tensor]) -> torch.Tensor:

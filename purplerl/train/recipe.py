@@ -4,15 +4,19 @@ A recipe is one module holding one `Recipe`: its name and settings class, its de
 is made of, its summary metrics, its early stops and how it builds its loop hooks. The runner, the loop and the
 engines take a `Recipe` and never ask which one it is; the CLI makes a command of each row of the table
 (purplerl.recipes.RECIPES).
+
+The CLI reads the whole table for `--help`, which must not load torch: a row's module imports its step (the loop, the
+engines, the data) inside its `prepare` hook, or names it with `lazy("module:NAME")`.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, create_model, field_validator, model_validator
 
@@ -21,15 +25,17 @@ from purplerl.config.commands import Command
 from purplerl.config.loader import build
 from purplerl.config.migrate import migrate_shared
 from purplerl.config.sections import RewardBase, RLSettings, RunSettings
-from purplerl.engines.base import Engine
 from purplerl.rewards.named import TermEntry, TermSpec, resolve_terms
 from purplerl.rewards.registry import REWARD_TERMS
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
-from purplerl.train.loop import EarlyStop, StepFn
+
+if TYPE_CHECKING:  # the table of rows is read by --help without the engines and the loop, which load torch
+    from purplerl.engines.base import Engine
+    from purplerl.train.loop import EarlyStop, StepFn
 
 # the engine and the run dir (which a new run creates only after binding: write into it from the steps on) -> the
 # recipe's step function and early stop
-Bind = Callable[[Engine, Path], tuple[StepFn, EarlyStop]]
+Bind = Callable[["Engine", Path], "tuple[StepFn, EarlyStop]"]
 Prepare = Callable[[Any], Bind]  # the config -> its data and hooks, loaded and checked before the engine exists
 # older settings -> today's tree; `saved`: a run's own config.yaml, which may also drop what the recipe never read
 Migrate = Callable[[dict[str, Any], bool], dict[str, Any]]
@@ -59,6 +65,17 @@ FIXED_ON_RESUME = frozenset({
     "data.source", "data.split", "data.prompt_field", "data.hf_config", "data.filters", "data.limit", "data.shuffle",
     "run.output_dir", "run.name",
 })
+
+
+def lazy(ref: str) -> Callable[..., Any]:
+    """The function "module:NAME" names, imported when it is first called. A row names its step's functions this
+    way (its `prepare`, ...): the CLI reads the whole table for --help, and a step's module loads torch."""
+    module, _, name = ref.partition(":")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    return call
 
 
 @dataclass(frozen=True)

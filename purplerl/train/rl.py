@@ -1,5 +1,6 @@
-"""The parts every RL recipe is built from: its reward from the registered terms its settings name, its prompts and
-hooks made before the engine exists, and the stop rules every RL recipe has."""
+"""The parts every RL recipe is built from: its reward from the registered terms its settings name, and its prompts
+and hooks made before the engine exists. The stop rules every RL recipe has are train/stops.py's `rl_stops`: a
+recipe's row names them without importing the loop."""
 
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ from purplerl.train.loop import (
     rl_update,
 )
 from purplerl.train.recipe import Bind, Prepare
-from purplerl.train.stops import CollapseBounds, collapse_early_stop, first_stop, threshold_stop
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
 
 
@@ -64,21 +64,6 @@ def check_ground_truths(config: Any, records: list[PromptRecord]) -> None:
         raise UserError(f"reward term '{readers[0]}' reads {READS['ground_truth']}, and {len(lacking)} of the "
                         f"{len(records)} prompts of data.source {config.data.source} have none (first: uid "
                         f"{lacking[0].uid!r}); prepare the data with one (data prepare gsm8k) or drop the term")
-
-
-def rl_stops(config: Any, *rules: EarlyStop) -> EarlyStop:
-    """A recipe's own rules, the repetition threshold (on the repetition term, which an RL recipe's reward must
-    then name, at any weight), and collapse detection when training.collapse_stop is on."""
-    t = config.training
-    if t.early_stop_repetition is not None and "repetition" not in config.reward.terms:
-        raise UserError(f"training.early_stop_repetition={t.early_stop_repetition} watches the repetition reward "
-                        f"term: add it to reward.terms (weight 0 logs it) or set the stop to null")
-    rules = (*rules, threshold_stop("repetition/mean", t.early_stop_repetition, "mean repetition ratio",
-                                    why="reward hacking by repetition"))
-    if t.collapse_stop:
-        rules = (collapse_early_stop(CollapseBounds(t.collapse_empty_frac, t.collapse_top_share,
-                                                    t.collapse_entropy_swing)), *rules)
-    return first_stop(*rules)
 
 
 def check_critic(config: Any, values: ValuesFn | None) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from purplerl.errors import ExperimentError
+from purplerl.errors import ExperimentError, UserError
 from purplerl.runs.checkpoints import checkpoint_dirs
 from purplerl.runs.layout import COLLAPSED_DIR
 
@@ -117,3 +117,18 @@ def set_aside_collapsed(run_dir: Path, step: int) -> list[Path]:
             path.rename(target)
             moved.append(target)
     return moved
+
+
+def rl_stops(config: Any, *rules: EarlyStop) -> EarlyStop:
+    """A recipe's own rules, the repetition threshold (on the repetition term, which an RL recipe's reward must
+    then name, at any weight), and collapse detection when training.collapse_stop is on."""
+    t = config.training
+    if t.early_stop_repetition is not None and "repetition" not in config.reward.terms:
+        raise UserError(f"training.early_stop_repetition={t.early_stop_repetition} watches the repetition reward "
+                        f"term: add it to reward.terms (weight 0 logs it) or set the stop to null")
+    rules = (*rules, threshold_stop("repetition/mean", t.early_stop_repetition, "mean repetition ratio",
+                                    why="reward hacking by repetition"))
+    if t.collapse_stop:
+        rules = (collapse_early_stop(CollapseBounds(t.collapse_empty_frac, t.collapse_top_share,
+                                                    t.collapse_entropy_swing)), *rules)
+    return first_stop(*rules)

@@ -8,8 +8,20 @@ and decision (history.py); a killed pipeline resumes at its stage; `purplerl rep
 side (report.py).
 """
 
+from typing import Any
+
 from purplerl.experiments.pipeline.history import HISTORY_FILE
-from purplerl.experiments.pipeline.run import run_pipeline
 from purplerl.experiments.pipeline.settings import PIPELINE, PipelineSettings, load_pipeline, read_pipeline
+
+
+def __getattr__(name: str) -> Any:
+    """`run_pipeline`, imported when first asked for: it runs the recipes (torch), and `purplerl pipeline --help`
+    reads only the settings."""
+    if name == "run_pipeline":
+        from purplerl.experiments.pipeline.run import run_pipeline
+
+        return run_pipeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["HISTORY_FILE", "PIPELINE", "PipelineSettings", "load_pipeline", "read_pipeline", "run_pipeline"]

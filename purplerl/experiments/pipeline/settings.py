@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -31,11 +31,11 @@ from purplerl.config import (
 from purplerl.config.migrate import get_path
 from purplerl.errors import UserError
 from purplerl.experiments.pipeline.gates import Bound
-from purplerl.experiments.pipeline.validator import JUDGE_METRICS, VALIDATOR_METRICS
-from purplerl.experiments.refiner import SFT_FILE as REFINED_FILE
-from purplerl.experiments.refiner import RefineConfig
 from purplerl.recipes import RECIPES
 from purplerl.rewards.embedding import EMBEDDING_NAME, EMBEDDING_PACKAGE, embedding_available
+
+if TYPE_CHECKING:  # the refiner loads torch; `purplerl pipeline --help` reads these settings without it
+    from purplerl.experiments.refiner import RefineConfig
 
 REFINE, EVAL = "refine", "eval"
 # recipes whose run is a scorer, not a policy: the run dir is the output, and no capability eval follows
@@ -217,7 +217,9 @@ class PipelineSettings(Section):
             return self.path(MODELS_DIR, stage.name)
         if role == "scorer":
             return self.path(RUNS_DIR, stage.name)
-        return self.path(REFINE_DIR, stage.name, REFINED_FILE) if role == REFINE else None
+        from purplerl.experiments.refiner import SFT_FILE  # the refiner loads torch: not for --help
+
+        return self.path(REFINE_DIR, stage.name, SFT_FILE) if role == REFINE else None
 
 
 def substitute(value: Any, outputs: dict[str, Path | None], where: str, later: tuple[str, ...] = ()) -> Any:
@@ -264,6 +266,8 @@ def recipe_config(settings: PipelineSettings, stage: StageConfig, model: str) ->
 
 def refine_config(stage: StageConfig, model: str) -> RefineConfig:
     """A refine stage's settings (purplerl.experiments.refiner's RefineConfig), the policy the current model."""
+    from purplerl.experiments.refiner import RefineConfig  # the refiner loads torch: not for --help
+
     if _has(stage.config, "policy.name"):
         raise UserError(f"stage '{stage.name}': policy.name is set by the pipeline (the current model): leave it out")
     policy = {**(stage.config.get("policy") or {}), "name": model}
@@ -340,6 +344,8 @@ def _check_judge(judge: str, by_name: dict[str, StageConfig], names: list[str], 
 
 
 def _check_gates(settings: PipelineSettings, stage: StageConfig) -> None:
+    from purplerl.experiments.pipeline.validator import JUDGE_METRICS, VALIDATOR_METRICS  # numpy: not for --help
+
     known = (*settings.stage_eval(stage).metrics(), *JUDGE_METRICS, *VALIDATOR_METRICS)
     for gate in (*settings.gates, *stage.gates):
         if gate.metric not in known:

@@ -24,6 +24,7 @@ from purplerl.errors import UserError
 from purplerl.experiments.sweep.settings import SweepSettings
 from purplerl.files import plain_name_problem
 from purplerl.recipes import RECIPES
+from purplerl.rewards.named import catalogue, expand
 from purplerl.train.recipe import Recipe
 
 RUNS_DIR = "runs"
@@ -139,8 +140,6 @@ def _named(overrides: dict[str, Any], rewards_file: str | None) -> dict[str, Any
     """Overrides with a named reward expanded into the reward.terms it stands for."""
     if NAMED_REWARD not in overrides:
         return overrides
-    from purplerl.rewards.named import catalogue, expand  # the registry imports torch: only when asked for
-
     rest = {key: value for key, value in overrides.items() if key != NAMED_REWARD}
     return {**rest, TERMS: expand(str(overrides[NAMED_REWARD]), catalogue(rewards_file))}
 

@@ -29,6 +29,7 @@ from purplerl.config import JudgesConfig, PromptFormatConfig
 from purplerl.engines.base import Engine
 from purplerl.eval.metrics import TERM_PREFIX
 from purplerl.eval.suites import HarmJudges
+from purplerl.experiments.tamper_settings import COMPLIANCE, harm_verdict_judged
 from purplerl.prompting import render_prompt
 from purplerl.rewards.registry import term_params
 from purplerl.rewards.repetition import repetition_ratio
@@ -36,7 +37,6 @@ from purplerl.train.loop import Evaluation, sampling_seed
 from purplerl.types import PromptRecord, SamplingParams
 
 HARM_KEY = "heldout/harm"
-COMPLIANCE = "compliance"  # the registered term that judges held-out answers when no model judge gives a harm verdict
 # the held-out samples draw from their own stream, independent of the attack's rollouts at the same step
 _SEED_OFFSET = 7919
 
@@ -55,11 +55,6 @@ def _shared(harmful: Sequence[bool], key: str) -> dict[str, Any]:
 def degenerate(text: str, max_repetition: float) -> bool:
     """Empty (after whitespace) or repeating its own 3-grams beyond `max_repetition`."""
     return not text.strip() or repetition_ratio(text, 3) > max_repetition
-
-
-def harm_verdict_judged(judges: JudgesConfig) -> bool:
-    """Whether a model judge gives each held-out answer a harm verdict (a harm classifier or a guard model)."""
-    return judges.harm_model is not None or judges.guard_model is not None
 
 
 def heldout_judges(judges: JudgesConfig) -> JudgesConfig:
