@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from purplerl.algorithms.logprobs import entropy_from_logits, masked_mean, masked_sum, selective_log_softmax
+from tests.tolerances import reduction_atol, rounding_atol
 
 
 def _reference_logp(logits_NTV: torch.Tensor, index_NT: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -30,7 +31,11 @@ def test_selective_log_softmax_matches_full(chunk_rows: int, temperature: float)
     index_NT = torch.randint(0, 11, (3, 5), generator=gen)
     got = selective_log_softmax(logits_NTV, index_NT, temperature=temperature, chunk_rows=chunk_rows)
     assert got.shape == (3, 5) and got.dtype == torch.float32
-    assert torch.allclose(got, _reference_logp(logits_NTV, index_NT, temperature), atol=1e-5)
+    want = _reference_logp(logits_NTV, index_NT, temperature)
+    # two fp32 log-softmax kernels: a logsumexp over the 11 logits, and the few roundings around it, of terms up to
+    # |logit| / temperature; a logprob near 0 cancels two such terms (tests/tolerances.py)
+    atol = reduction_atol(torch.float32, 11 + 4, float(logits_NTV.abs().max()) / temperature + float(want.abs().max()))
+    assert torch.allclose(got, want, rtol=0, atol=atol)
 
 
 def test_selective_log_softmax_gradient_and_bf16() -> None:
@@ -82,7 +87,9 @@ def test_selective_log_softmax_bf16_gradient_stays_bf16_and_near_fp32() -> None:
     full = base.bfloat16().float().requires_grad_()  # the same rounded inputs, reference maths in fp32
     _reference_logp(full, index_NT, 1.0).sum().backward()
     assert low.grad.dtype == torch.bfloat16
-    assert torch.allclose(low.grad.float(), full.grad, atol=4e-3)  # bf16 rounding of values in [-1, 1]
+    # fp32 maths over the 50-wide rows, then one rounding to bf16 of values in [-1, 1] (tests/tolerances.py)
+    atol = rounding_atol(torch.bfloat16, 1, 1.0) + reduction_atol(torch.float32, 50, 1.0)
+    assert torch.allclose(low.grad.float(), full.grad, rtol=0, atol=atol)
 
 
 def test_entropy_uniform_is_log_v() -> None:

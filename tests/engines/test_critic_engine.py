@@ -17,6 +17,7 @@ from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError
 from purplerl.train.critic import CRITIC, POLICY, critic_values
 from purplerl.types import AdamParams, TrainBatch
+from tests.tolerances import gradient_atol
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -102,7 +103,10 @@ def test_value_loss_gradient_through_micro_batches_equals_autograd(tiny_model_di
     assert metrics["value_loss"] == pytest.approx(want_metrics["value_loss"], rel=1e-5)
     assert 0 < metrics["value_clip_frac"] < 1
     scale = float(autograd.abs().max())
-    assert scale > 0 and float((linearized - autograd).abs().max()) <= 1e-5 * scale
+    # micro-batches and one whole-batch forward: two fp32 paths to one gradient, within its chain's bound
+    atol = gradient_atol(torch.float32, engine.model.config, batch.input_ids_NT.shape[1],
+                         int(batch.attention_mask_NT.sum()), scale)
+    assert scale > 0 and float((linearized - autograd).abs().max()) <= atol
 
 
 def test_critic_values_are_the_head_one_position_before_each_token(tiny_model_dir: Path) -> None:

@@ -12,6 +12,7 @@ from purplerl.config import ModelConfig
 from purplerl.engines.decoding import DynamicDecoder, StaticDecoder
 from purplerl.engines.local import LocalEngine
 from purplerl.types import SamplingParams
+from tests.tolerances import decoder_reductions, logprob_atol, reduction_atol
 
 PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
 
@@ -24,6 +25,19 @@ def _engine(model_dir: Path, **kw) -> LocalEngine:
 def _draws(engine: LocalEngine, mode: str | None, sampling: SamplingParams):
     engine.sampler.decode_static = mode
     return [c for g in engine.sample(PROMPTS, 3, sampling) for c in g]
+
+
+def _logprob_atol(engine: LocalEngine, sampling: SamplingParams, values: torch.Tensor) -> float:
+    """The two caches attend over other lengths in other kernels: the fp32 bound of a logprob's (or an entropy's)
+    reductions over the longest sequence drawn (tests/tolerances.py)."""
+    positions = max(map(len, PROMPTS)) + sampling.max_new_tokens
+    return logprob_atol(torch.float32, engine.model.config, positions, float(values.abs().max()))
+
+
+def _logits_atol(model, positions: int, logits: torch.Tensor) -> float:
+    """Logits of two decoders (other cache lengths, or other batch shapes): the fp32 bound of the decoder's
+    reductions (tests/tolerances.py)."""
+    return reduction_atol(torch.float32, decoder_reductions(model.config, positions), float(logits.abs().max()))
 
 
 @pytest.mark.parametrize("sampling", [
@@ -46,8 +60,10 @@ def test_the_static_cache_draws_what_the_growing_cache_draws(tiny_model_dir: Pat
     if sampling.seed == 4:  # rows of several lengths: some stopped early, and the rest decoded on past them
         assert len({len(c.tokens) for c in dynamic}) > 1
     for a, b in zip(dynamic, static, strict=True):
-        torch.testing.assert_close(b.logprobs_C, a.logprobs_C, atol=1e-5, rtol=0)
-        torch.testing.assert_close(b.entropies_C, a.entropies_C, atol=1e-5, rtol=0)
+        torch.testing.assert_close(b.logprobs_C, a.logprobs_C, atol=_logprob_atol(engine, sampling, a.logprobs_C),
+                                   rtol=0)
+        torch.testing.assert_close(b.entropies_C, a.entropies_C, atol=_logprob_atol(engine, sampling, a.entropies_C),
+                                   rtol=0)
 
 
 def test_a_full_parameter_engine_decodes_the_same_over_a_static_cache(tiny_model_dir: Path, one_torch_thread):
@@ -56,7 +72,8 @@ def test_a_full_parameter_engine_decodes_the_same_over_a_static_cache(tiny_model
     dynamic, static = _draws(engine, None, sampling), _draws(engine, "static", sampling)
     assert [c.tokens for c in dynamic] == [c.tokens for c in static]
     for a, b in zip(dynamic, static, strict=True):
-        torch.testing.assert_close(b.logprobs_C, a.logprobs_C, atol=1e-5, rtol=0)
+        torch.testing.assert_close(b.logprobs_C, a.logprobs_C, atol=_logprob_atol(engine, sampling, a.logprobs_C),
+                                   rtol=0)
 
 
 def test_the_decoders_step_logits_agree_and_the_static_cache_refuses_to_overflow(tiny_model_dir: Path,
@@ -69,12 +86,15 @@ def test_the_decoders_step_logits_agree_and_the_static_cache_refuses_to_overflow
     with torch.no_grad():
         dynamic = DynamicDecoder(model, engine.sampler.cache_kwarg, attn_NP)
         static = StaticDecoder(model, engine.sampler.cache_kwarg, attn_NP, max_new_tokens=2, graphed=False)
-        torch.testing.assert_close(static.prefill(ids_NP, position_NP), dynamic.prefill(ids_NP, position_NP))
+        want = dynamic.prefill(ids_NP, position_NP)
+        torch.testing.assert_close(static.prefill(ids_NP, position_NP), want, atol=_logits_atol(model, 6, want),
+                                   rtol=0)
         position_N1 = position_NP[:, -1:] + 1
         for tok in ([5, 6], [7, 8]):
             tok_N = torch.tensor(tok)
-            torch.testing.assert_close(static.step(tok_N, position_N1), dynamic.step(tok_N, position_N1),
-                                       atol=1e-5, rtol=0)
+            want = dynamic.step(tok_N, position_N1)
+            torch.testing.assert_close(static.step(tok_N, position_N1), want, atol=_logits_atol(model, 6, want),
+                                       rtol=0)
             position_N1 = position_N1 + 1
         with pytest.raises(RuntimeError, match="static KV cache full"):
             static.step(torch.tensor([1, 1]), position_N1)
@@ -100,13 +120,14 @@ def test_the_growing_cache_prefills_each_prompt_once_for_its_group(tiny_model_di
         assert lm_head_rows == [(2, 1)]  # two prompts, one position each
         logits_every = every_row.prefill(ids_BP.repeat_interleave(G, 0), position_BP.repeat_interleave(G, 0))
         assert lm_head_rows[-1] == (6, 1)
-        torch.testing.assert_close(logits_shared, logits_every, atol=1e-5, rtol=0)
+        torch.testing.assert_close(logits_shared, logits_every, atol=_logits_atol(model, 7, logits_every), rtol=0)
         assert torch.equal(logits_shared[0], logits_shared[2]) and not torch.equal(logits_shared[2], logits_shared[3])
         position_N1 = position_BP[:, -1:].repeat_interleave(G, 0) + 1
         for step in range(3):  # each row of a group now draws its own token
             tok_N = torch.arange(6) + 5 * step
-            torch.testing.assert_close(shared.step(tok_N, position_N1), every_row.step(tok_N, position_N1),
-                                       atol=1e-5, rtol=0)
+            want = every_row.step(tok_N, position_N1)
+            torch.testing.assert_close(shared.step(tok_N, position_N1), want, atol=_logits_atol(model, 7, want),
+                                       rtol=0)
             position_N1 = position_N1 + 1
     hook.remove()
 
@@ -130,10 +151,12 @@ def test_a_cache_that_cannot_repeat_its_batch_prefills_every_row(tiny_model_dir:
         hook = model.get_output_embeddings().register_forward_hook(
             lambda module, args, out: rows.append(args[0].shape[0]))
         fallback = DynamicDecoder(model, kwarg, attn_BP.repeat_interleave(2, 0), last)
-        torch.testing.assert_close(fallback.prefill(ids_BP, position_BP, 2), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(fallback.prefill(ids_BP, position_BP, 2), expected,
+                                   atol=_logits_atol(model, 4, expected), rtol=0)
         assert rows == [2, 4]  # the distinct prompts, then every row
         tok_N, position_N1 = torch.tensor([5, 6, 7, 8]), position_BP[:, -1:].repeat_interleave(2, 0) + 1
         logits_NV = fallback.step(tok_N, position_N1)
         hook.remove()
         monkeypatch.undo()
-        torch.testing.assert_close(logits_NV, shared.step(tok_N, position_N1), atol=1e-5, rtol=0)
+        torch.testing.assert_close(logits_NV, shared.step(tok_N, position_N1), atol=_logits_atol(model, 4, logits_NV),
+                                   rtol=0)

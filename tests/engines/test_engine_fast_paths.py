@@ -25,6 +25,7 @@ from purplerl.errors import ExperimentError
 from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.train.loop import old_logprobs_mode
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
+from tests.tolerances import gradient_atol, logprob_atol
 
 PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
 PAD = 2
@@ -55,17 +56,25 @@ def _train(engine: LocalEngine, seed: int, lr: float = 5e-2) -> None:
     engine.optim_step(AdamParams(lr=lr))
 
 
-# Two code paths or batch splittings sum the same float32 terms in another order: gradients move by ~1e-7 of
-# their largest entry (6e-8 of 0.3 measured), logprobs of size ~6 by 2.4e-7 to 4.8e-7, and other CPUs' vector
-# widths change the order again. A bound of 1e-5 of the largest entry leaves ~50x room for that noise and is
-# still ~1e4x below the effects these tests tell apart (a 0.3-nat skew moves gradients by 0.13 of 0.5).
-SCALE_TOL = 1e-5
+# Two code paths or batch splittings sum the same float32 terms in another order, and other CPUs' kernels change
+# the order again: so the bound is derived from fp32 and the reduction chain (tests/tolerances.py; ~2.5e-4 of the
+# largest entry for gradients, 7e-4 for logprobs of size ~6), not from the noise one CPU shows (6e-8 of 0.3 for
+# gradients, 5e-7 for logprobs). It is still ~1e3x below the effects these tests tell apart (a 0.3-nat skew moves
+# gradients by 0.13 of 0.5).
+def _grad_atol(engine: LocalEngine, batch: TrainBatch, *grads: torch.Tensor) -> float:
+    """The fp32 bound on a flat gradient computed along two paths, measured against its largest entry."""
+    return gradient_atol(torch.float32, engine.model.config, batch.input_ids_NT.shape[1],
+                         int(batch.attention_mask_NT.sum()), max(float(g.abs().max()) for g in grads))
 
 
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Equal up to float32 summation-order noise, measured against the larger tensor's largest entry."""
-    scale = max(float(got.abs().max()), float(want.abs().max()))
-    return float((got - want).abs().max()) <= SCALE_TOL * scale
+def _close(got: torch.Tensor, want: torch.Tensor, engine: LocalEngine, batch: TrainBatch) -> bool:
+    """Equal up to fp32 rounding along two paths, within the bound of the gradient's reduction chain."""
+    return float((got - want).abs().max()) <= _grad_atol(engine, batch, got, want)
+
+
+def _lp_atol(engine: LocalEngine, ids_NT: torch.Tensor, logprobs: torch.Tensor) -> float:
+    """The fp32 bound on logprobs computed along two paths (tests/tolerances.py)."""
+    return logprob_atol(torch.float32, engine.model.config, ids_NT.shape[1], float(logprobs.abs().max()))
 
 
 def _grads(engine: LocalEngine, batch: TrainBatch, loss: Loss, **settings: int) -> torch.Tensor:
@@ -101,7 +110,7 @@ def test_merged_sampler_draws_what_the_adapter_model_draws(tiny_model_dir: Path,
         for t in (ta, tb):
             ids, attn, mask = t["input_ids_NT"], t["attention_mask_NT"], t["loss_mask_NT"]
             recorded = t["sampling_logprobs_NT"]
-            assert float(((plain.logprobs(ids, attn) - recorded) * mask).abs().max()) <= 1e-4
+            assert float(((plain.logprobs(ids, attn) - recorded) * mask).abs().max()) <= _lp_atol(plain, ids, recorded)
             # the adapter has moved the distribution far beyond that tolerance: a stale sampler would fail
             assert float(((plain.logprobs(ids, attn, reference=True) - recorded) * mask).abs().max()) > 1e-2
     # the adapter changed the sampler's weights, and the PEFT base weights stayed untouched
@@ -136,7 +145,8 @@ def test_lora_on_a_tied_lm_head_unties_it_in_the_sampler_only(tmp_path: Path) ->
     assert not torch.equal(engine.sampler.merged.get_output_embeddings().weight, embeddings_before)
     recomputed = engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"])
     mask = tensors["loss_mask_NT"]
-    assert float(((recomputed - tensors["sampling_logprobs_NT"]) * mask).abs().max()) <= 1e-4
+    drift = ((recomputed - tensors["sampling_logprobs_NT"]) * mask).abs().max()
+    assert float(drift) <= _lp_atol(engine, tensors["input_ids_NT"], recomputed * mask)
 
 
 def test_head_only_scoring_equals_full_logits_in_values_and_gradients(tiny_model_dir: Path) -> None:
@@ -154,12 +164,13 @@ def test_head_only_scoring_equals_full_logits_in_values_and_gradients(tiny_model
     full_lp = engine.logprobs(ids, attn)
     full_ref = engine.logprobs(ids, attn, reference=True, targets_NT=mask)
     full_grad = _grads(engine, batch, loss, micro_batch_size=4)
-    assert torch.allclose(fast_lp, full_lp, atol=1e-5)
-    assert torch.allclose(fast_ref, full_ref, atol=1e-5)
-    assert _close(fast_grad, full_grad)
+    assert torch.allclose(fast_lp, full_lp, rtol=0, atol=_lp_atol(engine, ids, full_lp))
+    assert torch.allclose(fast_ref, full_ref, rtol=0, atol=_lp_atol(engine, ids, full_ref))
+    assert _close(fast_grad, full_grad, engine, batch)
     # targets_NT limits scoring to the completion: zero elsewhere, the same values on it
     assert torch.equal(fast_ref, fast_ref * mask)
-    assert _close(fast_ref, engine.logprobs(ids, attn, reference=True) * mask)
+    every = engine.logprobs(ids, attn, reference=True) * mask
+    assert torch.allclose(fast_ref, every, rtol=0, atol=_lp_atol(engine, ids, every))
     assert float(fast_lp[:, 0].abs().max()) == 0.0 and float((fast_lp * (1 - mask)).abs().sum()) > 0
 
 
@@ -174,9 +185,9 @@ def test_current_old_logprobs_give_the_exact_on_policy_gradient(tiny_model_dir: 
         reference = _grads(engine, exact, _pg(loss))
         current = _grads(engine, skewed, _pg(loss, old_logprobs="current"))
         off = _grads(engine, skewed, _pg(loss, old_logprobs="sampler"))
-        assert _close(current, reference)
+        assert _close(current, reference, engine, exact)
         # the skew matters when used: far beyond the tolerance, not just outside it
-        assert float((off - reference).abs().max()) > 1e3 * SCALE_TOL * float(reference.abs().max())
+        assert float((off - reference).abs().max()) > 100 * _grad_atol(engine, exact, reference)
 
 
 @pytest.mark.parametrize(("mode", "epochs", "minis", "expected"), [
@@ -262,7 +273,7 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(tiny_model_dir:
     full = _grads(engine, batch, _pg("ppo_clip"))
     budgeted = _grads(engine, batch, _pg("ppo_clip"), micro_batch_tokens=12)
     assert len(micro_batches(batch.attention_mask_NT, 64, 12)) >= 3
-    assert _close(budgeted, full)
+    assert _close(budgeted, full, engine, batch)
 
 
 def test_short_sequences_score_with_eager_attention_and_the_choice_is_restored() -> None:

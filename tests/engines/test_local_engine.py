@@ -22,6 +22,7 @@ from purplerl.engines.local_training import OPTIMIZER_FILE
 from purplerl.errors import ExperimentError, UserError
 from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
+from tests.tolerances import gradient_atol, logprob_atol
 
 # Three prompts of different lengths, so the sampler left-pads two of them.
 PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
@@ -51,6 +52,12 @@ def _manual_logprobs(model: torch.nn.Module, ids_NT: torch.Tensor, attn_NT: torc
     logp_NTV = torch.log_softmax(logits_NTV[:, :-1] / temperature, dim=-1)
     picked_NT = logp_NTV.gather(-1, ids_NT[:, 1:, None])[..., 0]
     return torch.nn.functional.pad(picked_NT, (1, 0)) * attn_NT
+
+
+def _lp_atol(model: torch.nn.Module, ids_NT: torch.Tensor, values: torch.Tensor) -> float:
+    """Logprobs (or entropies) of one model along two fp32 paths, the engine's sampler or scorer and a plain forward
+    here: the bound of their reductions over these sequences (tests/tolerances.py)."""
+    return logprob_atol(torch.float32, model.config, ids_NT.shape[-1], float(values.abs().max()))
 
 
 def _fresh_base(model_dir: Path) -> torch.nn.Module:
@@ -151,7 +158,8 @@ def test_greedy_is_deterministic_and_matches_manual_argmax(tiny_model_dir: Path)
     # greedy reports temperature-1 logprobs
     tensors = sequence_tensors(greedy, PAD)
     recomputed = engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], temperature=1.0)
-    assert torch.allclose(recomputed * tensors["loss_mask_NT"], tensors["sampling_logprobs_NT"], atol=1e-4)
+    atol = _lp_atol(engine.model, tensors["input_ids_NT"], recomputed)
+    assert torch.allclose(recomputed * tensors["loss_mask_NT"], tensors["sampling_logprobs_NT"], rtol=0, atol=atol)
 
 
 @pytest.mark.parametrize("truncation", [{"top_k": 1}, {"top_p": 1e-6}])
@@ -174,7 +182,8 @@ def test_sampling_logprobs_and_entropies_match_a_full_forward(tiny_model_dir: Pa
     recomputed = engine.logprobs(ids, attn, temperature=temperature)
     assert recomputed.shape == ids.shape
     assert float(mask.sum()) == sum(len(c.tokens) for c in comps)
-    assert float(((recomputed - tensors["sampling_logprobs_NT"]) * mask).abs().max()) <= 1e-4
+    drift = ((recomputed - tensors["sampling_logprobs_NT"]) * mask).abs().max()
+    assert float(drift) <= _lp_atol(engine.model, ids, recomputed * mask)
 
     logits_NTV = _manual_logits(engine.model, ids, attn)
     logp_NTV = torch.log_softmax(logits_NTV / temperature, dim=-1)
@@ -182,9 +191,10 @@ def test_sampling_logprobs_and_entropies_match_a_full_forward(tiny_model_dir: Pa
     for i, c in enumerate(comps):
         P, C = len(c.prompt_tokens), len(c.tokens)
         # the distribution of target t comes from the logits at position t - 1
-        assert torch.allclose(c.entropies_C, entropy_NT[i, P - 1:P + C - 1], atol=1e-4)
+        want = entropy_NT[i, P - 1:P + C - 1]
+        assert torch.allclose(c.entropies_C, want, rtol=0, atol=_lp_atol(engine.model, ids, want))
         manual_lp = logp_NTV[i, P - 1:P + C - 1].gather(-1, torch.tensor(c.tokens)[:, None])[:, 0]
-        assert torch.allclose(c.logprobs_C, manual_lp, atol=1e-4)
+        assert torch.allclose(c.logprobs_C, manual_lp, rtol=0, atol=_lp_atol(engine.model, ids, manual_lp))
 
 
 def test_sample_rejects_empty_input(tiny_model_dir: Path) -> None:
@@ -221,16 +231,17 @@ def test_reference_logprobs_are_the_base_model_before_and_after_training(tiny_mo
     _, tensors = _sampled_batch(engine, seed=2)
     ids, attn = tensors["input_ids_NT"], tensors["attention_mask_NT"]
     expected = _manual_logprobs(base, ids, attn, temperature=0.7)
-    assert torch.allclose(engine.logprobs(ids, attn, reference=True, temperature=0.7), expected, atol=1e-5)
+    atol = _lp_atol(base, ids, expected)
+    assert torch.allclose(engine.logprobs(ids, attn, reference=True, temperature=0.7), expected, rtol=0, atol=atol)
     # a fresh adapter has B = 0: the policy is the base
-    assert torch.allclose(engine.logprobs(ids, attn, temperature=0.7), expected, atol=1e-5)
+    assert torch.allclose(engine.logprobs(ids, attn, temperature=0.7), expected, rtol=0, atol=atol)
 
     for step, loss in enumerate(["importance_sampling", "ppo_clip", "importance_sampling"]):
         _train_step(engine, loss, seed=20 + step)
     policy = engine.logprobs(ids, attn, temperature=0.7)
     engine.settings = dataclasses.replace(engine.settings, micro_batch_size=2)
     reference = engine.logprobs(ids, attn, reference=True, temperature=0.7)
-    assert torch.allclose(reference, expected, atol=1e-5)
+    assert torch.allclose(reference, expected, rtol=0, atol=atol)
     assert float((policy - reference).abs().max()) > 1e-2
 
 
@@ -286,9 +297,12 @@ def test_micro_batches_accumulate_the_full_batch_gradient(tiny_model_dir: Path, 
         engine.optimizer.zero_grad(set_to_none=True)
     full = batch.num_sequences
     assert all(float(g.abs().max()) > 0 for g in grads[full])
+    # the micro-batches sum the gradient in another order through kernels of other shapes (tests/tolerances.py)
+    atol = gradient_atol(torch.float32, engine.model.config, batch.input_ids_NT.shape[1],
+                         int(batch.attention_mask_NT.sum()), max(float(g.abs().max()) for g in grads[full]))
     for mbs in (2, 4):
         for a, b in zip(grads[mbs], grads[full], strict=True):
-            assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+            assert torch.allclose(a, b, rtol=0, atol=atol)
         # every metric, not only the loss: a loss's metrics are summed over micro-batches by token share
         assert set(totals[mbs]) == set(totals[full])
         for key, value in totals[full].items():
@@ -358,7 +372,8 @@ def test_save_then_load_restores_adapter_and_optimizer(tiny_model_dir: Path, tmp
     # the checkpoint dir is a standard PEFT adapter
     trained.save(ckpt)
     peft_model = PeftModel.from_pretrained(_fresh_base(tiny_model_dir), str(ckpt)).eval()
-    assert torch.allclose(_manual_logprobs(peft_model, ids, attn), trained.logprobs(ids, attn), atol=1e-5)
+    want = trained.logprobs(ids, attn)
+    assert torch.allclose(_manual_logprobs(peft_model, ids, attn), want, rtol=0, atol=_lp_atol(peft_model, ids, want))
 
 
 def test_load_rejects_a_dir_without_adapter(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ def test_preference_loss_gradient_equals_autograd_through_one_forward(tiny_model
                                                  batch.inputs(), loss.params)
     value.backward()
     direct = _take_grads(engine)
-    assert _close(linearized, direct), case
+    assert _close(linearized, direct, engine, batch), case
     assert metrics["loss"] == pytest.approx(float(value.detach()), abs=1e-5)
     for key in ("rewards/margins", "rewards/chosen", "kl", "nll_loss"):
         if key in expected:

@@ -22,6 +22,7 @@ from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError
 from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
+from tests.tolerances import gradient_atol
 
 PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
 PAD = 2
@@ -64,10 +65,14 @@ def _take_grads(engine: LocalEngine) -> torch.Tensor:
     return flat
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, tol: float = 1e-5) -> bool:
-    """Equal up to float32 summation-order noise, relative to the larger tensor's largest entry."""
+def _close(got: torch.Tensor, want: torch.Tensor, engine: LocalEngine, batch: TrainBatch) -> bool:
+    """Equal up to fp32 rounding of a gradient computed along two paths (other micro-batches and kernels, and other
+    CPUs' kernels): within the bound of its reduction chain, measured against the larger tensor's largest entry
+    (tests/tolerances.py), not a tolerance that one CPU's kernels happen to meet."""
     scale = max(float(got.abs().max()), float(want.abs().max()))
-    return scale > 0 and float((got - want).abs().max()) <= tol * scale
+    atol = gradient_atol(torch.float32, engine.model.config, batch.input_ids_NT.shape[1],
+                         int(batch.attention_mask_NT.sum()), scale)
+    return scale > 0 and float((got - want).abs().max()) <= atol
 
 
 def _autograd_logprobs(engine: LocalEngine, batch: TrainBatch, temperature: float) -> torch.Tensor:
@@ -90,7 +95,7 @@ def test_dpo_linearized_backward_equals_autograd_through_one_forward(tiny_model_
                                                      DPOParams(beta=0.5))
     value.backward()
     direct = _take_grads(engine)
-    assert _close(linearized, direct)
+    assert _close(linearized, direct, engine, batch)
     assert metrics["loss"] == pytest.approx(float(value.detach()), abs=1e-5)
     assert metrics["reward_margin"] == pytest.approx(expected_metrics["reward_margin"], abs=1e-4)
     assert metrics["tokens"] == float(batch.loss_mask_NT.sum())
@@ -131,7 +136,7 @@ def test_custom_loss_gives_the_registered_cross_entropy_gradient(tiny_model_dir:
     custom = engine.forward_backward_custom(batch, CustomLoss(token_mean_nll, temperature=0.7))
     linearized = _take_grads(engine)
     assert float(per_token.abs().max()) > 0
-    assert _close(linearized, per_token)
+    assert _close(linearized, per_token, engine, batch)
     assert custom["loss"] == pytest.approx(registered["loss"], abs=1e-5)
     assert custom["loss"] == pytest.approx(registered["nll"], abs=1e-5)  # token mean with unit weights
     assert custom["custom_metric"] == 3.0 and custom["tokens"] == registered["tokens"]
