@@ -12,7 +12,7 @@ TORCH_REQ = $$(if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/n
               then echo "torch>=2.4"; else echo "torch==$(TORCH_CPU)"; fi)
 DEMO_CONFIG ?= examples/configs/demo.yaml
 
-.PHONY: setup lock demo test test-slow test-gpu test-tinker test-vllm lint clean-cache bench-reward bench bench-sampling \
+.PHONY: setup lock demo test test-process test-slow test-all test-gpu test-tinker test-vllm lint clean-cache bench-reward bench bench-sampling \
 	experiment-offline
 
 setup: $(STAMP)
@@ -43,13 +43,25 @@ demo: $(STAMP)
 experiment-offline: $(STAMP)
 	scripts/offline_story.sh
 
-# the quick suite; tests/test_architecture.py among it runs lint-imports and checks the dotted registry strings,
-# tests/test_mutation_list.py that every snippet of `make mutation` still matches the code
+# The test tiers (README: Tests). `make test` is the quick tier, pyproject.toml's default selection: unit and math
+# tests, settings and data validation, in-process tiny-model runs and in-process CLI calls; it starts no process
+# (tests/conftest.py stops a test there that does). tests/test_architecture.py among it checks the import
+# contracts, tests/test_mutation_list.py that every snippet of `make mutation` still matches the code.
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# the tests that start processes or services (marked `process`): CLI runs in a subprocess, SIGKILL and resume,
+# fault injection, torchrun gloo groups, local Ray clusters, reward servers, Chromium, the veRL wheel. Two workers,
+# a file each at a time (its module fixtures stay in one worker), one torch thread per worker and per child.
+test-process: $(STAMP)
+	$(PY) -m pytest -q -m process -n 2 --dist loadfile
+
+# the tests that load the embedded SmolLM2 (the aligned model is built first where it is not cached)
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# every tier, as .ci/run runs them
+test-all: test test-process test-slow
 
 # the engine on a CUDA device against the CPU (skipped where there is none)
 test-gpu: $(STAMP)

@@ -3,7 +3,7 @@ loop, the engine's loss path and the pipeline's gates?
 
 Each mutation is one exact edit (file, original snippet, mutated snippet) plus the tests that should notice it; the
 list is scripts/mutation_list.py.
-The script copies purplerl/, tests/ and pyproject.toml into a temporary directory (the working tree is never
+The script copies purplerl/, tests/, examples/ and pyproject.toml into a temporary directory (the working tree is never
 touched), runs the union of the mapped tests there once unmutated (the baseline must pass), then for each
 mutation writes the mutated file into the copy, runs its tests with `-x -q`, and puts the original back. A
 mutant is killed when its tests fail (or time out), survives when they pass.
@@ -37,7 +37,8 @@ from pathlib import Path
 from mutation_list import MUTATIONS, snippet_problems
 
 ROOT = Path(__file__).resolve().parent.parent
-COPIED = ("purplerl", "tests", "pyproject.toml")
+TIERS = "not slow and not gpu and not tinker and not vllm"
+COPIED = ("purplerl", "tests", "examples", "pyproject.toml")  # tests read examples/ (the pipelines)
 
 
 def make_copy(dest: Path) -> None:
@@ -59,7 +60,8 @@ def child_env(copy_root: Path) -> dict[str, str]:
 def run_tests(copy_root: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, str, float]:
     """('passed' | 'failed' | 'timeout', first failing test or '', seconds)."""
     started = time.perf_counter()
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    # the quick and the process tier alike: a mapped test may start a process (README: Tests)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", TIERS, *tests]
     try:
         proc = subprocess.run(cmd, cwd=copy_root, env=child_env(copy_root), capture_output=True, text=True,
                               timeout=timeout)

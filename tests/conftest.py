@@ -3,10 +3,60 @@
 from __future__ import annotations
 
 import json
+import multiprocessing.process
+import os
+import subprocess
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+
+# The tiers (README: Tests): a test that starts a process or a service is marked `process` and runs in
+# `make test-process`; one that loads SmolLM2 is marked `slow`. The quick tier (`make test`) starts none: a test
+# there that does is stopped at the start of its first child with the line below.
+PROCESS_MARKERS = ("process", "slow", "gpu", "tinker", "vllm")
+QUICK_TIER_CHILD = ("a test in the quick tier started a process ({}): mark it `process` (make test-process) "
+                    "or do the work in this process")
+_quick_test: list[str] = []  # the node id of the running quick-tier test, if one is running
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Note whether the running test (its fixtures included) may start processes."""
+    quick = not any(item.get_closest_marker(name) for name in PROCESS_MARKERS)
+    _quick_test[:] = [item.nodeid] if quick else []
+    yield
+    _quick_test.clear()
+
+
+def _refuse_in_quick_tier(what: str) -> None:
+    if _quick_test:
+        pytest.fail(QUICK_TIER_CHILD.format(what), pytrace=False)
+
+
+def _guard(cls: type, method: str, describe) -> None:
+    original = getattr(cls, method)
+
+    def guarded(self, *args, **kwargs):
+        _refuse_in_quick_tier(describe(self, args, kwargs))
+        return original(self, *args, **kwargs)
+
+    setattr(cls, method, guarded)
+
+
+def _command_line(_: subprocess.Popen, args: tuple, kwargs: dict) -> str:
+    command = args[0] if args else kwargs.get("args")
+    return (command if isinstance(command, str) else " ".join(map(str, command)))[:120]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _guard(subprocess.Popen, "__init__", _command_line)
+    _guard(multiprocessing.process.BaseProcess, "start", lambda proc, *_: f"multiprocessing {proc.name}")
+    # children get the thread budget of one worker: the cores shared among pytest-xdist's workers
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    budget = str(max(1, (os.cpu_count() or 1) // workers))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, budget)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -85,16 +135,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model_dir(tmp_path_factory.mktemp("tiny_model"))
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def one_torch_thread():
-    """One torch thread for tiny-model tests: on a shared 2-core machine they run several times faster
-    than oversubscribed, with identical results."""
+    """One torch thread in the test process, for every test: tiny models run several times faster on one thread
+    than oversubscribed on a shared 2-core machine, with identical results, and two pytest workers (or a test and
+    the child it waits for) never fight over the cores. A test that needs more threads sets them itself; the
+    next test starts from one again."""
     import torch
 
-    before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
+    torch.set_num_threads(1)
 
 
 def save_tiny_bert_classifier(path: Path, words: list[str], id2label: dict[int, str]) -> Path:
@@ -218,3 +269,18 @@ def trained_adapter_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
 def adapter_word_id() -> int:
     (word_id,) = make_tiny_tokenizer().encode(ADAPTER_WORD)
     return word_id
+
+
+def invoke_cli(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`purplerl ARGS` in this process (typer's CliRunner), as a CompletedProcess: the exit code, stdout and stderr
+    a child would give, without a child's seconds of imports. `env` is set for the call only. What only a real
+    process shows (the console script, a signal, warnings printed at import) is tested in the process tier."""
+    from typer.testing import CliRunner
+
+    from purplerl.cli import app
+
+    words = [str(a) for a in args]
+    result = CliRunner().invoke(app, words, env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["purplerl", *words], result.exit_code, result.stdout, result.stderr)

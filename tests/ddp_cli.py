@@ -1,4 +1,4 @@
-"""Commands of the data-parallel CLI tests (tests/train/test_ddp_run.py, tests/slow/test_ddp_sigkill.py)."""
+"""Commands of the data-parallel CLI tests (tests/train/test_ddp_run.py, tests/train/test_ddp_sigkill.py)."""
 
 from __future__ import annotations
 

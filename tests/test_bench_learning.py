@@ -29,6 +29,7 @@ def test_second_half_means_and_the_two_standard_error_verdict() -> None:
     assert set(result) == {"level", "better"}
 
 
+@pytest.mark.process
 def test_a_missing_model_is_a_one_line_error(tmp_path: Path) -> None:
     import subprocess
 

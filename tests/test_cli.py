@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.process
+
 STEPS, BATCH, GROUP = 2, 2, 2
 SAMPLE_KEYS = {"prompt", "completion", "toxicity", "repetition", "kl", "reward", "advantage"}
 CHECKPOINT_FILES = {"adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "loop_state.json"}

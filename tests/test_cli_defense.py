@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_cli import cli_env, purplerl
+
+pytestmark = pytest.mark.process
 
 SMALL = ["--steps", "3", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "6",
          "--logging.progress", "false"]

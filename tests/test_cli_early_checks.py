@@ -10,6 +10,8 @@ from test_cli import Launched, assert_one_line_error, cli_env
 
 from tests.conftest import make_tiny_model_dir
 
+pytestmark = pytest.mark.process
+
 FAST_EVAL = ["--suite", "diversity", "--limit", "2", "--n", "1", "--max-new-tokens", "4", "--device", "cpu"]
 FAST_RUN = ["--steps", "1", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "4",
             "--logging.progress", "false", "--device", "cpu"]

@@ -50,6 +50,7 @@ def test_bad_reward_options_are_one_line_errors(args: list[str], message: str) -
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
+@pytest.mark.process
 def test_help_shows_the_expanded_terms_and_no_new_dotted_setting() -> None:
     out = subprocess.run([sys.executable, "-m", "purplerl", "attack", "--reward", "happy_binary", "--help"],
                          capture_output=True, text=True, check=True).stdout

@@ -65,6 +65,7 @@ def test_deep_json_config_is_one_error(tmp_path: Path):
         load_config(path)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS")
 def test_the_cli_refuses_a_bomb_under_a_memory_bound(tmp_path: Path):
     """The report's case: `--config` with a 1.1 KB bomb grew past 4.6 GB. Under a 4 GiB address-space bound

@@ -53,6 +53,7 @@ def offline_env(tmp_path: Path, **extra: str) -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("setting", ["closed_port", "hf_hub_offline"])
 def test_an_uncached_hub_id_offline_is_one_line_within_seconds(tmp_path: Path, setting: str) -> None:
     extra = ({"HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"} if setting == "closed_port"
@@ -69,6 +70,7 @@ def test_an_uncached_hub_id_offline_is_one_line_within_seconds(tmp_path: Path, s
     assert elapsed < 45, f"took {elapsed:.0f} s: a hang guard (~5 s unloaded), transformers' retries take ~50 s"
 
 
+@pytest.mark.process
 def test_a_classifier_hub_id_offline_is_one_line_too(tmp_path: Path) -> None:
     """The reward scorers load their models through the same check (rewards/toxicity.py load_pretrained)."""
     code = ("from transformers import AutoModelForSequenceClassification\n"

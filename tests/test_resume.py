@@ -14,6 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.process
+
 STEPS, SAVE_EVERY = 6, 2
 FINAL = f"step_{STEPS:06d}"
 

@@ -13,7 +13,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
+
+pytestmark = pytest.mark.process
 
 STEPS = 6
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.test_serve_reward_cli import cli_env, finish, free_port, one_error_line, start, wait_healthy
+
+pytestmark = pytest.mark.process
 
 
 def test_a_registered_term_served_by_section_settings(tmp_path: Path) -> None:

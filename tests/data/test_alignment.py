@@ -78,6 +78,7 @@ def test_two_calls_give_equal_examples_and_hash():
     assert alignment_data_hash() == first
 
 
+@pytest.mark.process
 def test_hash_is_the_same_in_a_fresh_process_with_another_string_hash_seed():
     # the hash is a cache key across runs: nothing may depend on set order or Python's salted hash()
     code = "from purplerl.data.alignment import alignment_data_hash; print(alignment_data_hash())"

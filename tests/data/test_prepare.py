@@ -333,6 +333,7 @@ def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+@pytest.mark.process
 def test_cli_prepare_and_merge(hub, tmp_path):
     home = tmp_path / "hf_home"
     runs = {
@@ -366,6 +367,7 @@ def test_cli_prepare_and_merge(hub, tmp_path):
     (["gsm8k", "--source", "missing_dir"], "error: source not found: missing_dir"),
     (["gsm8k"], "error: cannot load 'openai/gsm8k' (config main, split 'train') from the hub: "),
 ])
+@pytest.mark.process
 def test_cli_errors_are_one_line(tmp_path, args, message):
     # an empty HF_HOME with HF_HUB_OFFLINE=1 makes the hub unreachable, whatever the machine has cached
     code, out, err = finish(cli(*args, cwd=tmp_path, hf_home=tmp_path / "hf_home"))

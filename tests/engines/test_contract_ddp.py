@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 CONTRACT = Path(__file__).with_name("test_engine_contract.py")
 
 

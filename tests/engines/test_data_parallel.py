@@ -37,6 +37,7 @@ def _grad_rtol(model_dir: Path, positions: int, tokens: int) -> float:
     return gradient_atol(torch.float32, AutoConfig.from_pretrained(model_dir), positions, tokens, 1.0)
 
 
+@pytest.mark.process
 def test_two_processes_reach_the_single_process_update(tiny_model_dir: Path, tmp_path: Path, one_torch_thread):
     out = tmp_path / "dp.pt"
     paths = [str(REPO), os.environ.get("PYTHONPATH", "")]
@@ -73,6 +74,7 @@ def _torchrun(worker: Path, model_dir: Path, out: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.process
 def test_ranks_with_their_own_batches_accumulate_two_calls_and_a_custom_loss_as_one_process(
         tiny_model_dir: Path, tmp_path: Path, one_torch_thread):
     # Each rank builds its own batches (its rows of two global batches, trimmed to its own width) with unequal

@@ -157,6 +157,7 @@ def test_a_process_that_waits_for_a_build_says_so_once(tmp_path: Path) -> None:
     assert notices[0] == f"waiting for another process that is building embedded:tiny (lock {lock_path})"
 
 
+@pytest.mark.process
 def test_the_cli_reports_a_damaged_cached_model_in_one_line(tmp_path: Path, tiny_model_dir: Path) -> None:
     from purplerl.experiments.align import SAFE_MODEL, align_key
 

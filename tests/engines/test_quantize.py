@@ -74,6 +74,7 @@ def test_other_engines_and_full_finetuning_refuse_it() -> None:
     assert ModelConfig().quantize == "none" and "quantize" not in ModelConfig(finetune="full").settings()
 
 
+@pytest.mark.process
 @no_cuda
 def test_the_cli_refuses_it_in_one_line(tmp_path: Path) -> None:
     runs = tmp_path / "runs"

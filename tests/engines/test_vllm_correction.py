@@ -149,12 +149,14 @@ def test_without_vllm_the_engine_names_the_install(tiny_model_dir: Path) -> None
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.process
 def test_the_engine_module_imports_without_vllm() -> None:
     code = "import sys, purplerl.engines.vllm, purplerl.cli; assert 'vllm' not in sys.modules, 'vllm imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.process
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_cli_engine_vllm_without_vllm_is_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
     args = ["attack", "--engine", "vllm", "--model", str(tiny_model_dir), "--steps", "1", "--output_dir",

@@ -9,9 +9,6 @@ must be the plain-text rendering "<system>\\n\\n<user>\\n", never ChatML.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,15 +37,12 @@ def _base_text(user: str) -> str:
 def run_checkpoint(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """runs/plain/checkpoints/step_000001 of a one-step attack trained on plain-text prompts with SYSTEM."""
     runs = tmp_path_factory.mktemp("runs")
-    env = {**os.environ, "PURPLERL_CACHE": str(runs / "cache"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    args = ["attack", "--model", tiny_model_dir, "--data.template", "base", "--system_prompt", SYSTEM,
-            "--steps", "1", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "4", "--lora_rank", "4",
-            "--device", "cpu", "--dtype", "float32", "--output_dir", runs, "--name", "plain",
-            "--logging.progress", "false"]
-    proc = subprocess.run([sys.executable, "-m", "purplerl.cli", *map(str, args)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PURPLERL_CACHE", str(runs / "cache"))
+        _cli("attack", "--model", tiny_model_dir, "--data.template", "base", "--system_prompt", SYSTEM,
+             "--steps", "1", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "4", "--lora_rank", "4",
+             "--device", "cpu", "--dtype", "float32", "--output_dir", runs, "--name", "plain",
+             "--logging.progress", "false")
     return runs / "plain" / "checkpoints" / "step_000001"
 
 

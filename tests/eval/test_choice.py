@@ -161,6 +161,7 @@ def test_answers_render_as_letter_and_text() -> None:
     assert "A. 4\nB. five" in choice_question(ITEMS[0])
 
 
+@pytest.mark.process
 def test_eval_cli_reports_choice_accuracy(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = finish(start("--model", tiny_model_dir, "--suite", "utility", "--utility-limit", "2", "--choice-limit", "5",

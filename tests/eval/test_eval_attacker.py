@@ -8,7 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_eval_run import finish, rows_of, start
+from conftest import invoke_cli
+from test_eval_run import rows_of
 from typer.testing import CliRunner
 
 from purplerl.cli import app
@@ -62,11 +63,12 @@ def evaluated(setup: dict[str, Path], tiny_model_dir: Path) -> dict:
     args = ["--model", tiny_model_dir, "--checkpoint", setup["target"], "--attacker", setup["run"], "--limit", GOALS,
             "--seed", 3, "--attacker_tokens", TOKENS, "--max_new_tokens", 4, "--suite", "harm", "--batch_size", 4,
             "--device", "cpu", "--out", out]
-    first = finish(start(*args, cache=cache))
+    env = {"PURPLERL_CACHE": str(cache)}
+    first = invoke_cli("eval", *args, env=env)
     assert first.returncode == 0, first.stderr
     mtime = (out / "attacks.json").stat().st_mtime_ns
-    again = finish(start(*args, cache=cache))
-    greedy = finish(start(*args, "--attacker_temperature", 0, cache=cache))
+    again = invoke_cli("eval", *args, env=env)
+    greedy = invoke_cli("eval", *args, "--attacker_temperature", 0, env=env)
     return {"out": out, "mtime": mtime, "again": again, "greedy": greedy}
 
 

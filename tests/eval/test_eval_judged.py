@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ChatCompletionsStub, serve_on_loopback
+from conftest import ChatCompletionsStub, invoke_cli, serve_on_loopback
 
 from purplerl.config import load_command_config
 from purplerl.config.commands import EVAL
@@ -38,13 +36,10 @@ def stub_url() -> Iterator[str]:
     yield from serve_on_loopback(_Stub)
 
 
-def run_eval_cli(*args: str | Path, cache: Path, extra_env: dict[str, str] | None = None,
-                 timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PURPLERL_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1", **(extra_env or {})}
-    return subprocess.run([sys.executable, "-m", "purplerl.cli", "eval", *map(str, args)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
+def run_eval_cli(*args: str | Path, cache: Path,
+                 extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`purplerl eval ARGS` in this process (the eval's one-line errors in a real process: test_eval_run.py)."""
+    return invoke_cli("eval", *args, env={"PURPLERL_CACHE": str(cache), **(extra_env or {})})
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""`purplerl eval` end to end in a subprocess on the tiny random model, plus its resume logic in-process."""
+"""`purplerl eval` end to end on the tiny random model, in this process, plus its resume logic; its one-line errors in
+real processes too (the process tier)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from purplerl.eval.run import SUITE_RUNS, read_generations, validate
 from purplerl.eval.suites import SUITES, table
 from purplerl.files import safe_file_stem
 from purplerl.types import PromptRecord
+from tests.conftest import invoke_cli
 
 LIMIT, N = 4, 2
 FAST = ["--limit", str(LIMIT), "--n", str(N), "--max-new-tokens", "6", "--batch-size", "2", "--utility-limit", "3",
@@ -54,16 +56,19 @@ def adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return path
 
 
+def run_eval(*args: str | Path, cache: Path) -> subprocess.CompletedProcess:
+    return invoke_cli("eval", *args, env={"PURPLERL_CACHE": str(cache)})
+
+
 @pytest.fixture(scope="module")
 def evaluated(tiny_model_dir: Path, adapter: Path, tmp_path_factory: pytest.TempPathFactory):
-    """One full eval (base + adapter, all suites), and a resumed one from a hand-cut generations file,
-    started side by side: most of a CLI call is imports."""
+    """One full eval (base + adapter, all suites), a rerun into the same out, and a resumed one from a hand-cut
+    generations file."""
     root = tmp_path_factory.mktemp("eval")
     cache, out, partial = root / "cache", root / "out", root / "partial"
     (partial / "generations").mkdir(parents=True)
     # prompt 0 whole (kept), prompt 1 half written, then a line cut by a kill: both dropped and redone
-    full = start("--model", tiny_model_dir, "--checkpoint", adapter, "--out", out, *FAST, cache=cache)
-    first = finish(full)
+    first = run_eval("--model", tiny_model_dir, "--checkpoint", adapter, "--out", out, *FAST, cache=cache)
     assert first.returncode == 0, first.stderr
     handmade = rows_of(out / "generations" / "base.jsonl")[:N + 1]
     for row in handmade[:N]:
@@ -71,10 +76,10 @@ def evaluated(tiny_model_dir: Path, adapter: Path, tmp_path_factory: pytest.Temp
     lines = [json.dumps(row) for row in handmade] + ['{"uid": "cut']  # a kill leaves no newline after a cut line
     (partial / "generations" / "base.jsonl").write_text("\n".join(lines))
     mtimes = {p.name: p.stat().st_mtime_ns for p in (out / "generations").iterdir()}
-    again = start("--model", tiny_model_dir, "--checkpoint", adapter, "--out", out, *FAST, cache=cache)
-    resumed = start("--model", tiny_model_dir, "--suite", "diversity", "--out", partial, *FAST, cache=cache)
-    return {"out": out, "first": first, "again": finish(again), "mtimes": mtimes, "partial": partial,
-            "resumed": finish(resumed), "adapter": adapter}
+    again = run_eval("--model", tiny_model_dir, "--checkpoint", adapter, "--out", out, *FAST, cache=cache)
+    resumed = run_eval("--model", tiny_model_dir, "--suite", "diversity", "--out", partial, *FAST, cache=cache)
+    return {"out": out, "first": first, "again": again, "mtimes": mtimes, "partial": partial, "resumed": resumed,
+            "adapter": adapter}
 
 
 def test_eval_writes_every_suite_for_every_target(evaluated) -> None:
@@ -137,7 +142,7 @@ def test_a_killed_generation_resumes_after_its_last_whole_prompt(evaluated) -> N
     (["--n", "0"], "config field 'eval.n': Input should be greater than or equal to 1"),
 ])
 def test_user_mistakes_are_one_line_errors_with_exit_2(tiny_model_dir: Path, tmp_path: Path, args, needle) -> None:
-    proc = finish(start("--model", tiny_model_dir, "--out", tmp_path / "out", *args, cache=tmp_path / "cache"))
+    proc = run_eval("--model", tiny_model_dir, "--out", tmp_path / "out", *args, cache=tmp_path / "cache")
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], proc.stderr
@@ -150,6 +155,7 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.process
 def test_bad_input_is_one_line_and_writes_nothing_into_out(tiny_model_dir: Path, tmp_path: Path) -> None:
     """Each mistake is found before anything is written, so the corrected rerun into the same --out runs."""
     latin1 = tmp_path / "latin1.jsonl"

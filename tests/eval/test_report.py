@@ -102,6 +102,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           env=env, timeout=120)
 
 
+@pytest.mark.process
 def test_cli_report(tmp_path):
     run = make_run(tmp_path)
     done = _cli(str(run))
@@ -117,6 +118,7 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.process
 def test_cli_report_keeps_files_named_by_metric_keys_inside_the_run_dir(tmp_path):
     from purplerl.files import safe_file_stem
 
@@ -156,6 +158,7 @@ def test_report_refuses_rows_that_are_not_objects(tmp_path, row):
         training_report(run)
 
 
+@pytest.mark.process
 def test_cli_report_on_rows_that_are_not_objects_or_not_utf8_is_one_line(tmp_path):
     cases = {"array": b"[1,2]", "string": b'"x"', "number": b"3", "latin1": b'{"step": 2, "note": "\xff\xfe"}'}
     procs = {}

@@ -170,6 +170,7 @@ def test_the_tiny_models_sampled_answers_are_seeded(monkeypatch, tiny_model_dir,
     assert all(text == "" or text.endswith((".", "!", "?")) for text in first)  # cut ones keep whole sentences
 
 
+@pytest.mark.process
 def test_cli_runs_the_model_and_says_what_it_left_out(tiny_model_dir, tmp_path) -> None:
     """The random tiny model's sampled answers: its benign ones never finish a sentence (left out, counted), its
     harmful ones are random text that is no refusal, so they stand as the rejected side of a pair. Where the CPU's

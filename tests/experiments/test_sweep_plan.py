@@ -167,6 +167,7 @@ def test_a_rerun_with_other_settings_is_refused_and_outcomes_decide_what_runs(tm
     assert first_difference({"a": {"b": 1}}, {"a": {"b": 1, "d": 2}}) == ("a.d", None, 2)
 
 
+@pytest.mark.process
 def test_the_command_lists_the_runs_and_stops_on_a_typo_with_one_line(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -14,6 +14,8 @@ from ray_cluster import local_cluster
 from purplerl.errors import UserError
 from purplerl.experiments.sweep.settings import SweepResources, load_sweep
 
+pytestmark = pytest.mark.process
+
 GOOD, BAD = "attack_data-redteam_s0", "attack_data-missing.jsonl_s0"
 
 

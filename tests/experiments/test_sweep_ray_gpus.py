@@ -13,6 +13,8 @@ from ray_cluster import local_cluster
 
 from purplerl.experiments.sweep.settings import load_sweep
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory: pytest.TempPathFactory):

@@ -141,6 +141,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_runs_process_dies_with_the_worker_that_started_it() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)

@@ -298,6 +298,7 @@ def test_a_nan_judgement_stops_the_run_naming_where(tiny_model_dir: Path, tmp_pa
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.process
 def test_the_command_line_refuses_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "purplerl", "adversarial", "--schedule", "3:x", "--output_dir",
                            str(tmp_path)], capture_output=True, text=True, timeout=120)

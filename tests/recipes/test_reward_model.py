@@ -127,6 +127,7 @@ def test_a_resumed_run_continues_bit_identically(tiny_model_dir: Path, rm_env: P
     assert strip(_metrics(tmp_path / "part")) == strip(_metrics(tmp_path / "whole"))
 
 
+@pytest.mark.process
 def test_the_reward_term_the_server_and_the_eval_judge_score_alike(trained: Path, tiny_model_dir: Path,
                                                                    rm_env: Path) -> None:
     texts = ["pizza cats and fox", "pizza dogs and fox", "hello cats and world", "hello dogs and world"]

@@ -65,6 +65,7 @@ def trained(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return run_dir / "checkpoints" / "step_000003"
 
 
+@pytest.mark.process
 def test_a_routed_run_from_the_cli(tiny_model_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "rewards.yaml").write_text(REWARDS_FILE)
     args = [a for a in _args(tiny_model_dir, tmp_path, "--steps", "2", "--route.eval_every", "1", "--name", "cli")

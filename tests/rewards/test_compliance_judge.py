@@ -128,6 +128,7 @@ def test_harm_judges_report_it_as_a_term() -> None:
     assert rows[0]["term/compliance"] > 0.9 and rows[1]["term/compliance"] == 0.0
 
 
+@pytest.mark.process
 @needs_minilm
 def test_eval_judges_with_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -106,6 +106,7 @@ def test_registration_is_checked() -> None:
         RewardTerm("x", "unknown input", "logits", None, lambda _: lambda b: b.kl_N)  # type: ignore[arg-type]
 
 
+@pytest.mark.process
 def test_registering_the_terms_loads_no_model() -> None:
     """Importing purplerl.rewards registers every term; no scorer library is imported until a term is built."""
     heavy = ("transformers", "profanity_check", "sklearn", "httpx")

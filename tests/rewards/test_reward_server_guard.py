@@ -57,6 +57,7 @@ def test_a_request_without_prompts_is_refused_with_422(guard_server: ThreadServe
     assert httpx.get(f"{guard_server.url}/health").json()["batches"] == 0  # refused before any scoring call
 
 
+@pytest.mark.process
 def test_serve_reward_hosts_the_guard_term(tiny_model_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     server = start("serve-reward", "--term", "guard", "--serve.params.model", tiny_model_dir, "--server.port",

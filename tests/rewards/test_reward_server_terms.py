@@ -81,6 +81,7 @@ serve(RewardServerConfig(port=int(sys.argv[1])), term="repetition", params={"ngr
 """
 
 
+@pytest.mark.process
 def test_serve_runs_a_term_until_interrupted() -> None:
     """`serve(settings, term=..., params=...)`, what `purplerl serve-reward` calls, in its own process."""
     with socket.socket() as sock:

@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from ddp_cli import BATCH, GROUP, attack_cmd, cli_env
+
+pytestmark = pytest.mark.process
 
 
 def rows(path: Path) -> list[dict]:

@@ -24,6 +24,8 @@ from safetensors.torch import load_file
 from purplerl.runs.checkpoints import checkpoint_candidates, verify_checkpoint
 from purplerl.runs.layout import CHECKPOINTS_DIR as CHECKPOINTS
 
+pytestmark = pytest.mark.process
+
 STEPS = 6
 KILLS_PER_CHAIN = 6
 WRAPPER = Path(__file__).resolve().parents[1] / "fault_injection.py"

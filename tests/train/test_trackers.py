@@ -72,6 +72,7 @@ def resumed(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return run_dir
 
 
+@pytest.mark.process
 def test_wandb_offline_run_holds_each_step_once_with_its_samples_and_config(resumed: Path) -> None:
     rows, ids, configs = wandb_history(resumed)
     assert ids == {json.loads((resumed / "trackers.json").read_text())["wandb"]["id"]}  # one run, 3 segments
@@ -93,6 +94,7 @@ def test_wandb_offline_run_holds_each_step_once_with_its_samples_and_config(resu
     assert (first["training"]["steps"], last["training"]["steps"]) == (6, STEPS)  # the last resume's settings
 
 
+@pytest.mark.process
 def test_tensorboard_scalars_and_sample_tables_match_the_jsonl_logs(resumed: Path) -> None:
     events = tensorboard_events(resumed)
     metrics = read_jsonl(resumed / "metrics.jsonl")
@@ -111,6 +113,7 @@ def test_tensorboard_scalars_and_sample_tables_match_the_jsonl_logs(resumed: Pat
     assert "    recipe: attack" in config_text.splitlines()
 
 
+@pytest.mark.process
 def test_mlflow_run_has_each_step_once_params_and_sample_tables(resumed: Path, monkeypatch) -> None:
     client = mlflow_client(resumed, monkeypatch)
     run_id = json.loads((resumed / "trackers.json").read_text())["mlflow"]["id"]

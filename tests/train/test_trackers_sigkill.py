@@ -22,6 +22,8 @@ from typer.testing import CliRunner
 from purplerl.cli import app
 from purplerl.train.sinks import read_jsonl
 
+pytestmark = pytest.mark.process
+
 
 def test_a_sigkilled_run_resumed_shows_each_step_once_in_every_tracker(tiny_model_dir: Path, tmp_path: Path,
                                                                         monkeypatch) -> None:

@@ -39,6 +39,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           text=True, env=_env(), cwd=cwd, timeout=120)
 
 
+@pytest.mark.process
 def test_export_writes_what_verl_reads(tmp_path):
     out = tmp_path / "exp"
     done = _cli("--model", MODEL, "--out", str(out), "--steps", "20", "--batch_size", "8", "--group_size", "4",
@@ -72,6 +73,7 @@ def test_export_writes_what_verl_reads(tmp_path):
     assert "refuses `recipe: defend`" in readme
 
 
+@pytest.mark.process
 def test_run_script_substitutes_the_dir_and_appends_arguments(tmp_path):
     export_verl(_config("--out", str(tmp_path / "exp")))
     fake_bin = tmp_path / "bin"
@@ -95,6 +97,7 @@ TEXTS = ["You are a stupid idiot and everyone hates you.", "stop stop stop stop 
 PROMPT = "Roast my friend."
 
 
+@pytest.mark.process
 def test_reward_module_in_a_fresh_process_matches_the_attack_reward(tmp_path):
     cfg = _config("--out", str(tmp_path / "exp"), "--reward.terms", "{toxicity: 1, repetition: -0.3, refusal: -0.25}")
     export_verl(cfg)
@@ -156,6 +159,7 @@ def test_refused_input_is_one_line_and_writes_nothing(tmp_path, recipe, args, me
     assert not out.exists()
 
 
+@pytest.mark.process
 def test_cli_refuses_a_non_empty_out_dir_in_one_line(tmp_path):
     out = tmp_path / "exp"
     out.mkdir()
@@ -166,6 +170,7 @@ def test_cli_refuses_a_non_empty_out_dir_in_one_line(tmp_path):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
 
 
+@pytest.mark.process
 def test_cli_reads_the_settings_of_the_recipe_it_names(tmp_path):
     # --recipe defend on the command line is the defend tree (its entropy term refused), not the attack's renamed
     out = tmp_path / "exp"

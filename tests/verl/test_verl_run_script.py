@@ -16,6 +16,8 @@ from purplerl.config import load_command_config
 from purplerl.verl.export import export_verl
 from purplerl.verl.hydra import parse_override
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # '|' was sed's delimiter and '&' its match; "'" closes a Hydra quoted value; '${' starts an OmegaConf interpolation

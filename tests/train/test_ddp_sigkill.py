@@ -14,7 +14,7 @@ import pytest
 from ddp_cli import attack_cmd, cli_env
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 STEPS = 6
 
 
