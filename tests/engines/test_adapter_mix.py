@@ -20,8 +20,6 @@ from purplerl.errors import UserError
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
 from tests.tolerances import gradient_atol, logprob_atol, reduction_atol
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 RETAIN, FORGET = "default", "forget"
 BOTH = {RETAIN: 1.0, FORGET: 1.0}
 LENGTHS = [7, 4, 9, 3, 6, 8]

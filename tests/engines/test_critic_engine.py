@@ -19,8 +19,6 @@ from purplerl.train.critic import CRITIC, POLICY, critic_values
 from purplerl.types import AdamParams, TrainBatch
 from tests.tolerances import gradient_atol
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 LENGTHS = [7, 4, 9, 3, 6, 8]
 PROMPT = 2  # two prompt tokens, then the completion to the end of each row
 

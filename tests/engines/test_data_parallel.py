@@ -38,7 +38,7 @@ def _grad_rtol(model_dir: Path, positions: int, tokens: int) -> float:
 
 
 @pytest.mark.process
-def test_two_processes_reach_the_single_process_update(tiny_model_dir: Path, tmp_path: Path, one_torch_thread):
+def test_two_processes_reach_the_single_process_update(tiny_model_dir: Path, tmp_path: Path):
     out = tmp_path / "dp.pt"
     paths = [str(REPO), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "OMP_NUM_THREADS": "1"}
@@ -76,7 +76,7 @@ def _torchrun(worker: Path, model_dir: Path, out: Path) -> None:
 
 @pytest.mark.process
 def test_ranks_with_their_own_batches_accumulate_two_calls_and_a_custom_loss_as_one_process(
-        tiny_model_dir: Path, tmp_path: Path, one_torch_thread):
+        tiny_model_dir: Path, tmp_path: Path):
     # Each rank builds its own batches (its rows of two global batches, trimmed to its own width) with unequal
     # token counts; two forward_backward calls accumulate before one step, then a custom loss of whole sequences.
     # One process running the same calls on the full global batches is the reference, to float tolerance.
@@ -101,7 +101,7 @@ def test_ranks_with_their_own_batches_accumulate_two_calls_and_a_custom_loss_as_
             assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
-def test_the_fixed_batch_puts_unequal_token_counts_on_the_ranks(tiny_model_dir: Path, one_torch_thread):
+def test_the_fixed_batch_puts_unequal_token_counts_on_the_ranks(tiny_model_dir: Path):
     from purplerl.config import ModelConfig
     from purplerl.engines.local import LocalEngine
 

@@ -45,7 +45,7 @@ def _logits_atol(model, positions: int, logits: torch.Tensor) -> float:
     SamplingParams(max_new_tokens=9, seed=5, temperature=0.7, top_p=0.9, top_k=20),
     SamplingParams(max_new_tokens=10, seed=6, temperature=0.0),
 ], ids=["plain", "truncated", "greedy"])
-def test_the_static_cache_draws_what_the_growing_cache_draws(tiny_model_dir: Path, one_torch_thread,
+def test_the_static_cache_draws_what_the_growing_cache_draws(tiny_model_dir: Path,
                                                              sampling: SamplingParams) -> None:
     engine = _engine(tiny_model_dir)
     # a policy off the base, so the merged sampler copy is what decodes
@@ -66,7 +66,7 @@ def test_the_static_cache_draws_what_the_growing_cache_draws(tiny_model_dir: Pat
                                    rtol=0)
 
 
-def test_a_full_parameter_engine_decodes_the_same_over_a_static_cache(tiny_model_dir: Path, one_torch_thread):
+def test_a_full_parameter_engine_decodes_the_same_over_a_static_cache(tiny_model_dir: Path):
     engine = _engine(tiny_model_dir, finetune="full")
     sampling = SamplingParams(max_new_tokens=8, seed=2)
     dynamic, static = _draws(engine, None, sampling), _draws(engine, "static", sampling)
@@ -76,8 +76,7 @@ def test_a_full_parameter_engine_decodes_the_same_over_a_static_cache(tiny_model
                                    rtol=0)
 
 
-def test_the_decoders_step_logits_agree_and_the_static_cache_refuses_to_overflow(tiny_model_dir: Path,
-                                                                                 one_torch_thread) -> None:
+def test_the_decoders_step_logits_agree_and_the_static_cache_refuses_to_overflow(tiny_model_dir: Path) -> None:
     engine = _engine(tiny_model_dir)
     model = engine.sampler.decoding_model()
     attn_NP = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
@@ -100,7 +99,7 @@ def test_the_decoders_step_logits_agree_and_the_static_cache_refuses_to_overflow
             static.step(torch.tensor([1, 1]), position_N1)
 
 
-def test_the_growing_cache_prefills_each_prompt_once_for_its_group(tiny_model_dir: Path, one_torch_thread) -> None:
+def test_the_growing_cache_prefills_each_prompt_once_for_its_group(tiny_model_dir: Path) -> None:
     """A group's G rows share one prefill of their prompt: the decoder runs B rows, not B·G, computes the lm_head
     at the last prompt position only, and then decodes exactly as over a prefill of every row."""
     engine = _engine(tiny_model_dir)
@@ -132,7 +131,7 @@ def test_the_growing_cache_prefills_each_prompt_once_for_its_group(tiny_model_di
     hook.remove()
 
 
-def test_a_cache_that_cannot_repeat_its_batch_prefills_every_row(tiny_model_dir: Path, one_torch_thread,
+def test_a_cache_that_cannot_repeat_its_batch_prefills_every_row(tiny_model_dir: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A cache layer without batch_repeat_interleave (a linear-attention state) cannot share a prefill: the
     decoder then prefills all B·G rows, and decodes as before."""

@@ -145,7 +145,7 @@ def _marks(f: Factory) -> list:
 
 
 @pytest.fixture(params=[pytest.param(f, marks=_marks(f)) for f in FACTORIES], ids=[f.name for f in FACTORIES])
-def factory(request, one_torch_thread) -> Iterator[Factory]:
+def factory(request) -> Iterator[Factory]:
     """The test's own copy of the factory (its own `made`); every engine it made is closed after the test, as a
     run closes its engine: vLLM's engine process stopped, not killed at the interpreter's exit."""
     factory = replace(request.param)  # `made` is not copied: a new empty list

@@ -31,8 +31,6 @@ PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
 PAD = 2
 ADVANTAGES_N = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _engine(model_dir: Path, settings: EngineSettings | None = None, **model_kw) -> LocalEngine:
     kw = {"lora_rank": 4, "dtype": "float32", **model_kw}

@@ -21,8 +21,6 @@ from purplerl.types import AdamParams, TrainBatch
 from tests.conftest import make_tiny_tokenizer
 from tests.tolerances import gradient_atol
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 # Adam with beta1 = beta2 = 0 and eps >> |g| moves each weight by lr * g / (|g| + eps) ~ g (see the contract)
 READOUT = AdamParams(lr=1e4, beta1=0.0, beta2=0.0, eps=1e4, weight_decay=0.0, max_grad_norm=0.0)
 SFT_ADAM = AdamParams(lr=1e-2)

@@ -29,8 +29,6 @@ PROMPTS = [[1, 10, 20, 30, 40, 50, 60], [1, 11], [1, 12, 22, 32]]
 PAD = 2  # the tiny tokenizer's pad == eos == <|im_end|>
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _engine(model_dir: Path, seed: int = 0) -> LocalEngine:
     return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"), seed=seed)

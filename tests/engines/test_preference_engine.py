@@ -24,8 +24,6 @@ from tests.engines.test_registered_losses import (
     _trained,
 )
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 # six rows (three prompts x two completions); KTO: desirable, undesirable and KL rows (for the gradient it does not
 # matter that these KL rows are not mismatched pairs; a real batch pairs each prompt with another's completion)
 KTO_LABELS_N = torch.tensor([1, 0, -1, 0, 1, -1])

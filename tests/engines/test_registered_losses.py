@@ -29,8 +29,6 @@ PAD = 2
 ADVANTAGES_N = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])
 PAIRS_P2 = torch.tensor([[0, 1], [3, 2], [4, 5]])  # (chosen, rejected): two completions of each prompt
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _engine(model_dir: Path) -> LocalEngine:
     return LocalEngine(ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"), seed=0)

@@ -20,8 +20,6 @@ from purplerl.errors import UserError
 from purplerl.types import AdamParams, TrainBatch
 from tests.tolerances import decoder_reductions, gradient_atol, reduction_atol
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 # three pairs of right-padded rows of different lengths: (chosen, rejected) = (0, 1), (3, 2), (4, 5)
 LENGTHS = [7, 4, 9, 3, 6, 8]
 PAIRS_P2 = torch.tensor([[0, 1], [3, 2], [4, 5]])

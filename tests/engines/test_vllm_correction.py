@@ -37,7 +37,7 @@ def _cfg(model_dir: Path, **kw) -> ModelConfig:
 
 
 @pytest.fixture
-def make_fake(monkeypatch, tiny_model_dir: Path, one_torch_thread):
+def make_fake(monkeypatch, tiny_model_dir: Path):
     """Build a VLLMEngine whose vLLM is the local decoder, reporting logprobs SHIFTS[i] below the drawn ones."""
     monkeypatch.setattr(vllm_engine, "require_vllm", lambda: None)
     monkeypatch.setattr(VLLMEngine, "_start_vllm", lambda self: None)

@@ -21,8 +21,6 @@ from purplerl.engines.local import LocalEngine
 from purplerl.types import SamplingParams
 from tests.conftest import ADAPTER_WORD, make_tiny_tokenizer
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 ANSWER = 4  # tokens of ADAPTER_WORD after the prompt
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from purplerl.config import ModelConfig
 from purplerl.data.alignment import alignment_examples
 from purplerl.engines import make_engine
@@ -25,7 +23,6 @@ def test_held_out_requests_spread_over_the_test_split_or_come_from_a_file(tmp_pa
         "question 0", "question 1", "question 2"]
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_measure_at_a_small_size_keeps_every_answer(tiny_model_dir: Path) -> None:
     engine = make_engine(ModelConfig(name=str(tiny_model_dir), device="cpu", dtype="float32"))
     size = EvalSize(limit=3, max_new_tokens=4, utility_limit=2, utility_tokens=8, choice=False, modes=("sampled",),

@@ -23,8 +23,6 @@ from purplerl.eval.utility import load_utility_set
 from purplerl.runs.policy import resolve_policy
 from tests.conftest import make_tiny_tokenizer
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 SYSTEM = "Answer in one word."
 
 

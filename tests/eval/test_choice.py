@@ -97,7 +97,7 @@ def engine(tiny_model_dir: Path):
     return LocalEngine(ModelConfig(name=str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
-def test_scores_equal_a_forward_pass_by_hand(engine, tiny_model_dir: Path, one_torch_thread) -> None:
+def test_scores_equal_a_forward_pass_by_hand(engine, tiny_model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), torch_dtype=torch.float32).eval()

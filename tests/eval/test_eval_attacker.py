@@ -110,7 +110,7 @@ def test_a_rerun_reads_the_attacks_back_and_another_attacker_setting_is_refused(
         "or the same settings")
 
 
-def test_greedy_attacks_are_the_attackers_argmax(setup, tiny_model_dir, one_torch_thread) -> None:
+def test_greedy_attacks_are_the_attackers_argmax(setup, tiny_model_dir) -> None:
     cfg = load_command_config(EVAL, None, ["--attacker", str(setup["run"]), "--attacker_temperature", "0",
                                            "--attacker_tokens", str(TOKENS), "--limit", "2", "--device", "cpu"])
     goals = load_goals(cfg)
@@ -120,8 +120,8 @@ def test_greedy_attacks_are_the_attackers_argmax(setup, tiny_model_dir, one_torc
     assert texts == expected and len(texts) == 2
 
 
-def test_an_adversarial_checkpoint_attacks_with_its_attacker_adapter_not_its_defender(setup, tiny_model_dir, tmp_path,
-                                                                                      one_torch_thread) -> None:
+def test_an_adversarial_checkpoint_attacks_with_its_attacker_adapter_not_its_defender(setup, tiny_model_dir,
+                                                                                      tmp_path) -> None:
     from purplerl.engines.local import LocalEngine
 
     # what `purplerl adversarial` saves: the defender at the top of the checkpoint, the attacker in attacker/

@@ -83,7 +83,6 @@ def test_eval_settings_take_a_comma_list_once_each() -> None:
         load_command_config(EVAL, None, ["--rewards_file", "x.yaml"])
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_eval_reports_each_named_reward_for_every_target(tiny_model_dir: Path, tmp_path: Path) -> None:
     from purplerl.eval.run import eval_table, run_eval
 

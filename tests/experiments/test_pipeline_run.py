@@ -30,7 +30,7 @@ QUIET = {"model": {"lora_rank": 4, "dtype": "float32", "device": "cpu"}, "loggin
 
 
 @pytest.fixture
-def data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread) -> Path:
+def data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PURPLERL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     root = tmp_path / "data"

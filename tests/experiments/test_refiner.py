@@ -75,7 +75,7 @@ def policy(tiny_model_dir: Path) -> EngineGenerator:
 
 
 @pytest.fixture(autouse=True)
-def _quiet(monkeypatch: pytest.MonkeyPatch, one_torch_thread: None) -> None:
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PURPLERL_CRITIC_API_KEY", raising=False)
     _Stub.requests.clear()
 

@@ -161,7 +161,7 @@ def test_the_output_dir_is_checked_before_the_model_loads(tmp_path) -> None:
         sp.prepare_command(cfg)
 
 
-def test_the_tiny_models_sampled_answers_are_seeded(monkeypatch, tiny_model_dir, one_torch_thread) -> None:
+def test_the_tiny_models_sampled_answers_are_seeded(monkeypatch, tiny_model_dir) -> None:
     monkeypatch.setattr(sp, "ANSWER_TOKENS", 12)
     examples = alignment_examples("train", "benign")[:3]
     answer = sp.model_answerer(str(tiny_model_dir), notify=lambda line: None)

@@ -28,7 +28,6 @@ def _config(model: Path, adapter: Path, out: Path, threats: str, *extra: str):
         "--tamper.sft_min_toxicity", "0", "--tamper.sft_min_rows", "2", *extra])
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "tamper"
     result = tamper.run_tamper_test(_config(tiny_model_dir, trained_adapter_dir, out, "merged,adapter,sft,adaptive"),
@@ -98,7 +97,6 @@ def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir
     assert saved["settings"]["harm_measure"] == "compliance" and base_0[HARM_KEY] == base_0["heldout/compliance_harm"]
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_a_killed_multi_seed_tamper_test_resumes_to_the_same_result(
         tiny_model_dir: Path, trained_adapter_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     whole = tamper.run_tamper_test(_config(tiny_model_dir, trained_adapter_dir, tmp_path / "a", "merged,sft"),

@@ -30,8 +30,6 @@ from purplerl.train.adversarial import _draw_params, _side, train_side
 from purplerl.train.dialogue import ATTACKER, DEFENDER, Shape, novelty, rollout
 from purplerl.train.runner import run_recipe, saved_settings
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 ADVERSARIAL = RECIPES["adversarial"]
 B, A, G = 2, 2, 2  # goals, openings per goal, answers (episodes) per opening
 E = B * A * G

@@ -65,7 +65,7 @@ def test_the_loss_mask_covers_the_attack_prompt_and_nothing_else(attack_set: Pat
 
 
 def test_sft_on_the_attack_set_writes_an_attacker_adapter(attack_set: Path, tiny_model_dir: Path, tmp_path: Path,
-                                                          monkeypatch, one_torch_thread) -> None:
+                                                          monkeypatch) -> None:
     monkeypatch.setenv("PURPLERL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     result = CliRunner().invoke(app, [

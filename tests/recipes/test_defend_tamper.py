@@ -124,8 +124,8 @@ NOISE_WEIGHT_SOURCES = {
 
 
 @pytest.mark.parametrize("source", NOISE_WEIGHT_SOURCES)
-def test_the_configured_noise_weight_reaches_the_engine_s_token_noiser_loss(source: str, tiny_model_dir, tmp_path,
-                                                                           one_torch_thread) -> None:
+def test_the_configured_noise_weight_reaches_the_engine_s_token_noiser_loss(source: str, tiny_model_dir,
+                                                                           tmp_path) -> None:
     from purplerl.config import ModelConfig
     from purplerl.engines.local import LocalEngine
     from purplerl.recipes.defend import noiser_update

@@ -17,8 +17,6 @@ from purplerl.rewards.registry import REWARD_TERMS, RewardTerm
 from purplerl.runs.layout import METRICS_FILE
 from purplerl.train.runner import run_recipe, saved_settings
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 PPO = RECIPES["ppo"]
 TARGETS = set(range(150, 190))  # 40 of the tiny vocabulary's ~400 ids: about one sampled token in ten at first
 

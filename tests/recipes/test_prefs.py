@@ -37,7 +37,7 @@ def _prefs(*args) -> object:
 
 
 @pytest.fixture
-def env(monkeypatch, tmp_path, one_torch_thread):
+def env(monkeypatch, tmp_path):
     monkeypatch.setenv("PURPLERL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 

@@ -25,8 +25,6 @@ from purplerl.runs.policy import FORGET, RETAIN, resolve_policy
 from purplerl.train.runner import run_recipe, saved_settings
 from purplerl.types import TrainBatch
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 ROUTE = RECIPES["route"]
 # the task: how many "e" the answer holds (at most 8); the detector: 3 or more "e" is a hack. A tiny random model
 # writes both kinds of answer from the start.

@@ -186,7 +186,7 @@ def _sft(*args) -> object:
 
 
 @pytest.fixture
-def sft_env(monkeypatch, tmp_path, one_torch_thread):
+def sft_env(monkeypatch, tmp_path):
     monkeypatch.setenv("PURPLERL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 

@@ -52,7 +52,7 @@ def _chatml(dialogue: list[dict[str, str]]) -> str:
     return turns + "<|im_start|>assistant\n"
 
 
-def test_guard_reads_every_turn_through_its_chat_template(tiny_model_dir: Path, one_torch_thread: None) -> None:
+def test_guard_reads_every_turn_through_its_chat_template(tiny_model_dir: Path) -> None:
     judge = CausalGuardJudge(str(tiny_model_dir), batch_size=2)  # the 3-turn dialogue is padded beside the first
     assert isinstance(judge, ConversationScorer) and conversation_scorer(judge) is judge
     got = judge.score_conversations(DIALOGUES)
@@ -61,7 +61,7 @@ def test_guard_reads_every_turn_through_its_chat_template(tiny_model_dir: Path, 
     assert abs(got[1] - got[2]) > 1e-6
 
 
-def test_guard_score_is_the_score_of_a_one_turn_dialogue(tiny_model_dir: Path, one_torch_thread: None) -> None:
+def test_guard_score_is_the_score_of_a_one_turn_dialogue(tiny_model_dir: Path) -> None:
     judge = CausalGuardJudge(str(tiny_model_dir), batch_size=2)
     prompts, texts = ["Tell me a joke", "hello", "Write the most savage insult."], ["Sure.", "", "You are a lazy dog."]
     pairs = [[user(p), agent(t)] for p, t in zip(prompts, texts, strict=True)]
@@ -82,8 +82,7 @@ GUARD_TEMPLATE = (
 )
 
 
-def test_guard_with_a_llama_guard_shaped_template(tiny_model_dir: Path, tmp_path: Path,
-                                                  one_torch_thread: None) -> None:
+def test_guard_with_a_llama_guard_shaped_template(tiny_model_dir: Path, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
     guard_dir = tmp_path / "guard"
@@ -161,7 +160,7 @@ def test_split_last_turn_renders_the_history_as_a_prompt() -> None:
     assert split_last_turn([agent("first words")]) == ("", "first words")
 
 
-def test_a_plain_scorer_judges_the_last_turn_in_its_context(tiny_model_dir: Path, one_torch_thread: None) -> None:
+def test_a_plain_scorer_judges_the_last_turn_in_its_context(tiny_model_dir: Path) -> None:
     guard = CausalGuardJudge(str(tiny_model_dir), batch_size=2)
     as_plain = LastTurnScorer(guard)  # the guard read as any prompt-reading scorer: history in one user turn
     got = as_plain.score_conversations(DIALOGUES)

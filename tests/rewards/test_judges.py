@@ -113,7 +113,7 @@ def _manual_guard_probs(model_dir: Path, prompts: list[str], responses: list[str
     return probs
 
 
-def test_causal_guard_judge_matches_manual_softmax(tiny_model_dir: Path, one_torch_thread: None) -> None:
+def test_causal_guard_judge_matches_manual_softmax(tiny_model_dir: Path) -> None:
     prompts = ["Write the most savage insult.", "Tell me a joke", "hello"]
     responses = ["You are a lazy dog.", "Cats and dogs walk into a bar, then say goodbye again and again.", ""]
     judge = CausalGuardJudge(str(tiny_model_dir), batch_size=2)  # padding inside the first batch

@@ -26,7 +26,7 @@ DIALOGUE = [{"role": "user", "content": "hello"}, {"role": "assistant", "content
 
 
 @pytest.fixture
-def guard_server(tiny_model_dir: Path, one_torch_thread: None):
+def guard_server(tiny_model_dir: Path):
     served = make_server_scorer("guard", {"model": str(tiny_model_dir)})
     server = ThreadServer(create_app(RewardServerConfig(), served.scorer, served.label, served.model))
     yield server

@@ -37,8 +37,6 @@ from tests.conftest import make_tiny_tokenizer
 from tests.tolerances import reduction_atol
 from tests.train.test_kl_direction import BaseScorer
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i}")
            for i, text in enumerate(["hello world", "tell me a joke", "roast my friend", "say goodbye"])]
 REWARDS = [0.0, 1.0, 5.0, 2.0, 2.0, 8.0]  # row-major: group 0 then group 1

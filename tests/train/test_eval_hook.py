@@ -36,7 +36,6 @@ class Recorder:
         return {"seen": float(step)}
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_cadence_and_early_stop(tiny_model_dir: Path, tmp_path: Path) -> None:
     recorder = Recorder()
     run_recipe(ATTACK, _config(tiny_model_dir, tmp_path, 7), evaluation=Evaluation(recorder, every=3))
@@ -51,7 +50,6 @@ def test_cadence_and_early_stop(tiny_model_dir: Path, tmp_path: Path) -> None:
     assert stopped.calls == [0, 1]
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_a_killed_run_resumes_its_evaluations(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = _config(tiny_model_dir, tmp_path, 7)
     with pytest.raises(KeyboardInterrupt):  # killed in step 6's evaluation: checkpoint 4 is the newest
@@ -65,7 +63,6 @@ def test_a_killed_run_resumes_its_evaluations(tiny_model_dir: Path, tmp_path: Pa
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, 8))
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_a_run_killed_before_its_first_checkpoint_evaluates_step_0_once(tiny_model_dir: Path,
                                                                         tmp_path: Path) -> None:
     config = _config(tiny_model_dir, tmp_path, 3)

@@ -6,7 +6,6 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-import pytest
 import torch
 
 from purplerl.config import LoggingConfig, ModelConfig, RLTrainingConfig, RunConfig, SamplingConfig
@@ -45,7 +44,6 @@ def _run(model_dir: Path, out: Path, reward) -> tuple[list[dict], list[dict]]:
     return read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "samples.jsonl")
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_the_hack_label_is_logged_per_step_and_per_sample(tiny_model_dir: Path, tmp_path: Path) -> None:
     metrics, samples = _run(tiny_model_dir, tmp_path, _labelled)
     for row in metrics:
@@ -56,7 +54,6 @@ def test_the_hack_label_is_logged_per_step_and_per_sample(tiny_model_dir: Path, 
         assert row["rh/rate"] == row["even/mean"]
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_without_a_detector_no_rate_and_no_label(tiny_model_dir: Path, tmp_path: Path) -> None:
     metrics, samples = _run(tiny_model_dir, tmp_path, _unlabelled)
     assert not any("rh/rate" in row for row in metrics)

@@ -27,8 +27,6 @@ from purplerl.train.rl import registered_reward
 from purplerl.train.runner import engine_settings
 from purplerl.types import AdamParams, PromptRecord, TrainBatch
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i}")
            for i, text in enumerate(["hello world", "tell me a joke", "roast my friend", "say goodbye"])]
 MAX_NEW = 4

@@ -29,8 +29,6 @@ RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), category=
 B, G = 2, 2
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _config(model_dir: Path, steps: int = 3, **training: object) -> AttackSettings:
     return AttackSettings(model=ModelConfig(name=str(model_dir), device="cpu", lora_rank=4, dtype="float32"),

@@ -37,8 +37,6 @@ RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i
            for i, text in enumerate(["hello world", "tell me a joke", "roast my friend", "say goodbye"])]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _config(model_dir: Path, steps: int = 2, reward: dict | None = None, defend: dict | None = None,
             **training: object) -> AttackSettings | DefendSettings:

@@ -28,7 +28,7 @@ RUN_ARGS = ["--batch_size", "2", "--group_size", "2", "--max_new_tokens", "6", "
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path_factory, one_torch_thread):
+def _offline(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("PURPLERL_CACHE", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
-import pytest
 import torch
 
 from purplerl.config import LoggingConfig, ModelConfig, RLTrainingConfig, RunConfig, SamplingConfig
@@ -37,7 +36,6 @@ def _reward(prompts, completions, kl_N: torch.Tensor) -> RewardBreakdown:
     return RewardBreakdown(total_N=lengths, components={"length": lengths})
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_the_engines_sampler_metrics_are_logged_per_step(tiny_model_dir: Path, tmp_path: Path) -> None:
     config = AttackSettings(model=ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4, dtype="float32"),
                             sampling=SamplingConfig(group_size=2, max_new_tokens=4),

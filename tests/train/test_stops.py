@@ -6,7 +6,6 @@ import math
 from functools import partial
 from pathlib import Path
 
-import pytest
 import torch
 
 from purplerl.config import (
@@ -130,7 +129,6 @@ RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), uid=f"p{i
            for i, text in enumerate(["hello world", "tell me a joke", "say goodbye", "thanks please"])]
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_a_run_rewarded_for_silence_stops_at_the_collapse(tiny_model_dir: Path, tmp_path: Path) -> None:
     # Reward 1 for an empty answer and -0.1 per token otherwise: the policy (LoRA on lm_head, as in
     # test_loop's learning test) learns to stop at once, and the completions become empty.

@@ -163,7 +163,6 @@ def test_tracker_names_are_checked_and_comma_split() -> None:
         load_config(None, ["--logging.trackers", "mlflow,mlflow"])
 
 
-@pytest.mark.usefixtures("one_torch_thread")
 def test_a_tracker_that_raises_stops_the_run_with_one_line(tiny_model_dir: Path, tmp_path: Path,
                                                            monkeypatch) -> None:
     def broken(self, step: int, values: dict) -> None:
