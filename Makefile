@@ -43,18 +43,22 @@ demo: $(STAMP)
 experiment-offline: $(STAMP)
 	scripts/offline_story.sh
 
-# The test tiers (README: Tests). `make test` is the quick tier, pyproject.toml's default selection: unit and math
-# tests, settings and data validation, in-process tiny-model runs and in-process CLI calls; it starts no process
-# (tests/conftest.py stops a test there that does). tests/test_architecture.py among it checks the import
-# contracts, tests/test_mutation_list.py that every snippet of `make mutation` still matches the code.
+# The test tiers (README: Tests), each on TEST_WORKERS pytest-xdist workers that take a file at a time (its module
+# fixtures stay in one worker), one torch thread per worker and the cores shared among the workers' children.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# `make test` is the quick tier, pyproject.toml's default selection: unit and math tests, settings and data
+# validation, in-process tiny-model runs and in-process CLI calls; it starts no process (tests/conftest.py stops a
+# test there that does). tests/test_architecture.py among it checks the import contracts,
+# tests/test_mutation_list.py that every snippet of `make mutation` still matches the code.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 # the tests that start processes or services (marked `process`): CLI runs in a subprocess, SIGKILL and resume,
-# fault injection, torchrun gloo groups, local Ray clusters, reward servers, Chromium, the veRL wheel. Two workers,
-# a file each at a time (its module fixtures stay in one worker), one torch thread per worker and per child.
+# fault injection, torchrun gloo groups, local Ray clusters, reward servers, Chromium, the veRL wheel
 test-process: $(STAMP)
-	$(PY) -m pytest -q -m process -n 2 --dist loadfile
+	$(PYTEST) -m process
 
 # the tests that load the embedded SmolLM2 (the aligned model is built first where it is not cached)
 test-slow: $(STAMP)
@@ -151,6 +155,12 @@ bench-adversarial-memory: $(STAMP)
 .PHONY: bench-cpu-decode
 bench-cpu-decode: $(STAMP)
 	$(PY) bench/bench_cpu_decode.py $(BENCH_ARGS)
+
+# start-up of the command line: `purplerl --help` and a few `purplerl CMD --help`, a fresh process each
+# (bench/results/cli-DATE-HOST.json; ~1 min)
+.PHONY: bench-cli
+bench-cli: $(STAMP)
+	$(PY) bench/bench_cli.py $(BENCH_ARGS)
 
 # GRPO step throughput of purplerl vs TRL's GRPOTrainer at identical work (bench/results/grpo-DATE-HOST.json/.png);
 # installs TRL (the bench extra) when missing, within the lock's versions.

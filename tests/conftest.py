@@ -49,12 +49,20 @@ def _command_line(_: subprocess.Popen, args: tuple, kwargs: dict) -> str:
     return (command if isinstance(command, str) else " ".join(map(str, command)))[:120]
 
 
+def workers(config: pytest.Config) -> int:
+    """How many pytest-xdist workers run the tests: 1 without xdist."""
+    if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # in a worker
+        return int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    asked = getattr(config.option, "numprocesses", None)
+    return asked if isinstance(asked, int) and asked > 0 else (os.cpu_count() or 1) if asked else 1
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _guard(subprocess.Popen, "__init__", _command_line)
     _guard(multiprocessing.process.BaseProcess, "start", lambda proc, *_: f"multiprocessing {proc.name}")
-    # children get the thread budget of one worker: the cores shared among pytest-xdist's workers
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    budget = str(max(1, (os.cpu_count() or 1) // workers))
+    # children get the thread budget of one worker: the cores shared among pytest-xdist's workers (set in the
+    # controller too, whose environment the workers inherit)
+    budget = str(max(1, (os.cpu_count() or 1) // workers(config)))
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, budget)
 
@@ -136,16 +144,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One torch thread in the test process, for every test: tiny models run several times faster on one thread
-    than oversubscribed on a shared 2-core machine, with identical results, and two pytest workers (or a test and
-    the child it waits for) never fight over the cores. A test that needs more threads sets them itself; the
-    next test starts from one again."""
+def torch_threads(request: pytest.FixtureRequest):
+    """The torch threads of the test process, set before every test (whatever the test before it set): one for
+    the tiny models, which run several times faster on one thread than oversubscribed on a shared 2-core machine,
+    with identical results; the worker's share of the cores for SmolLM2 (`slow`). Two pytest workers, or a test
+    and the child it waits for, never fight over the cores."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]) if request.node.get_closest_marker("slow") else 1)
     yield
-    torch.set_num_threads(1)
 
 
 def save_tiny_bert_classifier(path: Path, words: list[str], id2label: dict[int, str]) -> Path:

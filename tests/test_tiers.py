@@ -4,11 +4,13 @@ every test starts on one torch thread whatever the test before it set."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 
 import pytest
 import torch
+from conftest import workers
 
 
 def test_the_quick_tier_stops_a_test_that_starts_a_process() -> None:
@@ -22,9 +24,11 @@ def test_the_quick_tier_stops_a_multiprocessing_child_too() -> None:
 
 
 @pytest.mark.process
-def test_the_process_tier_may_start_one() -> None:
-    assert subprocess.run([sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"],
-                          capture_output=True, text=True, check=True).stdout.strip().isdigit()
+def test_the_process_tier_may_start_one_within_its_share_of_the_cores(pytestconfig: pytest.Config) -> None:
+    threads = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                             capture_output=True, text=True, check=True).stdout
+    cores = os.cpu_count() or 1
+    assert 1 <= int(threads) * workers(pytestconfig) <= max(cores, workers(pytestconfig)), (threads, cores)
 
 
 @pytest.mark.parametrize("threads", [2, 1])
