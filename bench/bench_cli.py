@@ -43,7 +43,9 @@ def time_help(script: Path, command: list[str], repeats: int) -> dict[str, float
 
 def heavy_modules() -> list[str]:
     probe = f"import json, sys, purplerl.cli; print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
-    return json.loads(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout)
+    # from bench/: the purplerl the console script imports, not a package dir that happens to be the cwd
+    return json.loads(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True,
+                                     cwd=RESULTS.parent).stdout)
 
 
 def main() -> int:
