@@ -1,5 +1,5 @@
 """The README's `purplerl defend --config examples/configs/defend.yaml` on the embedded aligned model, shortened to
-STEPS steps with the Token Noiser from step 4 (make test-slow): the run ends without collapse, its Token Noiser
+STEPS steps with Token Noiser steps 4 and 6 (make test-slow): the run ends without collapse, its Token Noiser
 steps come where the schedule puts them, the KL to the base stays under the objective's bound, and the defended
 adapter answers benign requests and keeps its utility inside the aligned model's 95% CIs.
 
@@ -17,26 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from alignment_measure import aligned_measured, measured
 
 ROOT = Path(__file__).resolve().parents[2]
-BENIGN_PROMPTS, ARITHMETIC = 40, 20  # held-out benign requests of the alignment data; arithmetic problems
 
 
-def _measured(model: str, adapter: Path | None) -> dict:
-    """Greedy answers to the benign requests, arithmetic exact match and multiple-choice accuracy (95% CIs):
-    purplerl.eval.alignment.measure, as the align test measures the aligned model."""
-    from purplerl.config import ModelConfig
-    from purplerl.engines import make_engine
-    from purplerl.eval.alignment import EvalSize, held_out_requests, measure
-    from purplerl.experiments import align  # noqa: F401 -- registers embedded:smollm2-135m-safe, the defended start
-
-    engine = make_engine(ModelConfig(name=model, device="cpu", init_adapter=str(adapter) if adapter else None))
-    size = EvalSize(limit=BENIGN_PROMPTS, max_new_tokens=32, utility_limit=ARITHMETIC, modes=("greedy",))
-    return measure(engine, size, {"benign": held_out_requests("benign", BENIGN_PROMPTS)}, model, lambda line: None,
-                   answers=True)
-
-
-STEPS, WARMUP, EVERY = 8, 2, 2  # Token Noiser steps 4, 6 and 8
+STEPS, WARMUP, EVERY = 6, 2, 2  # Token Noiser steps 4 and 6
 
 
 @pytest.mark.slow
@@ -65,9 +51,10 @@ def test_defend_runs_its_noiser_on_schedule_with_bounded_kl_and_kept_utility(tmp
     assert objective.max_kl < MAX_KL_PER_TOKEN, objective
 
     model = config["model"]["name"]
-    base, defended = _measured(model, None), _measured(model, latest_checkpoint(run_dir))
+    defended = measured(model, ("benign",), latest_checkpoint(run_dir), modes=("greedy",), answers=True)
     answers = [row["completion"] for row in defended["answers"]["benign/greedy"]]
-    assert len(answers) == BENIGN_PROMPTS and sum(not a.strip() for a in answers) <= 0.05 * len(answers), answers
+    assert answers and sum(not a.strip() for a in answers) <= 0.05 * len(answers), answers
+    aligned = aligned_measured()  # the defense's start, as the align test measures it
     for suite in ("utility/arithmetic", "utility/choice"):
-        got, reference = defended[suite]["mean"], base[suite]
+        got, reference = defended[suite]["mean"], aligned[suite]
         assert reference["low"] <= got <= reference["high"], (suite, reference, got)

@@ -63,6 +63,9 @@ def test_64_by_256_training_batch_fits_in_8_gib(dtype: str, budget: int) -> None
     assert result["peak_rss_gib"] < 8.0, result
 
 
+# Where bf16 is emulated (AVX2), `auto` never picks it and its passes run at ~1 GFLOP/s (over 3 of this tier's
+# minutes there): the bf16 a run computes is checked on the CPU kinds that compute it natively.
+@pytest.mark.skipif(not FAST_BF16, reason="this CPU only emulates bf16: model.dtype auto computes in fp32 here")
 def test_bf16_scoring_and_gradients_stay_within_tolerance_of_fp32(tmp_path: Path) -> None:
     from purplerl.algorithms.registry import Loss, PolicyGradientParams
     from purplerl.config import ModelConfig

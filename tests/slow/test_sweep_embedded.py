@@ -24,8 +24,8 @@ def test_a_2x2_sweep_of_the_attack_on_the_embedded_model(tmp_path: Path) -> None
     command = [sys.executable, "-m", "purplerl", "sweep", "--recipe", "attack", "--out", str(out),
                "--grid", "lr=5e-4,1e-3", "kl_beta=0.02,0.1",
                "--fixed", "model=embedded:smollm2-135m-instruct", "steps=2", "batch_size=4", "group_size=2",
-               "max_new_tokens=16", "save_every=2", "logging.progress=false",
-               "--cpus_per_run", "1", "--eval.limit", "4", "--eval.n", "2", "--eval.args", "[--max_new_tokens, '16']"]
+               "max_new_tokens=8", "save_every=2", "logging.progress=false",
+               "--cpus_per_run", "1", "--eval.limit", "2", "--eval.n", "2", "--eval.args", "[--max_new_tokens, '8']"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
