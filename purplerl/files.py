@@ -10,8 +10,10 @@ path outside the directory it is written to; a name the user chooses for a direc
 `plain_name_problem` and refused, never changed.
 
 YAML is parsed by `parse_yaml`: aliases may share a value, but a document whose aliases expand past
-MAX_YAML_NODES values ("billion laughs": 1 KB that grows to gigabytes when copied) or refer to themselves is
-refused before anything copies it, and so is nesting deeper than the parser's recursion allows.
+MAX_YAML_NODES values ("billion laughs": 1 KB that grows to gigabytes when copied) or past MAX_YAML_CHARS
+characters of text (a "string bomb": one 100 KB string aliased 100,000 times) or refer to themselves is refused
+from its composed node graph, before any value is built, and so is a text longer than MAX_YAML_CHARS, a document
+of more than MAX_YAML_NODES values, and nesting deeper than the parser's recursion allows.
 
 Every file purplerl replaces (a run's config.yaml, summary.json, a cut log, a cached model's config) goes
 through `write_durably`, and every directory it builds aside and moves into place (a checkpoint, a merged or
@@ -119,6 +121,24 @@ def looks_local(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or Path(name).expanduser().exists()
 
 
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")  # the data files purplerl.data.sources reads
+
+
+def absolute_source(source: str) -> str:
+    """A data source that names a path on this machine (`hf:PATH` too), made absolute: a run records where its data
+    is, so its resume, or a sweep's run, started from another working directory reads the same file, not one of the
+    same name there (issue 34). Built-in sets, hub ids, URLs and bare words that name no path (refused by the
+    reader as they are) are kept as given."""
+    if source.startswith("builtin:") or "://" in source or not source.strip():
+        return source
+    if not source.startswith("hf:") and not looks_local(source) and Path(source).suffix not in DATA_FILE_SUFFIXES:
+        return source
+    if source.startswith("hf:"):
+        name = source.removeprefix("hf:")
+        return f"hf:{Path(name).expanduser().absolute()}" if looks_local(name) else source
+    return str(Path(source).expanduser().absolute())  # '..' kept: past a symlink it is not the lexical parent
+
+
 def unicode_problem(text: str) -> str | None:
     """Why `text` cannot be encoded as UTF-8, or None. JSON's "\\ud800" escape and non-UTF-8 bytes on a
     command line (which Python keeps as surrogates) give strings that tokenizers and file writes reject."""
@@ -183,17 +203,51 @@ def read_json(path: str | Path) -> Any:
         raise UserError(f"{path}: JSON nested too deeply") from None
 
 
-# far above any config, rewards, sweep or pipeline file (a full attack config is ~130 values), far below what
-# exhausts memory when the loaded tree is copied
+# far above any config, rewards, sweep or pipeline file (a full attack config is ~130 values and ~5,000
+# characters), far below what exhausts memory when the loaded tree is copied (the config loader copies it through
+# JSON; a run's config.yaml writes it out)
 MAX_YAML_NODES = 200_000
+MAX_YAML_CHARS = 4 * 1024 * 1024
 
 
 def parse_yaml(text: str, source: str | Path) -> Any:
     """The YAML document in `text` (from `source`, named in errors); a UserError for bad YAML, nesting past the
-    parser's recursion, or aliases that expand past MAX_YAML_NODES values or into themselves."""
-    data = _parsed(yaml.safe_load, yaml.YAMLError, text, f"YAML {source}")
-    expanded_size(data, source)
-    return data
+    parser's recursion, or a document past the bounds (`load_yaml`)."""
+    return _parsed(lambda t: load_yaml(t, source), yaml.YAMLError, text, f"YAML {source}")
+
+
+def load_yaml(text: str, source: str | Path) -> Any:
+    """The YAML document in `text`, as yaml.safe_load builds it, once it is known to fit: a UserError for a text
+    past MAX_YAML_CHARS, more than MAX_YAML_NODES values, or aliases that expand past either bound or into
+    themselves. Text that is no YAML raises yaml.YAMLError (a command-line value is then kept as text)."""
+    if len(text) > MAX_YAML_CHARS:
+        raise UserError(f"YAML {source}: {len(text)} characters, past the {MAX_YAML_CHARS} a settings file may hold")
+    loader = _CountingLoader(text, source)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded_size(node, source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+class _CountingLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader that stops composing past MAX_YAML_NODES values: a large alias-free file is refused
+    after that many (seconds), not after it was built in full (minutes and gigabytes)."""
+
+    def __init__(self, text: str, source: str | Path) -> None:
+        super().__init__(text)
+        self.source, self.nodes = source, 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if not self.check_event(yaml.AliasEvent):  # an alias is counted where its copies are: expanded_size
+            self.nodes += 1
+            if self.nodes > MAX_YAML_NODES:
+                raise UserError(f"YAML {self.source}: holds more than {MAX_YAML_NODES} values, more than a settings "
+                                "file needs; give large data as a data file")
+        return super().compose_node(parent, index)
 
 
 def parse_json(text: str, source: str | Path, what: str = "JSON") -> Any:
@@ -211,34 +265,39 @@ def _parsed(load: Callable[[str], Any], errors: type[Exception], text: str, name
         raise UserError(f"cannot parse {named}: nested too deeply") from None
 
 
-def expanded_size(data: Any, source: str | Path) -> int:
-    """How many values `data` holds once every shared value (a YAML alias) is copied out; counted over the
-    shared graph, each distinct container once, so a bomb is measured without being expanded."""
-    sizes: dict[int, int] = {}
+def expanded_size(node: yaml.Node, source: str | Path) -> tuple[int, int]:
+    """(values, characters of scalar text) the composed YAML document `node` holds once every alias is copied out;
+    counted over the shared node graph, each distinct collection once, so a bomb is measured without being
+    expanded. A UserError past MAX_YAML_NODES or MAX_YAML_CHARS, or for an alias inside itself."""
+    sizes: dict[int, tuple[int, int]] = {}
     open_: set[int] = set()
 
-    def size(node: Any) -> int:
-        if not isinstance(node, dict | list):
-            return 1
+    def size(node: yaml.Node) -> tuple[int, int]:
+        if isinstance(node, yaml.ScalarNode):
+            return 1, len(node.value)
         key = id(node)
         if key in sizes:
             return sizes[key]
         if key in open_:
             raise UserError(f"YAML {source}: an alias refers to the value that holds it (a cycle)")
         open_.add(key)
-        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
-        total = 1
+        children = [child for pair in node.value for child in pair] if isinstance(node, yaml.MappingNode) \
+            else node.value
+        values, chars = 1, 0
         for child in children:
-            total += size(child)
-            if total > MAX_YAML_NODES:
-                raise UserError(f"YAML {source}: its aliases expand past {MAX_YAML_NODES} values; write the "
-                                f"values out or use fewer aliases")
+            more_values, more_chars = size(child)
+            values, chars = values + more_values, chars + more_chars
+            if values > MAX_YAML_NODES or chars > MAX_YAML_CHARS:
+                bound = f"{MAX_YAML_NODES} values" if values > MAX_YAML_NODES else \
+                    f"{MAX_YAML_CHARS} characters of text"
+                raise UserError(f"YAML {source}: its aliases expand past {bound}; write the values out or use "
+                                "fewer aliases")
         open_.discard(key)
-        sizes[key] = total
-        return total
+        sizes[key] = (values, chars)
+        return values, chars
 
     try:
-        return size(data)
+        return size(node)
     except RecursionError:
         raise UserError(f"YAML {source}: nested too deeply") from None
 

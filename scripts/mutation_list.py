@@ -44,6 +44,8 @@ CRITIC = ("tests/algorithms/test_critic.py", "tests/engines/test_critic_engine.p
 PIPELINE_GATES = ("tests/experiments/test_pipeline_gates.py", "tests/experiments/test_pipeline_measure.py")
 PIPELINE_RUN = ("tests/experiments/test_pipeline_run.py",)
 PIPELINE_MEASURE = ("tests/experiments/test_pipeline_measure.py",)
+ROUTE = ("tests/engines/test_adapter_mix.py",)
+ADVERSARIAL = ("tests/recipes/test_adversarial_sides.py",)
 
 A, K, G, L = ("purplerl/algorithms/advantages.py", "purplerl/algorithms/kl.py", "purplerl/algorithms/logprobs.py",
               "purplerl/algorithms/losses.py")
@@ -59,6 +61,7 @@ PO = "purplerl/runs/policy.py"
 CR, TC = "purplerl/algorithms/critic.py", "purplerl/train/critic.py"
 PG, PR, PM = ("purplerl/experiments/pipeline/gates.py", "purplerl/experiments/pipeline/run.py",
               "purplerl/experiments/pipeline/measure.py")
+RT, AV = "purplerl/train/routing.py", "purplerl/train/adversarial.py"
 
 MUTATIONS = [
     # ---- advantages
@@ -84,8 +87,8 @@ MUTATIONS = [
              ADV),
     Mutation("reinforce-pp-reward-overwrites-kl", A, "token_rewards_NT[rows_N, _last_masked_index(on_NT)] += rewards_N",
              "token_rewards_NT[rows_N, _last_masked_index(on_NT)] = rewards_N", ADV),
-    Mutation("whiten-mean-over-padding", A, "whitened_NT = (x_NT - values.mean())",
-             "whitened_NT = (x_NT - x_NT.mean())", ADV),
+    Mutation("whiten-mean-over-padding", CR, "    mean = values.mean()\n", "    mean = x_NT.float().mean()\n",
+             ADV + CRITIC),
     Mutation("zscore-std-unbiased", A, "(x_N - x_N.mean()) / (x_N.std(unbiased=False) + eps)",
              "(x_N - x_N.mean()) / (x_N.std(unbiased=True) + eps)",
              ADV + ("tests/rewards/test_composite.py", "tests/rewards/test_reward.py")),
@@ -266,7 +269,29 @@ MUTATIONS = [
     Mutation("tamper-utility-ignores-adapter", TI,
              'for side, policy in (("base", defended.without_adapter()), ("defended", defended)):',
              'for side, policy in (("base", defended.without_adapter()), ("defended", defended.without_adapter())):',
-             TAMPER),
+             ("tests/experiments/test_tamper_utility.py",) + TAMPER),
+    Mutation("tamper-heldout-compliance-exclusive", "purplerl/experiments/tamper/heldout.py",
+             "row[key] >= compliance_at and not d", "row[key] > compliance_at and not d",
+             ("tests/experiments/test_tamper_heldout.py",)),
+    # ---- gradient routing and the adversarial recipe, through their own code (issue 34)
+    Mutation("route-part-unscaled", RT, "engine.forward_backward(part, dataclasses.replace(loss, scale=share))",
+             "engine.forward_backward(part, loss)", ROUTE),
+    Mutation("route-hacks-train-retain", RT, "engine.use_adapters(BOTH, [FORGET] if hack else None)",
+             "engine.use_adapters(BOTH, None)", ROUTE),
+    Mutation("route-loss-metric-share-twice", RT, 'weight = 1.0 if key == "loss" else share', "weight = share",
+             ROUTE),
+    Mutation("adversarial-attacker-reward-kl-defenders", AV,
+             "(attacker_beta(config) if in_reward else 0.0) * per_episode(attacker.kl_N, shape)",
+             "(r.kl_beta if in_reward else 0.0) * per_episode(attacker.kl_N, shape)", ADVERSARIAL),
+    Mutation("adversarial-attacker-loss-kl-defenders", AV,
+             "beta = attacker_beta(config) if side == ATTACKER else config.reward.kl_beta",
+             "beta = config.reward.kl_beta", ADVERSARIAL),
+    Mutation("adversarial-defender-samples-with-attacker", "purplerl/train/dialogue.py",
+             "        engine.use_adapter(DEFENDER)\n", "        engine.use_adapter(ATTACKER)\n", ADVERSARIAL),
+    Mutation("adversarial-asr-exclusive", AV, '"asr": float((unsafe_EK >= unsafe_at).float().mean())',
+             '"asr": float((unsafe_EK > unsafe_at).float().mean())', ADVERSARIAL),
+    Mutation("adversarial-episode-asr-exclusive", AV, "float((unsafe_EK >= unsafe_at).any(dim=1).float().mean())",
+             "float((unsafe_EK > unsafe_at).any(dim=1).float().mean())", ADVERSARIAL),
     Mutation("sample-ignores-checkpoint", "purplerl/recipes/sample.py",
              "policy = resolve_policy(cfg.sample.checkpoint, cfg.model, cfg.data)",
              "policy = resolve_policy(None, cfg.model, cfg.data)", ADAPTER),

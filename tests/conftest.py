@@ -120,9 +120,11 @@ def make_tiny_model_dir(path: str | Path, hidden_size: int = 32) -> Path:
 
     path = Path(path)
     tokenizer = make_tiny_tokenizer()
+    # a context of 2048 (no weights depend on it) holds every recipe's default longest sequence (sft.max_tokens
+    # 1024), which runs check against the model's context
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=2 * hidden_size, max_position_embeddings=512,
+        num_key_value_heads=2, intermediate_size=2 * hidden_size, max_position_embeddings=2048,
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )

@@ -575,11 +575,12 @@ def test_leaf_field_counts_per_command():
     # eval.attacker_max_new_tokens (+3 for eval, the last two read only with an attacker: issue 23's learned attacker).
     # model.quantize (+1 for every command with a trained model: issue 23's 4-bit base, read only with LoRA).
     # adversarial (issue 23): attack's tree less attack's own section (1) plus its adversarial section (12, gamma
-    # read only with more than one turn).
+    # read only with more than one turn). prefs.one_label (+1 for prefs: KTO data of one label is refused without it)
+    # and sweep's max_runs (+1: a grid is counted against it before any run is planned), issue 34.
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
     assert counts == {"attack": 127, "defend": 131, "tamper-test": 155, "sft": 55, "eval": 44, "sample": 16,
                       "data prepare": 12, "align": 3, "verl export": 136,
-                      "prefs": 63, "reward-model": 55, "ppo": 130, "sweep": 20, "route": 133, "adversarial": 138}
+                      "prefs": 64, "reward-model": 55, "ppo": 130, "sweep": 21, "route": 133, "adversarial": 138}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 
 from purplerl.algorithms.checks import check_knobs, check_mask, check_rewards_BG, check_token_tensor
-from purplerl.algorithms.critic import CriticAdvantageFn, gae_advantages
+from purplerl.algorithms.critic import CriticAdvantageFn, gae_advantages, masked_whiten
 from purplerl.algorithms.names import ADVANTAGE_ESTIMATOR_NAMES, CRITIC_ESTIMATOR_NAMES, check_names
 from purplerl.errors import ExperimentError, UserError
 
@@ -170,28 +170,28 @@ def _last_masked_index(on_NT: torch.Tensor) -> torch.Tensor:
     return (num_tok - 1) - on_NT.flip(dims=[1]).int().argmax(dim=1)
 
 
-def _masked_whiten(x_NT: torch.Tensor, on_NT: torch.Tensor, eps: float) -> torch.Tensor:
-    """(x - mean) / (std + eps) over the masked entries of the whole batch (population std), 0 off-mask.
-
-    A batch whose masked values are all equal whitens to zeros, as `zscore` does.
-    """
+def _whitened_returns(x_NT: torch.Tensor, on_NT: torch.Tensor, eps: float) -> torch.Tensor:
+    """`masked_whiten` over the masked entries of the whole batch, 0 off-mask; a batch whose masked values are all
+    equal whitens to exact zeros, as `zscore` does (the float mean of equal values can be off by an ulp, which
+    rsqrt(0 + eps) would magnify)."""
     values = x_NT[on_NT]
     if float((values.max() - values.min()).item()) < _EQUAL_TOL:
-        return torch.zeros_like(x_NT)
-    whitened_NT = (x_NT - values.mean()) / (values.std(unbiased=False) + eps)
-    return torch.where(on_NT, whitened_NT, 0.0)
+        return torch.zeros_like(x_NT, dtype=torch.float32)
+    return masked_whiten(x_NT, on_NT, eps=eps)
 
 
 def reinforce_pp_advantages(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *, kl_NT: torch.Tensor | None = None,
                             kl_beta: float = 0.0, scale_by_std: bool = False,
-                            eps: float = 1e-6) -> tuple[torch.Tensor, Metrics]:
+                            eps: float = 1e-8) -> tuple[torch.Tensor, Metrics]:
     """REINFORCE++ advantages (Hu 2025, arXiv 2501.03262): whitened per-token returns, no group baseline.
 
     Each completion token t gets the reward r_t = -kl_beta * kl_t, and the row's sequence reward is added
     at its last completion token. The return is G_t = sum_{s >= t} r_s over completion tokens (gamma = 1),
-    and the advantages are the returns whitened over ALL completion tokens of the batch:
-    (G - mean) / (std + eps), population std, 0 off-mask. The KL therefore shapes every token's return,
-    which is why it enters here and not the scalar reward.
+    and the advantages are the returns whitened over ALL completion tokens of the batch by `masked_whiten`
+    (G - mean) * rsqrt(var + eps), the variance with Bessel's correction, 0 off-mask: the whitening of GAE, and
+    the one veRL's `compute_reinforce_plus_plus_outcome_advantage` applies (verl.trainer.ppo.core_algos), so a
+    run exported to veRL whitens alike. The KL therefore shapes every token's return, which is why it enters here
+    and not the scalar reward.
 
     `kl_NT` ([N, T], finite on the mask; off-mask entries are ignored) is required when kl_beta > 0 and
     ignored when kl_beta = 0. Whitening already divides by the batch std, so `scale_by_std` does not
@@ -217,7 +217,7 @@ def reinforce_pp_advantages(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, *, 
     # Reverse cumulative sum along T: off-mask rewards are 0, so it sums the completion tokens s >= t.
     returns_NT = token_rewards_NT.flip(dims=[1]).cumsum(dim=1).flip(dims=[1])
     returns_NT = torch.where(on_NT, returns_NT, 0.0)
-    advantages_NT = _masked_whiten(returns_NT, on_NT, eps)
+    advantages_NT = _whitened_returns(returns_NT, on_NT, eps)
     on_returns = returns_NT[on_NT]
     metrics = {
         "frac_zero_variance_groups": float(_zero_variance_B(rewards_BG.detach().float()).float().mean().item()),

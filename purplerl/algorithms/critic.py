@@ -6,7 +6,8 @@ the package is); the estimator `gae_advantages` is registered in algorithms.adva
 
 Per-token tensors are aligned to targets (purplerl.types): column t of a row is token t. The value V_t of a
 completion token is the critic's estimate of the return from the state before the token, so the head is read at
-position t - 1 (`state_values`), as TRL's PPOTrainer reads `full_value[:, context_length - 1 : -1]`.
+position t - 1 (`state_values`), as veRL reads its critic's values (the model output shifted left by one token for
+log-probs and values: `no_padding_2_padding` in verl.workers.utils.padding).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def state_values(values_NT: torch.Tensor, mask_NT: torch.Tensor) -> torch.Tensor
 def token_rewards(rewards_N: torch.Tensor, mask_NT: torch.Tensor, kl_NT: torch.Tensor | None = None,
                   kl_beta: float = 0.0) -> torch.Tensor:
     """r_t = -kl_beta * kl_t on each completion token, plus the sequence reward R at the row's last completion
-    token (Ziegler et al. 2019; TRL's PPOTrainer), 0 off the mask: float32 [N, T]."""
+    token (Ziegler et al. 2019; veRL's `apply_kl_penalty` in verl.trainer.ppo.ray_trainer), 0 off the mask: float32
+    [N, T]."""
     on_NT = mask_NT != 0
     r_NT = torch.zeros(mask_NT.shape, dtype=torch.float32, device=mask_NT.device)
     if kl_NT is not None and kl_beta > 0:
@@ -76,9 +78,15 @@ def gae(rewards_NT: torch.Tensor, values_NT: torch.Tensor, mask_NT: torch.Tensor
 
 def masked_whiten(x_NT: torch.Tensor, mask_NT: torch.Tensor, shift_mean: bool = True,
                   eps: float = 1e-8) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) over the masked entries of the whole batch, 0 off the mask: TRL's
-    `masked_whiten` (the variance with Bessel's correction, as TRL's `masked_var`); shift_mean=False adds the mean
-    back. Needs two masked entries (one has no variance)."""
+    """(x - mean) * rsqrt(var + eps) over the masked entries of the whole batch, 0 off the mask, the variance with
+    Bessel's correction: veRL's `masked_whiten` and `masked_var` (verl.utils.torch_functional, eps 1e-8 there);
+    shift_mean=False adds the mean back. Needs two masked entries (one has no variance).
+
+    The package's one whitening of per-token advantages: GAE (`gae_advantages`) and REINFORCE++
+    (algorithms.advantages) both whiten with it, as veRL's `compute_gae_advantage_return` and
+    `compute_reinforce_plus_plus_outcome_advantage` both call its `masked_whiten`. The group estimators' std
+    scaling and the reward z-score are another operation, on one value per completion: population std + eps
+    (`grpo_advantages`, `zscore`)."""
     on_NT = mask_NT != 0
     count = int(on_NT.sum())
     if count < 2:
@@ -106,7 +114,7 @@ def explained_variance(values_NT: torch.Tensor, returns_NT: torch.Tensor, mask_N
 def clipped_value_loss(values_NT: torch.Tensor, old_values_NT: torch.Tensor, returns_NT: torch.Tensor,
                        mask_NT: torch.Tensor, clip_range: float) -> tuple[torch.Tensor, Metrics]:
     """0.5 * masked mean of max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2): PPO's clipped value loss in the
-    form of TRL's PPOTrainer and veRL's `compute_value_loss` (token mean over the batch). The clip keeps the
+    form of veRL's `compute_value_loss` (verl.trainer.ppo.core_algos; token mean over the batch). The clip keeps the
     critic near the values the advantages were computed with, as the ratio clip keeps the policy near its own.
 
     Metrics: `value_loss` (this loss), `value_clip_frac` (share of tokens where the clipped term is the larger:
@@ -138,13 +146,13 @@ def gae_advantages(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, values_NT: t
                    kl_NT: torch.Tensor | None = None, kl_beta: float = 0.0, gamma: float = 1.0, lam: float = 1.0,
                    eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
     """GAE advantages and returns from a critic's values (Schulman et al. 2016, arXiv 1506.02438), as PPO's RLHF
-    loop computes them (Ziegler et al. 2019; TRL's PPOTrainer; veRL's `compute_gae_advantage_return`).
+    loop computes them (Ziegler et al. 2019; veRL's `compute_gae_advantage_return`, verl.trainer.ppo.core_algos).
 
     Each completion token gets the reward r_t = -kl_beta * kl_t and the row's sequence reward is added at its last
     completion token (`token_rewards`); `values_NT` are the critic's values of the completion tokens'
     states (aligned to targets, `state_values`). `gae` gives the advantages A and the returns
     A + V (the critic's targets); the advantages are then whitened over ALL completion tokens of the batch
-    (`masked_whiten`, TRL's form: unbiased variance, rsqrt(var + eps)). Returns (advantages_NT,
+    (`masked_whiten`, veRL's form: unbiased variance, rsqrt(var + eps)). Returns (advantages_NT,
     returns_NT, metrics), both float32 and 0 off the mask. G = 1 is allowed (no group is needed).
 
     Metrics, over the completion tokens: `adv_mean` and `adv_std` (before whitening), `adv_abs_mean` (after),
@@ -182,8 +190,8 @@ def gae_advantages(rewards_BG: torch.Tensor, mask_NT: torch.Tensor, values_NT: t
 
 @dataclass(frozen=True)
 class ValueLossParams:
-    clip_range: float = 0.2  # c of clip(V, V_old - c, V_old + c): TRL's cliprange_value
-    coef: float = 0.1  # the loss's weight, TRL's vf_coef (the critic has its own optimizer: it scales its gradient)
+    clip_range: float = 0.2  # c of clip(V, V_old - c, V_old + c): veRL's cliprange_value (0.2: TRL's old default)
+    coef: float = 0.1  # the loss's weight, TRL's old vf_coef (the critic has its own optimizer: it scales its gradient)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip_range) and self.clip_range > 0):
@@ -203,4 +211,4 @@ def ppo_value_loss(values_NT: torch.Tensor, inputs: Mapping[str, torch.Tensor],
 
 
 register_loss(LossDef("ppo_value", ppo_value_loss, "values", ValueLossParams, inputs=("old_values_NT", "returns_NT"),
-                      doc="PPO's clipped value loss of a critic's head against GAE returns (TRL, veRL form)"))
+                      doc="PPO's clipped value loss of a critic's head against GAE returns (veRL's form)"))

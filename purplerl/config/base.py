@@ -32,7 +32,8 @@ def comma_list(value: Any) -> Any:
     if isinstance(value, str):
         value = [value]
     if isinstance(value, list):
-        value = [name.strip() for item in value for name in (item.split(",") if isinstance(item, str) else [item])]
+        value = [name.strip() if isinstance(name, str) else name  # null from a file: the field's type refuses it
+                 for item in value for name in (item.split(",") if isinstance(item, str) else [item])]
     return value
 
 

@@ -22,7 +22,7 @@ from purplerl.config.commands import Command
 from purplerl.config.migrate import REMOVED
 from purplerl.config.sections import RewardServerConfig
 from purplerl.errors import UserError
-from purplerl.files import expanded_size, parse_json, parse_yaml, read_text
+from purplerl.files import load_yaml, parse_json, parse_yaml, read_text
 from purplerl.scalars import admitted_types
 
 
@@ -95,12 +95,11 @@ def _parse_value(text: str, annotation: Any) -> Any:
     if annotation is str:
         return text  # not even `null`: the field cannot hold None
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text, "value on the command line")
     except yaml.YAMLError:
         return text
     except RecursionError:
         raise UserError(f"the value {text[:40]!r}... is nested too deeply") from None
-    expanded_size(value, "value on the command line")
     if value is not None and annotation == str | None:
         return text
     admitted = admitted_types(annotation)
@@ -141,6 +140,9 @@ def parse_overrides(args: list[str], command: Command) -> dict[str, Any]:
         if item_type(annotation) is None:
             out[dotted] = _parse_value(value, annotation)
             continue
+        if not value.strip():  # YAML reads '' as null: no item, and no list either
+            raise UserError(f"option --{key} is empty: give its items ('a,b', or --{key} once per item), or [] for "
+                            "none")
         parsed = _parse_value(value, annotation) if value.lstrip().startswith("[") else None
         # one item per occurrence, kept as typed: a prompt '[1, 2]' is text, a YAML list must be the whole value
         items = parsed if isinstance(parsed, list) else [_parse_value(value, item_type(annotation))]

@@ -4,13 +4,13 @@ concern (GenerationConfig for every sampler, PromptFormatConfig for every prompt
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
 
 from purplerl.algorithms.names import CRITIC_ESTIMATOR_NAMES
 from purplerl.config.base import EMBEDDED_MODEL, Registry, Section, Template, comma_list, once_each, read_when
-from purplerl.files import looks_local, plain_name_problem
+from purplerl.files import absolute_source, looks_local, plain_name_problem
 
 # choices: the algorithm registries' names (which each registry checks it holds), never typed again here
 POLICY_LOSS = Registry("purplerl.algorithms.names:POLICY_GRADIENT_LOSS_NAMES", "policy-gradient loss").field()
@@ -133,7 +133,7 @@ class RLTrainingConfig(TrainingConfig):
 class RowSourceConfig(Section):
     """Where rows come from and which of them are kept (purplerl.data.sources)."""
 
-    source: str = Field("builtin:redteam", description="'builtin:redteam', a .jsonl/.json/.parquet file, or 'hf:ORG/NAME'")
+    source: Annotated[str, AfterValidator(absolute_source)] = Field("builtin:redteam", description="'builtin:redteam', a .jsonl/.json/.parquet file, or 'hf:ORG/NAME'")
     split: str = Field("train", description="split to read (builtin and hf sources)")
     hf_config: read_when(str | None, lambda d: (d.source or "").startswith("hf:"), "data.source is hf:ORG/NAME") = Field(None, description="HF dataset config name")
     filters: dict[str, Any] = Field(default_factory=dict, description="keep rows whose fields equal these values, e.g. {is_safe: false}")
@@ -174,7 +174,7 @@ class EvalDataConfig(PromptFormatConfig, PromptSourceConfig):
 class SFTDataConfig(RowSourceConfig):
     """The conversations of a supervised run: their source and how they are rendered."""
 
-    source: str = Field("builtin:redteam", description="a .jsonl/.json/.parquet file, a prepared dataset dir, or 'hf:ORG/NAME'")
+    source: Annotated[str, AfterValidator(absolute_source)] = Field("builtin:redteam", description="a .jsonl/.json/.parquet file, a prepared dataset dir, or 'hf:ORG/NAME'")
     template: Template = Field("chat", description="'chat' uses the tokenizer's chat template; 'base' plain text")
     system_prompt: str | None = Field(None, description="system message prepended to every conversation (null: model default)")
 
@@ -183,7 +183,7 @@ class PreferenceDataConfig(PromptFormatConfig, RowSourceConfig):
     """Preference data (pairs, or KTO's labelled answers), and how prompts and answers become tokens (as the
     policy samples them): `purplerl prefs` and `purplerl reward-model`."""
 
-    source: str | None = Field(None, description="preference data: a .jsonl/.json/.parquet file, a prepared dir or 'hf:ORG/NAME' (pairs: prompt + chosen + rejected as text or chat messages, HH-RLHF dialogues, UltraFeedback message lists; KTO rows: prompt + completion + label)")  # noqa: E501
+    source: Annotated[str, AfterValidator(absolute_source)] | None = Field(None, description="preference data: a .jsonl/.json/.parquet file, a prepared dir or 'hf:ORG/NAME' (pairs: prompt + chosen + rejected as text or chat messages, HH-RLHF dialogues, UltraFeedback message lists; KTO rows: prompt + completion + label)")  # noqa: E501
     max_answer_tokens: int = Field(256, ge=1, description="answers longer than this (with their end-of-turn token) are cut at the end")  # noqa: E501
     skip_bad_rows: bool = Field(False, description="leave out rows that hold no usable example (counted, the first one named) instead of stopping at the first: public sets like HH-RLHF hold a few")  # noqa: E501
 

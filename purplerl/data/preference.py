@@ -122,6 +122,10 @@ def encode_pairs(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PreferenceP
                                            max_prompt_tokens)
         chosen, chosen_cut = _answer_ids(tokenizer, pair.chosen, end_id, max_answer_tokens)
         rejected, rejected_cut = _answer_ids(tokenizer, pair.rejected, end_id, max_answer_tokens)
+        if chosen == rejected:  # both cut to a shared beginning: the loss would prefer nothing and learn nothing
+            raise UserError(f"{pair.source_row}: 'chosen' and 'rejected' are the same once cut to "
+                            f"data.max_answer_tokens={max_answer_tokens} tokens, so neither is preferred: raise "
+                            "data.max_answer_tokens or leave the pair out")
         out.append(EncodedPair(_sequence(prompt, chosen, f"{pair.source_row} chosen"),
                                _sequence(prompt, rejected, f"{pair.source_row} rejected"),
                                prompt_cut, chosen_cut, rejected_cut))

@@ -21,12 +21,12 @@ from typing import Any
 from purplerl.config import DataConfig
 from purplerl.config.migrate import get_path
 from purplerl.errors import UserError, first_line
-from purplerl.files import looks_local, read_json, read_jsonl, read_jsonl_numbered, unicode_problem
+from purplerl.files import DATA_FILE_SUFFIXES, looks_local, read_json, read_jsonl, read_jsonl_numbered, unicode_problem
 from purplerl.types import PromptRecord
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 BUILTIN_SOURCES = ("redteam", "stories")  # stories: prompts for the toy reward-hacking runs (purplerl route)
-FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+FILE_SUFFIXES = DATA_FILE_SUFFIXES
 _MISSING = object()
 # Prompt fields of the usual harm benchmarks, tried in this order when the default "prompt" is absent.
 BENCHMARK_PROMPT_FIELDS = ("forbidden_prompt", "question", "Behavior", "behavior", "goal")

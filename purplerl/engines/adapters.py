@@ -91,6 +91,17 @@ def new_head(model: torch.nn.Module) -> torch.nn.Linear:
     return head
 
 
+def head_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of the scalar head saved at `path`, read from its header (no weights loaded)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118 -- no __iter__
+    except (SafetensorError, OSError) as err:
+        raise UserError(f"cannot read {path}: {first_line(err)}") from None
+
+
 def read_head(head: torch.nn.Linear, path: Path) -> None:
     """Copy the head saved at `path` into `head` (its fp32 weights); UserError for a missing, unreadable or
     misshapen file."""

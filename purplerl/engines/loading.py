@@ -51,7 +51,19 @@ def register_derived_model(name: str, builder: Callable[[], Path]) -> None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("PURPLERL_CACHE", Path.home() / ".cache" / "purplerl")).expanduser()
+    """$PURPLERL_CACHE (default ~/.cache/purplerl): where models are built and cached. One UserError when it, or
+    the nearest of its parents that exists, is no directory (a file, a symlink that leads nowhere): the first
+    mkdir under it failed with a 70-line traceback."""
+    path = Path(os.environ.get("PURPLERL_CACHE", Path.home() / ".cache" / "purplerl")).expanduser()
+    for part in (path, *path.parents):
+        if not os.path.lexists(part):
+            continue
+        if not part.is_dir():  # follows a symlink: a dangling one is no dir either
+            what = "a file" if part.exists() else f"a symlink to {os.readlink(part)}, which leads nowhere"
+            whose = "it is" if part == path else f"{part} is"
+            raise UserError(f"PURPLERL_CACHE {path} cannot hold the model cache ({whose} {what}): name a directory")
+        break
+    return path
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -163,6 +175,20 @@ def model_source(name: str, revision: str | None = None) -> str:
     if not name.startswith(EMBEDDED_PREFIX) and not looks_local(name):
         require_hub_model(name, revision)
     return path
+
+
+def context_size(name: str, revision: str | None = None) -> int | None:
+    """The most tokens model `name` reads at once, from its config alone (max_position_embeddings, or GPT-2's
+    n_positions); None when its config gives neither."""
+    from transformers import AutoConfig
+
+    path = model_source(name, revision)
+    try:
+        config = AutoConfig.from_pretrained(path, revision=revision)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise _not_found(name, err) from None
+    size = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return size if isinstance(size, int) else None
 
 
 def _not_found(name: str, err: Exception) -> UserError:

@@ -17,7 +17,6 @@ to rebuild.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.files import replace_dir_durably, write_durably, write_synced
+from purplerl.locks import hold
 
 MANIFEST = "purplerl_manifest.json"
 # Entries checked by this process (resolved paths): a second load of the same model does not hash it again.
@@ -46,12 +46,8 @@ def build_lock(path: Path, what: str, notify: Callable[[str], None] = to_stderr)
     """Hold an exclusive lock on `path` while building `what`: a second process waits for the first build instead
     of racing it, and says once that it waits (a build can take minutes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            notify(f"waiting for another process that is building {what} (lock {path})")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+    with hold(path, f"the build of {what}", waiting=f"waiting for another process that is building {what}",
+              notify=notify):
         yield
 
 

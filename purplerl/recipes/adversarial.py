@@ -79,7 +79,8 @@ class AdversarialConfig(Section):
 
 
 AdversarialReward = reward_section("adversarial", TERMS)
-AdversarialSettings = rl_settings("adversarial", AdversarialReward, adversarial=(
+# its step's turns are counted by check_adversarial, which bounds training.mini_batches by the attacker's
+AdversarialSettings = rl_settings("adversarial", AdversarialReward, sequences=None, adversarial=(
     AdversarialConfig, "the attacker, the judge, the dialogue and the update schedule (purplerl.train.adversarial)"))
 
 

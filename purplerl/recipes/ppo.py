@@ -1,5 +1,5 @@
 """`purplerl ppo`: PPO with a critic, the classic RLHF loop (Ziegler et al. 2019; Stiennon et al. 2020; InstructGPT,
-Ouyang et al. 2022), as TRL's PPOTrainer runs it.
+Ouyang et al. 2022), as veRL's PPO trainer runs it with a critic (its GAE, whitening and clipped value loss).
 
 Each step: sample -> the frozen base's logprobs -> reward (the registered terms of `reward.terms`) -> the critic's
 values -> per-token rewards r_t = -kl_beta * KL_t (k1: logp_policy - logp_base per completion token) plus the
@@ -31,7 +31,7 @@ class CriticConfig(Section):
     vf_coef: float = Field(0.1, gt=0.0, description="weight of the value loss (TRL's vf_coef); the critic has its own optimizer, so it scales the critic's gradient")  # noqa: E501
     cliprange_value: float = Field(0.2, gt=0.0, description="the value loss clips the critic's new values to within this of the values the advantages were computed with (TRL's cliprange_value)")  # noqa: E501
     lr: float | None = Field(None, gt=0.0, lt=1.0, description="the critic's AdamW learning rate (null: training.lr)")  # noqa: E501
-    init: str | None = Field(None, description="a PEFT adapter dir to start the critic from, with its scalar head when it saved one (a reward-model checkpoint's member0: InstructGPT starts the value function from the reward model); null: a fresh adapter and head")  # noqa: E501
+    init: str | None = Field(None, description="a reward model's member dir (RUN/checkpoints/step_N/member0: a LoRA adapter with its scalar head) to start the critic from, as InstructGPT starts the value function from the reward model; null: a fresh adapter and head")  # noqa: E501
 
 
 PPOReward = reward_section("ppo", TERMS)
@@ -46,8 +46,9 @@ def prepare(config: Any) -> Bind:
     return critic_prepare(registered_reward, rl_stops)(config)
 
 
-# PPO's own defaults are TRL's PPOConfig's: GAE with gamma 1 and lam 0.95 (the training fields), KL coefficient
-# 0.05 in the token rewards, 4 PPO epochs, ratio clip 0.2, value clip 0.2, vf_coef 0.1 (the critic section).
+# PPO's own defaults are TRL's PPOConfig's (TRL 1.16 removed its PPOTrainer): GAE with gamma 1 and lam 0.95 (the
+# training fields), KL coefficient 0.05 in the token rewards, 4 PPO epochs, ratio clip 0.2, value clip 0.2, vf_coef
+# 0.1 (the critic section).
 PPO = Recipe(
     name="ppo",
     settings=PPOSettings,

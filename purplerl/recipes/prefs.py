@@ -10,7 +10,7 @@ from pydantic import Field
 
 from purplerl.config import PreferenceDataConfig
 from purplerl.config.base import Section, read_when
-from purplerl.train.recipe import FLAT, Recipe, RunNamePart, lazy, run_settings
+from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, run_settings
 
 
 def _loss(*names: str):
@@ -29,6 +29,7 @@ class PrefsConfig(Section):
     desirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of desirable answers")  # noqa: E501
     undesirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of undesirable answers")  # noqa: E501
     unpaired: read_when(bool, *_loss("kto")) = Field(False, description="the data holds KTO rows (prompt/completion/label); false: pairs, each a desirable and an undesirable answer")  # noqa: E501
+    one_label: read_when(bool, *_loss("kto")) = Field(False, description="accept KTO rows that all carry one label (only desirable, or only undesirable answers): the loss then trains that side alone, and the other side's rewards/logps read 0; false: such data is refused")  # noqa: E501
     eval_split: str | None = Field(None, description="held-out split of the data source (null: hold out eval_fraction of the prompts)")  # noqa: E501
     eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the prompts held out when eval_split is null (0: no eval)")  # noqa: E501
     eval_every: int = Field(10, ge=0, description="score the held-out examples every N steps and at the last step (0: never)")  # noqa: E501
@@ -51,6 +52,8 @@ PREFS = Recipe(
     summary_metrics={"train/loss": "training loss", "eval/loss": "held-out loss",
                      "eval/rewards/accuracies": "held-out pair accuracy"},
     flat=FLAT,
+    # which examples train and which are held out: a resume with others would train on held-out ones
+    fixed_on_resume=FIXED_ON_RESUME | {"prefs.eval_split", "prefs.eval_fraction"},
 )
 
 __all__ = ["PREFS", "PrefsConfig", "PrefsSettings"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from purplerl.config import PreferenceDataConfig, Section
-from purplerl.train.recipe import FLAT, Recipe, RunNamePart, lazy, run_settings
+from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, run_settings
 
 
 class RewardModelConfig(Section):
@@ -40,6 +40,9 @@ REWARD_MODEL = Recipe(
     summary_metrics={"train/loss": "Bradley-Terry loss", "train/accuracy": "training pair accuracy",
                      "eval/accuracy": "held-out pair accuracy", "eval/margin": "held-out reward margin"},
     flat={**FLAT, "ensemble": "reward_model.ensemble"},
+    # the ensemble size fixes the experiment (each member's seed and data order, the mean every consumer takes);
+    # the held-out share fixes which pairs train
+    fixed_on_resume=FIXED_ON_RESUME | {"reward_model.ensemble", "reward_model.eval_fraction"},
 )
 
 __all__ = ["REWARD_MODEL", "RewardModelConfig", "RewardModelSettings"]

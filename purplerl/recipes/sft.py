@@ -7,7 +7,7 @@ from typing import Any
 
 from purplerl.config import SFTConfig, SFTDataConfig
 from purplerl.config.migrate import RL_TRAINING_FIELDS, pop_path
-from purplerl.train.recipe import FLAT, Recipe, RunNamePart, lazy, run_settings
+from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, run_settings
 
 SFTSettings = run_settings("sft", data=(SFTDataConfig, "the conversations"),
                            sft=(SFTConfig, "supervised fine-tuning (purplerl sft)"))
@@ -38,5 +38,8 @@ SFT = Recipe(
               RunNamePart("B", lambda c: c.training.batch_size)),
     summary_metrics={"train/nll": "training NLL per token", "eval/loss": "held-out NLL"},
     flat=FLAT,
+    # which examples train and which are held out: a resume with others would train on held-out ones
+    fixed_on_resume=FIXED_ON_RESUME | {"sft.eval_split", "sft.eval_fraction"},
+    longest_sequence=lambda c: (c.sft.max_tokens, "sft.max_tokens"),
     migrate=migrate,
 )

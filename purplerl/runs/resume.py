@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.config import commented_yaml
+from purplerl.data.content import content_change
 from purplerl.errors import UserError
 from purplerl.files import read_jsonl, write_durably
 from purplerl.runs.checkpoints import describe_skipped, newest_intact
@@ -65,6 +66,24 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def check_data(run_dir: Path, data: dict[str, Any], notify: Callable[[str], None] = _warn) -> None:
+    """Refuse a resume whose data sources (purplerl.data.content) hold other data than the segment that ran last
+    read: one line naming the file and both hashes. A run of an older purplerl recorded none: said once, and
+    the next segment records it."""
+    history = _history(run_dir)
+    recorded = history[-1].get("data") if history else None
+    if not isinstance(recorded, dict):
+        notify(f"note: {run_dir / HISTORY_FILE} records no data content (an older purplerl): its data cannot be "
+               "checked now; this segment records it for later resumes")
+        return
+    for setting, now in data.items():
+        then = recorded.get(setting)
+        why = content_change(setting, then, now) if isinstance(then, dict) and now is not None else None
+        if why:
+            raise UserError(f"{why}: resuming would continue the run on other data; restore it, or start a new "
+                            "run with --name NEW")
+
+
 def resume_point(run_dir: Path, restart: bool, save_every: int,
                  notify: Callable[[str], None] = _warn) -> Path | None:
     """The checkpoint a resume continues from (None: from step 1), checked before anything is touched."""
@@ -101,12 +120,14 @@ def _history(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def record_config(run_dir: Path, config: Any, from_step: int, changed: dict[str, list[Any]] | None,
-                  restarted: bool = False, edited: Collection[str] = ()) -> None:
+                  restarted: bool = False, edited: Collection[str] = (), data: dict[str, Any] | None = None) -> None:
     """Add the resolved config in force from `from_step` to the history and rewrite config.yaml, whose header
     lists every resume that changed a setting (`edited`: those changed by editing config.yaml): config.yaml
-    always describes what ran. Both files are replaced in one rename each, so a kill leaves the old version or
-    the new one."""
+    always describes what ran. `data`: what the segment's data sources hold (`check_data`). Both files are
+    replaced in one rename each, so a kill leaves the old version or the new one."""
     row: dict[str, Any] = {"from_step": from_step, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if data is not None:
+        row["data"] = data
     if changed is not None:
         row["changed"] = changed
     if edited:

@@ -1,5 +1,5 @@
 """A critic for the RL loop: PPO with a value function, the classic RLHF loop (Ziegler et al. 2019; InstructGPT,
-Ouyang et al. 2022; TRL's PPOTrainer). The critic is its own LoRA adapter with a scalar head (`critic`) over the
+Ouyang et al. 2022; veRL's PPO with a critic). The critic is its own LoRA adapter with a scalar head (`critic`) over the
 policy's frozen base: the policy is the `default` adapter, the KL reference the base with adapters off, so the
 three roles share one copy of the weights.
 
@@ -21,8 +21,11 @@ import torch
 
 from purplerl.algorithms.critic import ValueLossParams, state_values
 from purplerl.algorithms.registry import Loss
-from purplerl.engines.adapter_fit import check_adapter_fits
+from purplerl.engines.adapter_fit import check_adapter_fits, model_skeleton
+from purplerl.engines.adapters import HEAD_FILE, adapter_dir, head_shapes
 from purplerl.engines.base import Engine
+from purplerl.errors import UserError
+from purplerl.runs.reward_model import looks_like_run, reward_model_checkpoint
 from purplerl.train.loop import EarlyStop, RewardFn, StepFn, adam_params, minibatch_updates, rl_update
 from purplerl.train.recipe import Bind, Prepare
 from purplerl.train.rl import rl_prepare
@@ -62,6 +65,28 @@ def policy_and_critic_update(engine: Engine, batch: TrainBatch, config: Any, ste
     return {**rl_update(engine, batch, config, step), **critic_update(engine, batch, config, step)}
 
 
+def check_critic_init(path: str, model: str, revision: str | None) -> None:
+    """critic.init must be one adapter with its scalar head, both fitting `model` (a reward model's member dir);
+    else one UserError naming what the dir holds. A reward-model checkpoint dir itself holds an untrained
+    top-level adapter and no head, and a policy's adapter no head: either started the critic silently from an
+    untrained adapter or a fresh head."""
+    where, head = Path(path), Path(path) / HEAD_FILE
+    if not head.is_file() and looks_like_run(where):  # a reward-model run dir or one of its checkpoints
+        checkpoint, members = reward_model_checkpoint(where)
+        raise UserError(f"critic.init {where} holds {', '.join(f'{m}/' for m in members)}: give one member, e.g. "
+                        f"{adapter_dir(checkpoint, members[0])}")
+    check_adapter_fits(where, model, revision, "critic.init")  # no adapter, or one that does not fit
+    if not head.is_file():
+        raise UserError(f"critic.init {where} holds a LoRA adapter but no scalar head ({HEAD_FILE}): give a reward "
+                        "model's member dir (RUN/checkpoints/step_N/member0), whose adapter and head start the critic")
+    hidden = model_skeleton(model, revision).config.hidden_size
+    shapes = head_shapes(head)
+    if shapes != {"weight": (1, hidden), "bias": (1,)}:
+        held = ", ".join(f"{name} {shape}" for name, shape in sorted(shapes.items()))
+        raise UserError(f"critic.init {where}: its scalar head holds {held}, where model '{model}' takes weight "
+                        f"{(1, hidden)} and bias (1,)")
+
+
 def critic_prepare(reward: Callable[[Any], RewardFn], stops: Callable[[Any], EarlyStop]) -> Prepare:
     """`prepare` for an RL recipe with a critic: `rl_prepare` with the critic's values and update; binding adds the
     critic's adapter and head (a resumed run's came with its checkpoint)."""
@@ -69,7 +94,7 @@ def critic_prepare(reward: Callable[[Any], RewardFn], stops: Callable[[Any], Ear
 
     def prepare(config: Any) -> Bind:
         if config.critic.init is not None:  # a misfit fails in one line now, not after the model loaded
-            check_adapter_fits(config.critic.init, config.model.name, config.model.revision, "critic.init")
+            check_critic_init(config.critic.init, config.model.name, config.model.revision)
         bind_rl = prepare_rl(config)
 
         def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:

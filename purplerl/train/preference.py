@@ -156,6 +156,16 @@ def load_items(config: Any, split: str | None = None) -> list[PreferencePair] | 
     return unpaired(items) if kto and not config.prefs.unpaired else items
 
 
+def check_both_labels(items: Sequence[LabelledCompletion], source: str) -> None:
+    """KTO weighs desirable against undesirable answers: data holding one label trained silently on one side,
+    logging the other as 0. One line unless prefs.one_label says that is meant."""
+    desirable = sum(item.desirable for item in items)
+    if desirable in (0, len(items)):
+        side = "desirable" if desirable else "undesirable"
+        raise UserError(f"{source}: all {len(items)} KTO training examples are {side}: KTO trains on both labels; "
+                        "add the other label's rows, or set prefs.one_label true to train one side")
+
+
 def _partners(n: int, seed: int) -> list[int]:
     """A seeded derangement: example i's KL row borrows the answer of example partners[i] != i."""
     order = list(range(n))
@@ -218,6 +228,8 @@ def prefs_prepare(config: Any) -> Bind:
     if not train:
         raise UserError(f"no training examples left in {config.data.source} after holding out "
                         f"prefs.eval_fraction={p.eval_fraction}")
+    if p.loss == "kto" and not p.one_label:
+        check_both_labels(train, config.data.source)
 
     def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:
         tok = engine.tokenizer

@@ -28,6 +28,7 @@ from purplerl.config.sections import RewardBase, RLSettings, RunSettings
 from purplerl.rewards.named import TermEntry, TermSpec, resolve_terms
 from purplerl.rewards.registry import REWARD_TERMS
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
+from purplerl.train.context import prompt_and_answer
 
 if TYPE_CHECKING:  # the table of rows is read by --help without the engines and the loop, which load torch
     from purplerl.engines.base import Engine
@@ -110,6 +111,9 @@ class Recipe:
     # the model section the engine is built with, when the recipe's own settings shape it (route's baseline: one
     # adapter of the rank of both routed adapters); None: config.model
     engine_model: Callable[[Any], Any] | None = None
+    # (the longest sequence a run builds, the settings that bound it), checked against the model's context before
+    # the model loads (train.context); None: the settings bound none
+    longest_sequence: Callable[[Any], tuple[int, str] | None] = prompt_and_answer
 
     def migrated(self, data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
         """`data` (a config file, overrides, or a run's saved config.yaml) with older names moved to today's."""
@@ -193,6 +197,29 @@ def run_settings(name: str, base: type[RunSettings] = RunSettings,
     return create_model(f"{name.capitalize()}Settings", __base__=base, **fields)
 
 
-def rl_settings(name: str, reward: type[RewardBase], **sections: tuple[type[Section], str]) -> type[RLSettings]:
-    """An RL recipe's settings tree: the shared RL sections, its `reward` section and its own sections."""
-    return run_settings(name, RLSettings, reward=(reward, "reward composition"), **sections)
+def loop_sequences(config: Any) -> tuple[int, str]:
+    """(the sequences one step of the shared RL loop trains on in each process, how they are counted)."""
+    t, procs = config.training, config.engine.procs
+    return (t.batch_size * config.sampling.group_size // procs,
+            "training.batch_size x sampling.group_size" + (" / engine.procs" if procs > 1 else ""))
+
+
+def rl_settings(name: str, reward: type[RewardBase],
+                sequences: Callable[[Any], tuple[int, str]] | None = loop_sequences,
+                **sections: tuple[type[Section], str]) -> type[RLSettings]:
+    """An RL recipe's settings tree: the shared RL sections, its `reward` section and its own sections.
+    `sequences`: what a step trains on (`loop_sequences`), which training.mini_batches may not exceed: refused with
+    the settings, not at step 1 after the run dir was written (None: the recipe checks it itself)."""
+    settings = run_settings(name, RLSettings, reward=(reward, "reward composition"), **sections)
+    if sequences is None:
+        return settings
+
+    def mini_batches_fit(self: Any) -> Any:
+        rows, counted = sequences(self)
+        if self.training.mini_batches > rows:
+            raise ValueError(f"training.mini_batches={self.training.mini_batches} exceeds the {rows} sequences a step "
+                             f"trains on ({counted}): give at most {rows}")
+        return self
+
+    return create_model(settings.__name__, __base__=settings,
+                        __validators__={"_mini_batches_fit": model_validator(mode="after")(mini_batches_fit)})

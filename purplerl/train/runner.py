@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import AbstractContextManager, closing, nullcontext
 from pathlib import Path
 from typing import Any
 
 from purplerl.config import build, read_config_file
+from purplerl.data.content import data_sources
 from purplerl.devices import resolve_device
 from purplerl.engines import EngineSettings, make_engine
 from purplerl.engines.distributed import join_world
 from purplerl.errors import UserError
 from purplerl.files import write_durably
+from purplerl.locks import hold_dir
 from purplerl.runs.checkpoints import checkpoint_candidates, read_state
 from purplerl.runs.layout import CONFIG_FILE, EVALS_FILE, HISTORY_FILE, METRICS_FILE, SAMPLES_FILE, SUMMARY_FILE
 from purplerl.runs.logs import truncate_after_step
-from purplerl.runs.resume import last_recorded, record_config, resume_changes, resume_point
+from purplerl.runs.resume import check_data, last_recorded, record_config, resume_changes, resume_point
 from purplerl.train.checkpoint import discard_checkpoint, remove_stale
+from purplerl.train.context import check_context
 from purplerl.train.loop import Evaluation, run_steps
 from purplerl.train.recipe import Recipe
 from purplerl.train.trackers import check_trackers, open_trackers
@@ -46,12 +50,18 @@ def run_dir_of(recipe: Recipe, config: Any) -> Path:
     return Path(config.run.output_dir) / (config.run.name or run_dir_name(recipe, config))
 
 
-def new_run_dir(recipe: Recipe, config: Any) -> Path:
-    """The dir of a new run, refused if it already holds a run. `execute_run` creates it once setup succeeded."""
-    run_dir = run_dir_of(recipe, config)
+def _refuse_taken(run_dir: Path) -> None:
+    """A new run's dir must not hold a run (checked under its lock: two starts of one run cannot both pass)."""
     if (run_dir / CONFIG_FILE).exists():
         raise UserError(f"run dir {run_dir} already exists: resume it with --resume {run_dir}, or set --name")
-    return run_dir
+
+
+def run_dir_lock(run_dir: Path, notify: Callable[[str], None]) -> AbstractContextManager[None]:
+    """The run dir's lock (purplerl.locks), held by the process that writes it: rank 0 under torchrun, whose other
+    ranks only read the checkpoint rank 0 is allowed to resume from."""
+    if os.environ.get("RANK", "0") != "0":
+        return nullcontext()
+    return hold_dir(run_dir, f"run dir {run_dir}", notify)
 
 
 def saved_settings(recipe: Recipe, run_dir: Path) -> dict[str, Any]:
@@ -111,20 +121,20 @@ def _warn(line: str) -> None:
 def run_recipe(recipe: Recipe, config: Any, resume_dir: Path | None = None, restart: bool = False,
                evaluation: Evaluation | None = None, notify: Callable[[str], None] = _warn) -> dict[str, Any]:
     """Start a new run of `recipe`, or continue `resume_dir` from its latest intact checkpoint."""
-    run_dir = Path(resume_dir) if resume_dir is not None else new_run_dir(recipe, config)
+    run_dir = Path(resume_dir) if resume_dir is not None else run_dir_of(recipe, config)
     return execute_run(recipe, config, run_dir, resume=resume_dir is not None, restart=restart, notify=notify,
                        evaluation=evaluation)
 
 
 def _open_run_dir(config: Any, run_dir: Path, resume: bool, restart: bool, start_step: int,
-                  changed: dict[str, list[Any]] | None, edited: list[str]) -> None:
+                  changed: dict[str, list[Any]] | None, edited: list[str], data: dict[str, Any]) -> None:
     """A new run's dir and config; or a resumed run's config recorded and its logs cut back to its checkpoint."""
     if resume:
         remove_stale(run_dir, config.run.keep_last)
         if restart:
             for damaged in checkpoint_candidates(run_dir):
                 discard_checkpoint(damaged)
-        record_config(run_dir, config, start_step, changed, restarted=restart, edited=edited)
+        record_config(run_dir, config, start_step, changed, restarted=restart, edited=edited, data=data)
         for name in (METRICS_FILE, SAMPLES_FILE):
             truncate_after_step(run_dir / name, start_step - 1)
         # a run started again from step 1 evaluates its step 0 again: drop that row too
@@ -132,11 +142,21 @@ def _open_run_dir(config: Any, run_dir: Path, resume: bool, restart: bool, start
     else:
         # written only now: a run that failed to start (bad model, missing data) must not claim its name
         run_dir.mkdir(parents=True, exist_ok=True)
-        record_config(run_dir, config, 1, None)
+        record_config(run_dir, config, 1, None, data=data)
 
 
 def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restart: bool = False,
                 notify: Callable[[str], None] = _warn, evaluation: Evaluation | None = None) -> dict[str, Any]:
+    """`_execute` under the run dir's lock, taken before anything in the dir is read: a second process writing the
+    dir (a resume of a run still training, a second start of one run) is refused in one line naming the holder."""
+    with run_dir_lock(run_dir, notify):
+        if not resume:
+            _refuse_taken(run_dir)
+        return _execute(recipe, config, run_dir, resume, restart, notify, evaluation)
+
+
+def _execute(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restart: bool,
+             notify: Callable[[str], None], evaluation: Evaluation | None) -> dict[str, Any]:
     """Prepare the recipe, load the engine, restore the latest intact checkpoint when resuming, run the steps.
 
     `recipe.prepare(config)` loads and checks what the recipe needs before the engine loads (data, scorers) and
@@ -160,6 +180,10 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
             start_step = state["step"] + 1
 
     bind = recipe.prepare(config)
+    check_context(recipe.longest_sequence(config), config)
+    data = data_sources(config)  # what the readers just read, recorded with the segment
+    if resume and not restart:  # a restart keeps nothing made from the old data
+        check_data(run_dir, data, notify)
     world = join_world(config.engine.procs, resolve_device(config.model.device))
     if world.size != config.engine.procs:  # started by torchrun itself: config.yaml says how many processes ran
         config = config.model_copy(update={"engine": config.engine.model_copy(update={"procs": world.size})})
@@ -175,7 +199,7 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
         step_fn, early_stop = bind(engine, run_dir)
 
         if world.is_writer:
-            _open_run_dir(config, run_dir, resume, restart, start_step, changed, edited)
+            _open_run_dir(config, run_dir, resume, restart, start_step, changed, edited, data)
         # rank 0 alone feeds the trackers, as it alone writes the logs they mirror
         with open_trackers(config.logging.trackers if world.is_writer else [], run_dir, config.settings(),
                            start_step, notify) as trackers:

@@ -109,13 +109,15 @@ def test_reinforce_pp_by_hand() -> None:
     #   row 0: [., 0.70, 0.75, 0.85]                   row 1: [., -0.25, ., .]
     returns = [0.70, 0.75, 0.85, -0.25]
     mean = sum(returns) / 4  # 2.05 / 4 = 0.5125
-    std = math.sqrt(sum((x - mean) ** 2 for x in returns) / 4)
+    # whitened as GAE and veRL whiten: the variance with Bessel's correction, 0.786875 / 3, and eps 0 here
+    std = math.sqrt(sum((x - mean) ** 2 for x in returns) / 3)
+    population_std = math.sqrt(sum((x - mean) ** 2 for x in returns) / 4)  # what the metric reports
     adv_NT, metrics = reinforce_pp_advantages(rewards_BG, MASK_NT, kl_NT=kl_NT, kl_beta=0.5, eps=0.0)
     expected_NT = torch.tensor([[0.0, (0.70 - mean) / std, (0.75 - mean) / std, (0.85 - mean) / std],
                                 [0.0, (-0.25 - mean) / std, 0.0, 0.0]])
     assert torch.allclose(adv_NT, expected_NT, atol=1e-6)
     assert metrics["return_mean"] == pytest.approx(0.5125)
-    assert metrics["return_std"] == pytest.approx(std)
+    assert metrics["return_std"] == pytest.approx(population_std)
     assert metrics["kl_reward_mean"] == pytest.approx(-(0.05 + 0.10 + 0.15 + 0.25) / 4)
     assert metrics["frac_zero_variance_groups"] == 0.0
     assert metrics["adv_abs_mean"] == pytest.approx(float(expected_NT.abs().sum() / 4), abs=1e-6)
@@ -126,11 +128,12 @@ def test_reinforce_pp_by_hand() -> None:
 
 def test_reinforce_pp_two_sequences_no_kl() -> None:
     # B=2 prompts, G=1 (no group needed). Returns: row 0 -> [2, 2], row 1 -> [0].
-    # mean 4/3, population std sqrt(((2/3)^2 * 2 + (4/3)^2) / 3) = sqrt(8/9) -> [1/sqrt2, 1/sqrt2, -sqrt2]
+    # mean 4/3, variance with Bessel's correction ((2/3)^2 * 2 + (4/3)^2) / 2 = 4/3, std 2/sqrt3
+    # -> (2/3) / (2/sqrt3) = 1/sqrt3 twice, (-4/3) / (2/sqrt3) = -2/sqrt3
     mask_NT = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
     adv_NT, metrics = compute_advantages("reinforce_pp", torch.tensor([[2.0], [0.0]]), mask_NT, eps=0.0)
-    s = 1 / math.sqrt(2)
-    assert torch.allclose(adv_NT, torch.tensor([[s, s, 0.0], [0.0, -math.sqrt(2), 0.0]]))
+    s = 1 / math.sqrt(3)
+    assert torch.allclose(adv_NT, torch.tensor([[s, s, 0.0], [0.0, -2 * s, 0.0]]))
     assert metrics["frac_zero_variance_groups"] == 1.0  # G = 1: every group is trivially constant
     # whitening divides by the std already: scale_by_std changes nothing
     adv_scaled_NT, _ = compute_advantages("reinforce_pp", torch.tensor([[2.0], [0.0]]), mask_NT, eps=0.0,

@@ -5,11 +5,13 @@ TRL 1.16 (the one installed) no longer ships PPO: no PPOTrainer, no `masked_whit
 trl.core are gone, and trl.experimental holds no ppo). veRL is not installed. So each formula is also checked
 against a straightforward transcription of the reference loops (TRL's PPOTrainer GAE loop, veRL's
 `compute_gae_advantage_return` with its response-mask skipping, TRL's `masked_whiten`, veRL's
-`compute_value_loss`), and against the libraries themselves where they are importable (skipped here)."""
+`compute_value_loss`, and veRL's REINFORCE++, which whitens as GAE does), and against the libraries themselves where
+they are importable (skipped here)."""
 
 from __future__ import annotations
 
 import importlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ import torch
 from purplerl.algorithms.advantages import (
     CRITIC_ESTIMATORS,
     ESTIMATOR_NAMES,
+    compute_advantages,
     estimate_advantages,
     takes_token_kl,
     takes_values,
@@ -31,6 +34,7 @@ from purplerl.algorithms.critic import (
     token_rewards,
 )
 from purplerl.errors import ExperimentError, UserError
+from tests.tolerances import reduction_atol
 
 # Two rows: a prompt token, then row 0 has three completion tokens and row 1 two and a pad. Values, KL and rewards
 # at the prompt and the pad are junk that must be ignored.
@@ -215,6 +219,29 @@ def verl_gae(token_level_rewards, values, response_mask, gamma, lam):
     return reference_masked_whiten(advantages, response_mask), returns
 
 
+def verl_reinforce_pp(token_level_rewards, response_mask, gamma):
+    """veRL's `compute_reinforce_plus_plus_outcome_advantage` (verl/trainer/ppo/core_algos.py), transcribed: each
+    masked token's return sums the rewards from it on (an off-mask position passes the running return through),
+    then the returns are whitened by veRL's `masked_whiten`, as its GAE's are."""
+    running, returns = torch.zeros(token_level_rewards.shape[0]), torch.zeros_like(token_level_rewards)
+    for t in reversed(range(token_level_rewards.shape[1])):
+        m = response_mask[:, t]
+        running_t = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = running_t * m
+        running = running_t * m + running * (1 - m)
+    return reference_masked_whiten(returns, response_mask) * response_mask
+
+
+def _whitened_atol(r_NT: torch.Tensor, mask_NT: torch.Tensor, want_NT: torch.Tensor) -> float:
+    """Two float32 computations of whitened returns (tests/tolerances.py): a return sums a row's token rewards (T
+    terms), the mean and the variance each sum the n masked returns, then a subtraction, a division and a square
+    root; in units of the std, the terms are a row's summed |rewards| over the std, and the advantage itself."""
+    on = mask_NT != 0
+    returns = (r_NT * mask_NT).flip(1).cumsum(1).flip(1)[on]
+    spread = float((r_NT.abs() * mask_NT).sum(-1).max()) / float(returns.std())
+    return reduction_atol(torch.float32, mask_NT.shape[1] + 2 * int(on.sum()) + 4, spread + float(want_NT.abs().max()))
+
+
 def verl_value_loss(vpreds, returns, values, response_mask, cliprange_value):
     """veRL's `compute_value_loss` (token-mean), as TRL's PPOTrainer computes vf_loss and vf_clipfrac."""
     vpredclipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
@@ -260,6 +287,15 @@ def test_gae_matches_the_verl_loop_on_padded_rows(seed: int) -> None:
     on = mask_NT != 0
     torch.testing.assert_close(ours.advantages_NT[on], advantages[on], rtol=0, atol=1e-5)
     torch.testing.assert_close(ours.returns_NT[on], returns[on], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reinforce_pp_whitens_as_the_verl_loop_and_gae_do(seed: int) -> None:
+    rewards_BG, mask_NT, _, kl_NT = _random_batch(seed, padded=True)
+    ours, _ = compute_advantages("reinforce_pp", rewards_BG, mask_NT, kl_NT=kl_NT, kl_beta=0.05)
+    r_NT = token_rewards(rewards_BG.reshape(-1), mask_NT, kl_NT, 0.05)
+    want_NT = verl_reinforce_pp(r_NT, mask_NT, gamma=1.0)
+    torch.testing.assert_close(ours, want_NT, rtol=0, atol=_whitened_atol(r_NT, mask_NT, want_NT))
 
 
 def test_value_loss_matches_the_verl_and_trl_form() -> None:
@@ -309,3 +345,14 @@ def test_gae_and_value_loss_equal_verl_when_installed() -> None:
     out = core_algos.compute_value_loss(vpreds, ours.returns_NT, values_NT, mask_NT, cliprange_value=0.2)
     assert float(loss) == pytest.approx(float(out[0]), abs=1e-6)
     assert metrics["value_clip_frac"] == pytest.approx(float(out[1]), abs=1e-6)
+
+
+def test_reinforce_pp_equals_verl_when_installed() -> None:
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+    rewards_BG, mask_NT, _, kl_NT = _random_batch(5, padded=True)
+    ours, _ = compute_advantages("reinforce_pp", rewards_BG, mask_NT, kl_NT=kl_NT, kl_beta=0.05)
+    r_NT = token_rewards(rewards_BG.reshape(-1), mask_NT, kl_NT, 0.05)
+    want_NT, _ = core_algos.compute_reinforce_plus_plus_outcome_advantage(r_NT, mask_NT,
+                                                                         config=SimpleNamespace(gamma=1.0))
+    on = mask_NT != 0
+    torch.testing.assert_close(ours[on], want_NT[on], rtol=0, atol=_whitened_atol(r_NT, mask_NT, want_NT))

@@ -1,6 +1,7 @@
 """Adapters acting together on one base (the local engine's `use_adapters`, gradient routing's retain + forget):
-a routed backward in two label-homogeneous parts, each loss scaled by its share, gives the full batch's gradient
-(forget: all rows; retain: the non-hack rows only, hack rows reach forget alone); one optimizer step clips both
+the routed backward (`routed_backward`) in two label-homogeneous parts, each loss scaled by its share, gives the full
+batch's gradient (forget: all rows; retain: the non-hack rows only, hack rows reach forget alone) and logs the full
+batch's loss; one optimizer step clips both
 adapters together; a scale multiplies an adapter's LoRA update, 0 being exactly the adapter absent, in scoring and
 in the merged sampler; a checkpoint keeps both adapters (each its own rank) and which act."""
 
@@ -13,12 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from purplerl.algorithms.registry import Loss, PolicyGradientParams, normalizer_count
+from purplerl.algorithms.losses import aggregate_loss
+from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import ModelConfig
 from purplerl.engines.local import LocalEngine
 from purplerl.errors import UserError
+from purplerl.train.routing import routed_backward
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
-from tests.tolerances import gradient_atol, logprob_atol, reduction_atol
+from tests.tolerances import decoder_reductions, gradient_atol, logprob_atol, reduction_atol
 
 RETAIN, FORGET = "default", "forget"
 BOTH = {RETAIN: 1.0, FORGET: 1.0}
@@ -66,18 +69,19 @@ def _loss(aggregation: str, scale: float = 1.0) -> Loss:
     return Loss("ppo_clip", PolicyGradientParams(), aggregation=aggregation, length_norm=8.0, scale=scale)
 
 
-def _full_batch(engine: LocalEngine, batch: TrainBatch, loss: Loss,
-                micro_batch_size: int | None = None) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+def _full_batch(engine: LocalEngine, batch: TrainBatch, loss: Loss, micro_batch_size: int | None = None
+                ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None], dict[str, float]]:
     """(forget, retain) gradients of the whole batch with both adapters trained, in passes of at most
-    `micro_batch_size` rows (default: the engine's, the whole batch in one pass); the gradients are then cleared."""
+    `micro_batch_size` rows (default: the engine's, the whole batch in one pass), and the pass's metrics; the
+    gradients are then cleared."""
     settings = engine.settings
     if micro_batch_size is not None:
         engine.settings = dataclasses.replace(settings, micro_batch_size=micro_batch_size)
-    engine.forward_backward(batch, loss)
+    metrics = engine.forward_backward(batch, loss)
     engine.settings = settings
     grads = _grads(engine, FORGET), _grads(engine, RETAIN)
     _clear(engine)
-    return grads
+    return *grads, metrics
 
 
 def _excess(got: list[torch.Tensor | None], want: list[torch.Tensor | None], batch: TrainBatch, config) -> float:
@@ -90,41 +94,61 @@ def _excess(got: list[torch.Tensor | None], want: list[torch.Tensor | None], bat
     return max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True)) / bound
 
 
+def _loss_atol(engine: LocalEngine, batch: TrainBatch, loss: Loss) -> float:
+    """The fp32 bound on the loss of `batch` computed along two paths (tests/tolerances.py). A token's term is
+    -A min(r, clip(r)) with r = exp(logp - sampling logp): an error d in logp moves it by at most |term| |d|, and
+    logp itself errs by gamma_F max|logp| (F: the decoder's chain and the log-softmax, as `logprob_atol`); the
+    aggregation then weighs the terms (weights >= 0) and sums them over the loss tokens and rows, after at most 8
+    elementwise roundings per term (the log-ratio, its exp, the clip, the product, the divisions, the scale). So
+    each path lies within gamma_(F + tokens + rows + 8) max(1, max|logp|) x (the aggregation of |term|) of the exact
+    loss (Higham Lemma 3.3)."""
+    config, mask_NT = engine.model.config, batch.loss_mask_NT
+    logp_NT = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=(mask_NT != 0).long())
+    terms_NT, _ = loss.definition.fn(logp_NT, batch.inputs(), loss.params)
+    absolute = float(aggregate_loss(terms_NT.abs(), mask_NT, loss.aggregation, total_tokens=batch.num_loss_tokens,
+                                    total_sequences=batch.num_sequences, length_norm=loss.length_norm))
+    chain = (decoder_reductions(config, batch.input_ids_NT.shape[1]) + config.vocab_size + batch.num_loss_tokens
+             + batch.num_sequences + 8)
+    return reduction_atol(torch.float32, chain, max(1.0, float(logp_NT[mask_NT != 0].abs().max())) * absolute)
+
+
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
-def test_routed_parts_give_the_full_batch_gradient(tiny_model_dir: Path, aggregation: str) -> None:
-    engine, batch = _engine(tiny_model_dir), _batch()
+def test_the_routed_backward_gives_the_full_batch_gradient_and_loss(tiny_model_dir: Path, aggregation: str) -> None:
+    engine, batch, loss = _engine(tiny_model_dir), _batch(), _loss(aggregation)
     engine.use_adapters(BOTH)
-    forget_full, retain_full = _full_batch(engine, batch, _loss(aggregation))
+    forget_full, retain_full, full = _full_batch(engine, batch, loss)
     # the parts sum in another order, through kernels of other shapes than the whole batch (and other CPUs pick other
-    # kernels): so the bound is derived from fp32 and the reduction length, and shown here to hold between two
+    # kernels): so the bounds are derived from fp32 and the reduction length, and shown here to hold between two
     # orders of the one computation, the whole batch in one pass and row by row
     config = engine.model.config
-    forget_rows, retain_rows = _full_batch(engine, batch, _loss(aggregation), micro_batch_size=1)
+    forget_rows, retain_rows, rows = _full_batch(engine, batch, loss, micro_batch_size=1)
     assert _excess(forget_rows, forget_full, batch, config) <= 1
     assert _excess(retain_rows, retain_full, batch, config) <= 1
+    loss_atol = _loss_atol(engine, batch, loss)
+    assert abs(rows["loss"] - full["loss"]) <= loss_atol
     # the retain adapter's reference: the full batch in one pass with the hack rows' loss zeroed (advantage 0 gives
     # a clipped surrogate of exactly 0), so every count the loss divides by is still the full batch's
     quiet = dataclasses.replace(batch, advantages_NT=batch.advantages_NT * (~HACKS)[:, None])
-    _, retain_reference = _full_batch(engine, quiet, _loss(aggregation))
+    _, retain_reference, _ = _full_batch(engine, quiet, loss)
 
-    whole = normalizer_count(batch, _loss(aggregation))
-    for rows, trained in ((~HACKS, None), (HACKS, [FORGET])):
-        part = batch.select(torch.nonzero(rows).squeeze(-1))
-        engine.use_adapters(BOTH, trained)
-        engine.forward_backward(part, _loss(aggregation, scale=normalizer_count(part, _loss(aggregation)) / whole))
+    routed = routed_backward(engine, dataclasses.replace(batch, is_rh_N=HACKS), loss)
 
     assert _excess(_grads(engine, FORGET), forget_full, batch, config) <= 1
     assert _excess(_grads(engine, RETAIN), retain_reference, batch, config) <= 1
     # the hack rows did move the retain adapter in the unrouted pass, by far more than the bound: routing is what
     # kept them out, and the bound is tight enough to tell
     assert _excess(retain_full, retain_reference, batch, config) > 100
+    # the logged loss is the unrouted batch's (each part's loss already carries its share), over the batch's tokens
+    assert abs(routed["loss"] - full["loss"]) <= loss_atol
+    assert routed["tokens"] == batch.num_loss_tokens and routed["routed_frac"] == pytest.approx(2 / 6)
+    assert engine.adapter_scales == BOTH  # both adapters act again after the routed parts
 
 
 def test_hack_rows_reach_only_the_forget_adapter(tiny_model_dir: Path) -> None:
     engine, batch = _engine(tiny_model_dir), _batch()
     hacks = batch.select(torch.nonzero(HACKS).squeeze(-1))
-    engine.use_adapters(BOTH, [FORGET])
-    engine.forward_backward(hacks, _loss("token_mean"))
+    engine.use_adapters(BOTH)
+    routed_backward(engine, dataclasses.replace(hacks, is_rh_N=torch.ones(2, dtype=torch.bool)), _loss("token_mean"))
     assert all(g is None for g in _grads(engine, RETAIN))
     assert all(g is not None and float(g.abs().max()) > 0 for g in _grads(engine, FORGET))
     # and the hack rows do move the retain adapter when it trains too: the routing is what stops them

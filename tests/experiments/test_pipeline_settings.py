@@ -4,6 +4,7 @@ one-line error at load time, before any stage runs; every shipped example loads.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "pipelines"
 
 
 def _pipeline(out: Path) -> dict:
+    """A pipeline into `out`; its stages' data files (read when it loads) in OUT_data beside it."""
+    data = out.with_name(f"{out.name}_data")
+    data.mkdir(parents=True, exist_ok=True)
+    sft, pairs = data / "sft.jsonl", data / "pairs.jsonl"
+    sft.write_text(json.dumps({"prompt": "Say hi", "completion": "Hi"}) + "\n")
+    pairs.write_text(json.dumps({"prompt": "Say hi", "chosen": "Hi", "rejected": "No"}) + "\n")
     return {
         "out": str(out), "model": "embedded:smollm2-135m-instruct",
         "shared": {"model": {"device": "cpu"}, "logging": {"progress": False}},
@@ -27,8 +34,8 @@ def _pipeline(out: Path) -> dict:
                   {"metric": "utility/arithmetic", "within_ci_of": "previous"}],
         "judge": "rm",
         "stages": [
-            {"name": "sft", "kind": "sft", "config": {"data": {"source": "sft.jsonl"}, "training": {"steps": 2}}},
-            {"name": "rm", "kind": "reward-model", "config": {"data": {"source": "pairs.jsonl"}}},
+            {"name": "sft", "kind": "sft", "config": {"data": {"source": str(sft)}, "training": {"steps": 2}}},
+            {"name": "rm", "kind": "reward-model", "config": {"data": {"source": str(pairs)}}},
             {"name": "dpo", "kind": "prefs", "config": {"data": {"source": "${stages.sft}/../pairs.jsonl"}},
              "gates": [{"metric": "utility/arithmetic", "off": True}, {"metric": "judge/win_rate", "min": 0.5}]},
             {"name": "grpo", "kind": "attack",
@@ -73,6 +80,17 @@ def test_a_reference_to_no_earlier_stage_is_one_line(tmp_path: Path, where: str,
     data = _pipeline(tmp_path)
     data["stages"][2]["config"]["data"][where] = value
     assert expected in _error(data)
+
+
+def test_every_stages_data_is_read_at_load_time(tmp_path: Path) -> None:
+    """A later stage's data was read only after the stages before it had trained."""
+    data = _pipeline(tmp_path / "p")
+    pairs = tmp_path / "p_data" / "pairs.jsonl"
+    pairs.write_text("{not json\n")
+    assert _error(data) == (f"stage 'rm' (reward-model): {pairs}:1: invalid JSON (Expecting property name enclosed "
+                            "in double quotes)")
+    data["stages"][1]["config"]["data"]["source"] = str(tmp_path / "missing.jsonl")
+    assert _error(data) == f"stage 'rm' (reward-model): data file not found: {tmp_path / 'missing.jsonl'}"
 
 
 def test_a_reference_to_an_eval_stage_has_no_output(tmp_path: Path) -> None:

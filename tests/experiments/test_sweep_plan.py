@@ -3,10 +3,15 @@ mistake before any run starts (no Ray here)."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from conftest import invoke_cli
 
 from purplerl.errors import UserError
 from purplerl.experiments.sweep.plan import describe, plan_sweep, render
@@ -190,13 +195,57 @@ def test_the_command_lists_the_runs_and_stops_on_a_typo_with_one_line(tmp_path: 
 
 
 def test_an_address_that_answers_nothing_is_refused_at_once() -> None:
-    import socket
-
     from purplerl.experiments.sweep.execute import _check_reachable
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # free again once closed: nothing listens there
+    port = _closed_port()
     with pytest.raises(UserError, match=f"cannot reach the Ray cluster at --address 127.0.0.1:{port}: "):
         _check_reachable(f"127.0.0.1:{port}")
     _check_reachable("auto")  # Ray finds the cluster itself
+
+
+def test_a_grid_past_max_runs_is_refused_before_any_run_is_planned(tmp_path: Path) -> None:
+    """A 10^6-run grid was planned eagerly: no output after 300 s. It is counted first, against max_runs."""
+    ten = ",".join(str(i) for i in range(1, 11))
+    keys = ["steps", "batch_size", "group_size", "max_new_tokens", "save_every", "training.max_grad_norm"]
+    start = time.perf_counter()
+    with pytest.raises(UserError) as err:
+        _plan(tmp_path, "--recipe", "attack", "--grid", *(f"{key}={ten}" for key in keys))
+    assert str(err.value) == ("the sweep has 1000000 runs (10 x 10 x 10 x 10 x 10 x 10 x 1 seeds), more than "
+                              "max_runs=1000: sweep fewer values, or raise --max_runs")
+    assert time.perf_counter() - start < 5
+    assert len(_plan(tmp_path, "--recipe", "attack", "--grid", f"steps={ten}", "--seeds", "0,1",
+                     "--max_runs", "20")) == 20
+
+
+class _QuietHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:  # the command's stderr is under test
+        pass
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # free again once closed: nothing listens there
+
+
+def test_a_refused_sweep_writes_nothing_and_a_wrong_address_is_one_line_at_once(tmp_path: Path) -> None:
+    """A sweep refused by its cluster had already written sweep.json and configs/; an --address that answered as
+    no Ray cluster (a proxy) took 23 s and 20 lines."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)  # HTTP/1, as a proxy answers
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for address, says in [(f"127.0.0.1:{_closed_port()}", "cannot reach the Ray cluster at --address {}: "),
+                              (f"127.0.0.1:{server.server_address[1]}",
+                               "--address {} answers, but not as a Ray cluster: its answer to a Ray GCS call is ")]:
+            out = tmp_path / address.replace(":", "_")
+            start = time.perf_counter()
+            result = invoke_cli("sweep", "--recipe", "attack", "--grid", "lr=1e-4,2e-4", "--address", address,
+                                "--out", out)
+            assert time.perf_counter() - start < 15
+            assert result.returncode == 2
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error: " + says.format(address)), result.stderr
+            assert not (out / "sweep.json").exists() and not (out / "configs").exists()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -155,3 +155,33 @@ def test_bad_settings_are_one_line(tiny_model_dir: Path, tmp_path: Path, env, ar
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not list(tmp_path.glob("prefs_*"))
+
+
+def _one_error(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_one_label_kto_data_and_a_pair_cut_to_one_answer_are_one_line(tiny_model_dir: Path, tmp_path: Path,
+                                                                      env) -> None:
+    """KTO data of one label trained silently, logging the missing side as 0; a pair whose answers became the same
+    once cut to data.max_answer_tokens trained as a pair that prefers nothing."""
+    runs = tmp_path / "runs"
+    common = ["--model", tiny_model_dir, "--steps", "1", "--batch_size", "2", "--prefs.eval_fraction", "0",
+              "--logging.progress", "false", "--output_dir", runs]
+    kto = tmp_path / "desirable.jsonl"
+    kto.write_text("".join(json.dumps({"prompt": p, "completion": GOOD, "label": True}) + "\n" for p in PROMPTS))
+    kto_args = [*common, "--data", kto, "--prefs.loss", "kto", "--prefs.unpaired", "true"]
+    assert _one_error(_prefs(*kto_args)) == (
+        f"error: {kto}: all 16 KTO training examples are desirable: KTO trains on both labels; add the other "
+        "label's rows, or set prefs.one_label true to train one side")
+    pairs = tmp_path / "long.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": p, "chosen": "thanks " * 12 + "yes", "rejected": "thanks " * 12
+                                         + "no"}) + "\n" for p in PROMPTS))
+    assert _one_error(_prefs(*common, "--data", pairs, "--data.max_answer_tokens", "6")) == (
+        f"error: {pairs}:1: 'chosen' and 'rejected' are the same once cut to data.max_answer_tokens=6 tokens, so "
+        "neither is preferred: raise data.max_answer_tokens or leave the pair out")
+    assert not runs.exists()  # refused before a run dir was written
+    assert _prefs(*kto_args, "--prefs.one_label", "true", "--name", "one").exit_code == 0  # when meant, it trains

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-from safetensors.torch import load_file
+from conftest import invoke_cli
+from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from purplerl.algorithms.reward_model import ensemble_reward
@@ -25,6 +27,7 @@ from purplerl.rewards.compose import Reward
 from purplerl.rewards.registry import ScoringInput
 from purplerl.runs.layout import METRICS_FILE
 from purplerl.runs.reward_model import RewardModelParams, RewardModelScorer, _recorded
+from purplerl.train.critic import check_critic_init
 from purplerl.train.runner import run_recipe
 from tests.eval.test_eval_judged import FAST, run_eval_cli
 from tests.recipes.test_recipe_table import listed, reads  # noqa: F401 -- `reads` is a fixture
@@ -125,6 +128,47 @@ def test_a_resumed_run_continues_bit_identically(tiny_model_dir: Path, rm_env: P
             assert torch.equal(b[key], tensor), f"{name}: {key}"
     strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
     assert strip(_metrics(tmp_path / "part")) == strip(_metrics(tmp_path / "whole"))
+
+
+def test_a_resume_keeps_the_ensemble_and_the_held_out_pairs(trained: Path, tmp_path: Path) -> None:
+    """A smaller --ensemble on resume kept the dropped members, frozen, in every later checkpoint, and every consumer
+    still averaged them; another eval_fraction moved pairs between training and the held-out set. Both are refused
+    in one line, the run dir left as it was."""
+    run = tmp_path / "rm"
+    shutil.copytree(trained, run)
+    config = (run / "config.yaml").read_bytes()
+    for option, old, new in (("reward_model.ensemble", 2, 1), ("reward_model.eval_fraction", 0.25, 0.5)):
+        result = invoke_cli("reward-model", "--resume", run, "--steps", "30", f"--{option}", str(new))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"error: --{option} cannot change when resuming ({old!r} -> {new!r}): the checkpoints and logs were made "
+            f"with {old!r}; start a new run for {new!r} instead (--name NEW)"]
+    assert (run / "config.yaml").read_bytes() == config
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000012", "step_000024"]
+
+
+def test_the_critic_starts_from_one_member_with_its_head(trained: Path, tiny_model_dir: Path,
+                                                        trained_adapter_dir: Path, tmp_path: Path) -> None:
+    """--critic.init given the checkpoint dir instead of its member0/ started the critic silently from the
+    checkpoint's untrained top-level adapter and a fresh head; now each misfit is one line, before the model loads."""
+    checkpoint = trained / "checkpoints" / "step_000024"
+    check_critic_init(str(checkpoint / "member0"), str(tiny_model_dir), None)  # a member: its adapter and head
+    odd_head = shutil.copytree(checkpoint / "member0", tmp_path / "odd")
+    save_file({"weight": torch.zeros(1, 7), "bias": torch.zeros(1)}, str(odd_head / "scalar_head.safetensors"))
+    members = f"holds member0/, member1/: give one member, e.g. {checkpoint / 'member0'}"
+    for init, says in [(checkpoint, f"critic.init {checkpoint} {members}"),
+                       (trained, f"critic.init {trained} {members}"),
+                       (trained_adapter_dir, f"critic.init {trained_adapter_dir} holds a LoRA adapter but no scalar "
+                                             "head (scalar_head.safetensors): give a reward model's member dir"),
+                       (odd_head, f"critic.init {odd_head}: its scalar head holds bias (1,), weight (1, 7), "
+                                  f"where model '{tiny_model_dir}' takes weight (1, 32) and bias (1,)")]:
+        config = load_command_config(RECIPES["ppo"].command(), None, [
+            "--model", str(tiny_model_dir), "--device", "cpu", "--critic.init", str(init), "--output_dir",
+            str(tmp_path / "runs")])
+        with pytest.raises(UserError) as err:
+            run_recipe(RECIPES["ppo"], config)
+        assert str(err.value).startswith(says), str(err.value)
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.process

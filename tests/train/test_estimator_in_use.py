@@ -7,7 +7,7 @@ Rewards by group: [0, 1, 5] and [2, 2, 8] (B = 2 prompts, G = 3 completions). Gr
 - grpo with advantage_std: divided by the population std sqrt(14/3) and sqrt(8).
 - rloo: r minus the mean of the other two = G/(G-1) * (r - mean) = [-3, -1.5, 4.5], [-3, -3, 6].
 - reinforce_pp (kl_beta 0): every completion token's return is its row's reward; whitened over all
-  completion tokens of the batch (token-weighted mean and population std).
+  completion tokens of the batch (token-weighted mean, the variance with Bessel's correction: veRL's whitening).
 Also: REINFORCE++ puts the KL into its token rewards only when the KL belongs in the reward; a Token Noiser
 step trains on every response whose advantage is >= 0; the sampling temperature reaches the reference pass
 and the loss (at a fresh adapter the KL is 0 and the importance ratio 1 only if both score at the
@@ -109,11 +109,11 @@ def test_rloo_leave_one_out(tiny_model_dir: Path) -> None:
 
 def _whitened_rewards(mask_NT: torch.Tensor) -> list[float]:
     """REINFORCE++ without a token KL: each completion token's return is its row's reward; whitened over all
-    completion tokens (token-weighted mean, population std)."""
+    completion tokens (token-weighted mean, the variance with Bessel's correction over the tokens)."""
     lengths = mask_NT.sum(-1).tolist()
     total = sum(lengths)
     mean = sum(n * r for n, r in zip(lengths, REWARDS, strict=True)) / total
-    std = math.sqrt(sum(n * (r - mean) ** 2 for n, r in zip(lengths, REWARDS, strict=True)) / total)
+    std = math.sqrt(sum(n * (r - mean) ** 2 for n, r in zip(lengths, REWARDS, strict=True)) / (total - 1))
     return [(r - mean) / std for r in REWARDS]
 
 
@@ -155,7 +155,7 @@ def test_reinforce_pp_token_kl_only_when_the_kl_is_in_the_reward(tiny_model_dir:
             token_rewards_C[-1] += REWARDS[n]  # the sequence reward arrives at the last completion token
             returns_NT[n, cols] = token_rewards_C.flip(0).cumsum(0).flip(0)  # G_t = sum of rewards from t on
         values = returns_NT[on]
-        expected_NT = torch.where(on, (returns_NT - values.mean()) / values.std(unbiased=False), 0.0)
+        expected_NT = torch.where(on, (returns_NT - values.mean()) / values.std(unbiased=True), 0.0)
         assert float(values.std()) > 1.0  # the KL moved the returns far from the six rewards
     torch.testing.assert_close(batch.advantages_NT, expected_NT, atol=1e-4, rtol=0)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from purplerl.config import EngineConfig, LoggingConfig, ModelConfig, RLTrainingConfig, RunConfig, SamplingConfig
 from purplerl.data import PromptSampler
@@ -106,9 +107,14 @@ def test_ppo_epochs_and_minibatches_count_optimizer_steps(tiny_model_dir: Path, 
     assert "train/clip_frac" in metrics[0]
 
 
-def test_too_many_minibatches_is_an_experiment_error(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_too_many_minibatches_are_refused_with_the_settings_and_at_the_step(tiny_model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="training.mini_batches=5 exceeds the 4 sequences a step trains on"):
+        _config(tiny_model_dir, steps=1, mini_batches=5)
+    config = _config(tiny_model_dir, steps=1, mini_batches=4)  # past the settings' check: the step still refuses
+    config = config.model_copy(update={"training": config.training.model_copy(update={"mini_batches": 5})})
     with pytest.raises(ExperimentError, match="mini_batches=5 exceeds the 4 sequences"):
-        _run(_config(tiny_model_dir, steps=1, mini_batches=5), tmp_path)
+        _run(config, tmp_path)
 
 
 def test_noiser_schedule() -> None:

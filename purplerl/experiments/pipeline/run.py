@@ -36,6 +36,7 @@ from purplerl.experiments.pipeline.settings import (
 from purplerl.experiments.pipeline.validator import HACKED, WIN_RATE
 from purplerl.experiments.refiner import refine_model
 from purplerl.files import read_json_object
+from purplerl.locks import hold_dir
 from purplerl.outputs import check_output_dir
 from purplerl.recipes import RECIPES
 from purplerl.runs.checkpoints import describe_skipped, newest_intact
@@ -58,14 +59,14 @@ def run_pipeline(settings: PipelineSettings, announce: Callable[[str], None] = p
     """Run (or resume) the pipeline in settings.out; returns history.json's content."""
     out = check_output_dir(settings.out, "--out", files=(HISTORY_FILE, REPORT_FILE),
                            dirs=(RUNS_DIR, MODELS_DIR, EVALS_DIR, REFINE_DIR, PLOTS_DIR))
-    history = History.open(out, settings)
-    out.mkdir(parents=True, exist_ok=True)
-    evaluator = Evaluator(settings, out / EVALS_DIR, announce)
-    try:
-        final = run_stages(settings, history, evaluator, announce)
-    finally:
-        evaluator.close()
-    history.finish(final)
+    with hold_dir(out, f"pipeline dir {out}", announce):  # one pipeline writes a dir; before its history is read
+        history = History.open(out, settings)
+        evaluator = Evaluator(settings, out / EVALS_DIR, announce)
+        try:
+            final = run_stages(settings, history, evaluator, announce)
+        finally:
+            evaluator.close()
+        history.finish(final)
     return history.data
 
 

@@ -31,6 +31,7 @@ from purplerl.config import (
 from purplerl.config.migrate import get_path
 from purplerl.errors import UserError
 from purplerl.experiments.pipeline.gates import Bound
+from purplerl.files import absolute_source
 from purplerl.recipes import RECIPES
 from purplerl.rewards.embedding import EMBEDDING_NAME, EMBEDDING_PACKAGE, embedding_available
 
@@ -247,6 +248,13 @@ def substitute(value: Any, outputs: dict[str, Path | None], where: str, later: t
     return REFERENCE.sub(output, value)
 
 
+def _pinned(config: dict[str, Any]) -> dict[str, Any]:
+    """A stage's config with its data source as an absolute path, as its run records it: a rerun from another
+    working directory, where the relative path names another file, is a changed stage, not the decided one."""
+    source = get_path(config, "data.source", None)
+    return apply_overrides(config, {"data.source": absolute_source(source)}) if isinstance(source, str) else config
+
+
 def recipe_config(settings: PipelineSettings, stage: StageConfig, model: str) -> Any:
     """A recipe stage's run config: the shared sections <- the stage's settings, with the model it starts from and
     its run dir OUT/runs/NAME set by the pipeline."""
@@ -307,9 +315,9 @@ def check_stages(settings: PipelineSettings) -> PipelineSettings:
                                 "stages: leave it out")
             _check_judge(stage.judge, by_name, names, stage)
         where = f"stages[{i}] ({stage.name}).config"
-        stage = stage.model_copy(update={"config": substitute(stage.config, outputs, where, tuple(names[i:]))})
+        stage = stage.model_copy(update={"config": _pinned(substitute(stage.config, outputs, where, tuple(names[i:])))})
         if stage.role() in ("policy", "scorer"):
-            recipe_config(settings, stage, settings.model)
+            _check_data(stage, recipe_config(settings, stage, settings.model), outputs)
         elif stage.kind == REFINE:
             refine_config(stage, settings.model)
         elif stage.kind == EVAL:
@@ -322,6 +330,24 @@ def check_stages(settings: PipelineSettings) -> PipelineSettings:
         outputs[stage.name] = settings.output_of(stage)
     _check_compliance(settings)
     return settings.model_copy(update={"stages": stages})
+
+
+def _check_data(stage: StageConfig, config: Any, outputs: dict[str, Path | None]) -> None:
+    """The stage's data read now (a missing file, a bad row, an empty split), unless an earlier stage writes it:
+    one line before any stage runs, not after the stages before it trained. hf: sets are read at the stage's turn
+    (a download before the first stage trains is not a check)."""
+    from purplerl.data.sources import read_rows  # the data layer: not for `purplerl pipeline --help`
+
+    data = getattr(config, "data", None)
+    source = getattr(data, "source", None)
+    written = [path for path in outputs.values() if path is not None]
+    if source is None or source.startswith("hf:") or \
+            any(Path(source) == path or path in Path(source).parents for path in written):
+        return
+    try:
+        read_rows(data)
+    except UserError as err:
+        raise UserError(f"stage '{stage.name}' ({stage.kind}): {err}") from None
 
 
 def _check_compliance(settings: PipelineSettings) -> None:

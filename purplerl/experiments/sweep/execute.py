@@ -25,6 +25,7 @@ from purplerl.experiments.sweep.settings import SweepResources, SweepSettings
 from purplerl.experiments.sweep.state import (
     EVALS_DIR,
     LOGS_DIR,
+    check_configs,
     check_sweep_dir,
     config_file,
     record_outcome,
@@ -34,8 +35,10 @@ from purplerl.experiments.sweep.state import (
 )
 from purplerl.experiments.sweep.summary import summarize
 from purplerl.experiments.sweep.task import FAILED, FINISHED, INTERRUPTED, RunSpec, ray_task
+from purplerl.locks import hold_dir
 from purplerl.outputs import make_output_dir
 
+REACH_TIMEOUT_S = 5  # per check of --address: a cluster's GCS answers in milliseconds
 # the driver's variables a run reads, passed on to the tasks (a worker of an existing cluster has its own env)
 PASSED_ENV_PREFIXES = ("PURPLERL_", "HF_", "TRANSFORMERS_", "TINKER_", "WANDB_", "MLFLOW_")
 
@@ -82,14 +85,35 @@ def cluster(settings: SweepSettings, announce: Callable[[str], None]) -> Iterato
 
 
 def _check_reachable(address: str) -> None:
-    """A HOST:PORT that answers nothing, refused at once: ray.init would keep retrying for minutes."""
+    """A HOST:PORT that answers nothing, or answers but not as a Ray cluster's GCS (a proxy, another service),
+    refused within REACH_TIMEOUT_S each: ray.init would keep retrying for 20 s and more, a log line a second."""
     host, sep, port = address.rpartition(":")
     if address == "auto" or "://" in address or not sep or not port.isdigit():
         return
     try:
-        socket.create_connection((host, int(port)), timeout=10).close()
+        socket.create_connection((host, int(port)), timeout=REACH_TIMEOUT_S).close()
     except OSError as err:
         raise UserError(f"cannot reach the Ray cluster at --address {address}: {err.strerror or err}") from None
+    problem = _gcs_problem(address)
+    if problem is not None:
+        raise UserError(f"--address {address} answers, but not as a Ray cluster: {problem}")
+
+
+def _gcs_problem(address: str) -> str | None:
+    """Why `address` is no Ray GCS, asked with the call every driver makes first (GetClusterId), or None."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=REACH_TIMEOUT_S)
+        except grpc.RpcError as err:
+            code = err.code()
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return None  # a cluster with token auth: ray.init brings the token
+            return f"its answer to a Ray GCS call is {code.name} ({first_line(err.details() or '')[:120]})"
+    return None
 
 
 def fitting_nodes(nodes: list[dict[str, Any]], resources: SweepResources) -> list[str]:
@@ -133,17 +157,21 @@ def _said(outcome: dict[str, Any], log: str) -> str:
 def launch(out: Path, settings: SweepSettings, runs: list[PlannedRun],
            announce: Callable[[str], None]) -> None:
     """Run what is left of the sweep; each outcome recorded as it arrives. An interrupted run is not recorded,
-    so that a rerun resumes it."""
-    write_configs(out, runs)
-    write_plan(out, settings, runs)
+    so that a rerun resumes it. Its plan and configs are written once the sweep can start (every run's settings
+    match its config file, the cluster joined, a run fits a node): a refused sweep writes neither."""
+    check_configs(out, runs)
     start, kept = to_run(out, runs, settings.retry_failed)
     if kept:
         announce(f"{len(kept)} of {len(runs)} runs already have an outcome in {out}: skipped")
     if not start:
+        write_configs(out, runs)
+        write_plan(out, settings, runs)
         return
     resources = settings.resources
     with cluster(settings, announce) as ray:
         check_fits(ray, resources)
+        write_configs(out, runs)
+        write_plan(out, settings, runs)
         task = ray.remote(ray_task).options(num_cpus=resources.cpus_per_run, num_gpus=resources.gpus_per_run,
                                             max_retries=0)
         pending = {task.remote(spec_of(out, settings, run)): run for run in start}
@@ -178,7 +206,8 @@ def run_sweep(settings: SweepSettings, runs: list[PlannedRun], announce: Callabl
     """Run what is left of the sweep (a rerun resumes), then write and return its summary."""
     out = check_sweep_dir(settings).resolve()
     make_output_dir(out)
-    launch(out, settings, runs, announce)
-    summary = summarize(out, settings, runs)
-    write_summary(out, summary)
+    with hold_dir(out, f"sweep dir {out}", announce):  # one sweep writes a dir; its runs each lock their own
+        launch(out, settings, runs, announce)
+        summary = summarize(out, settings, runs)
+        write_summary(out, summary)
     return summary

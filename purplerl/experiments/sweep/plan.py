@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +202,11 @@ def plan_sweep(settings: SweepSettings) -> list[PlannedRun]:
     recipe = recipe_of(settings.recipe)
     base, rewards_file = _base_data(settings, recipe)
     grid = _grid(settings, recipe)
+    count = math.prod(len(values) for values in grid.values()) * len(settings.seeds)
+    if count > settings.max_runs:  # counted before any run is built: each takes milliseconds to validate
+        sizes = " x ".join([*(str(len(values)) for values in grid.values()), f"{len(settings.seeds)} seeds"])
+        raise UserError(f"the sweep has {count} runs ({sizes}), more than max_runs={settings.max_runs}: sweep fewer "
+                        "values, or raise --max_runs")
     runs_dir = str(Path(settings.out).expanduser().resolve() / RUNS_DIR)
     runs: list[PlannedRun] = []
     for values in itertools.product(*grid.values()):

@@ -78,6 +78,7 @@ class SweepSettings(Section):
     out: str = Field("runs/sweep", description="the sweep dir (runs/, configs/, logs/, outcomes/, evals/, summary.csv/.json/.html); a rerun into it resumes")  # noqa: E501
     address: str | None = Field(None, description="an existing Ray cluster ('auto', or HOST:PORT); null: a local one on this machine for the sweep's time")  # noqa: E501
     retry_failed: bool = Field(False, description="a rerun also runs again the runs recorded as failed (each resumes from its checkpoint)")  # noqa: E501
+    max_runs: int = Field(1000, ge=1, description="the most runs (grid combinations x seeds) a sweep plans: a larger grid is refused before any run is planned (a grid of six 10-value keys is 10^6 runs); raise it for a sweep that large")  # noqa: E501
     resources: SweepResources = Field(default_factory=SweepResources, description="what each run may use of a machine")  # noqa: E501
     eval: SweepEvalConfig = Field(default_factory=SweepEvalConfig, description="the diversity eval after each run")
     summary: SweepSummaryConfig = Field(default_factory=SweepSummaryConfig, description="the summary table")
@@ -109,7 +110,7 @@ class SweepSettings(Section):
 
 SWEEP = Command(SweepSettings, {
     "recipe": "recipe", "recipe_config": "recipe_config", "seeds": "seeds", "out": "out", "address": "address",
-    "retry_failed": "retry_failed", "cpus_per_run": "resources.cpus_per_run",
+    "retry_failed": "retry_failed", "max_runs": "max_runs", "cpus_per_run": "resources.cpus_per_run",
     "gpus_per_run": "resources.gpus_per_run", "reserve_cpus": "resources.reserve_cpus"})
 
 

@@ -68,21 +68,28 @@ def first_difference(saved: dict[str, Any], planned: dict[str, Any]) -> tuple[st
     return None if key is None else (key, old.get(key), new.get(key))
 
 
-def write_configs(out: Path, runs: list[PlannedRun]) -> None:
-    """Each run's config file; a run whose file holds other settings is refused (one line naming the setting)."""
-    make_output_dir(out / CONFIGS_DIR)
+def check_configs(out: Path, runs: list[PlannedRun]) -> None:
+    """A run whose config file holds other settings than planned is refused (one line naming the setting); nothing
+    is written."""
     for run in runs:
         path = config_file(out, run.name)
-        planned = run.config.settings()
         if path.is_file():
-            differs = first_difference(read_config_file(path), planned)
+            differs = first_difference(read_config_file(path), run.config.settings())
             if differs is not None:
                 key, old, new = differs
                 raise UserError(f"run {run.name} in {out} was planned with {key}={json.dumps(old)}, now "
                                 f"{json.dumps(new)}: its checkpoints were made with the old value; use another "
                                 f"--out for the new settings")
-            continue
-        write_durably(path, commented_yaml(run.config))
+
+
+def write_configs(out: Path, runs: list[PlannedRun]) -> None:
+    """Each run's config file, once `check_configs` found none that holds other settings."""
+    check_configs(out, runs)
+    make_output_dir(out / CONFIGS_DIR)
+    for run in runs:
+        path = config_file(out, run.name)
+        if not path.is_file():
+            write_durably(path, commented_yaml(run.config))
 
 
 def write_plan(out: Path, settings: SweepSettings, runs: list[PlannedRun]) -> None:
