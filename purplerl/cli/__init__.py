@@ -96,6 +96,7 @@ def _check_run_paths(recipe: Any, cfg: Any, resume: Path | None) -> None:
     from purplerl.runs.policy import ROUTED_ONE_ADAPTER, routed_checkpoint
 
     check_quantize(cfg.model, cfg.engine)
+    recipe.check_engine(cfg)
     note = check_init_adapter(cfg.model, cfg.engine)
     if cfg.model.init_adapter is not None and routed_checkpoint(cfg.model.init_adapter):
         note = "\n".join(line for line in (note, ROUTED_ONE_ADAPTER.format(cfg.model.init_adapter)) if line)

@@ -1,20 +1,39 @@
-"""Engines: where tokens are sampled and gradients computed. This factory is the only place (with the
-CLI) that knows concrete engine names."""
+"""Engines: where tokens are sampled and gradients computed. This factory and its table of capabilities are the
+only place (with the CLI) that knows concrete engine names."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from purplerl.config import EngineConfig, ModelConfig
-from purplerl.engines.base import Engine, EngineSettings
-from purplerl.engines.distributed import SINGLE, World
+from purplerl.engines.capabilities import capabilities, check_capabilities
 from purplerl.errors import UserError
 
+if TYPE_CHECKING:
+    from purplerl.engines.base import AdapterMixing, Engine, EngineSettings, ScalarHeads
+    from purplerl.engines.distributed import World
+
 ENGINES = ("local", "vllm", "tinker")
+_TORCH_NAMES = ("AdapterMixing", "Engine", "EngineSettings", "ScalarHeads")  # engines.base: imported when used
+
+
+def __getattr__(name: str) -> Any:
+    """The protocol and settings of engines.base, which imports torch: `purplerl.engines.capabilities`, read by
+    the recipe table and --help, does not."""
+    if name in _TORCH_NAMES:
+        from purplerl.engines import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'purplerl.engines' has no attribute {name!r}")
 
 
 def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", seed: int = 0,
-                settings: EngineSettings | None = None, world: World = SINGLE) -> Engine:
+                settings: EngineSettings | None = None, world: World | None = None) -> Engine:
     """An engine of `engine.kind` (the section, or just its kind) holding `model` (its base and first adapter,
     "default"); over several processes (`world`, see engines.distributed), the local engine data-parallel."""
+    from purplerl.engines.distributed import SINGLE
+
+    world = SINGLE if world is None else world
     engine = EngineConfig(kind=engine) if isinstance(engine, str) else engine
     check_quantize(model, engine)
     kind = engine.kind
@@ -66,15 +85,5 @@ def check_quantize(model: ModelConfig, engine: EngineConfig) -> None:
     require_quantizable(model.quantize, model.device)
 
 
-def check_heads(model: ModelConfig, engine: EngineConfig, who: str) -> None:
-    """Refuse, before any model loads, an engine without scalar heads on named adapters (a critic, a reward model):
-    only the local engine has them, over a LoRA base (purplerl.engines.adapters). `who` names what needs one."""
-    if engine.kind != "local":
-        raise UserError(f"{who} needs a scalar head on a named adapter, which only engine.kind local has (not "
-                        f"{engine.kind})")
-    if model.finetune != "lora":
-        raise UserError(f"{who} needs a LoRA adapter with a scalar head beside the policy's over the frozen base: "
-                        "use model.finetune lora")
-
-
-__all__ = ["ENGINES", "Engine", "EngineSettings", "check_heads", "check_init_adapter", "check_quantize", "make_engine"]
+__all__ = ["ENGINES", "AdapterMixing", "Engine", "EngineSettings", "ScalarHeads", "capabilities",
+           "check_capabilities", "check_init_adapter", "check_quantize", "make_engine"]

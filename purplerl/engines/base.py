@@ -1,7 +1,12 @@
 """The engine seam: training primitives in the shape of the Tinker API, not a trainer.
 
-The RL loop only talks to this protocol, so every recipe runs on every engine. Per-token tensors are
-aligned to targets (see purplerl.types).
+`Engine` is the core every engine has: sample, score, train an adapter, switch adapters, save and load. What only
+some engines can do is a capability, its own protocol: `ScalarHeads` (adapters with a scalar head: reward models,
+critics) and `AdapterMixing` (several adapters acting together, or one of another rank: gradient routing). The
+table of which engine has which is `engines.capabilities`; a recipe declares what it needs (`Recipe.needs`) and
+the runner refuses a run whose engine lacks it once, in one line, before anything loads. So an engine implements
+the capabilities it has and carries no refusal for those it lacks. Per-token tensors are aligned to targets (see
+purplerl.types).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch
 
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.engines.distributed import World
-from purplerl.errors import ExperimentError, UserError
+from purplerl.errors import ExperimentError
 from purplerl.types import AdamParams, Completion, SamplingParams, TrainBatch
 
 
@@ -36,18 +41,6 @@ def check_prompts(prompt_tokens: list[list[int]], n: int) -> None:
         raise ExperimentError(f"sample() got {len(prompt_tokens)} prompts x n={n}: nothing to sample")
     if any(len(p) == 0 for p in prompt_tokens):
         raise ExperimentError("sample() got an empty prompt")
-
-
-def refuse_heads(kind: str) -> UserError:
-    """What an engine without scalar heads raises when asked for one."""
-    return UserError(f"the {kind} engine has no scalar heads (reward models, critics): train and score them with "
-                     "--engine local")
-
-
-def refuse_mixing(kind: str) -> UserError:
-    """What an engine that runs one adapter at a time raises when asked to mix several (or to size one)."""
-    return UserError(f"the {kind} engine runs one adapter of model.lora_rank at a time: adapters acting together "
-                     "or of another rank (gradient routing) need --engine local")
 
 
 def check_batch(batch: TrainBatch, loss: Loss | None = None) -> None:
@@ -87,11 +80,6 @@ class Engine(Protocol):
         positions where targets_NT is 1 are computed (default: every token after the first); the rest are 0."""
         ...
 
-    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
-        """Values [N, T] of the active adapter's scalar head at every position, 0 on padding (a reward model reads
-        each sequence's last real token). Only the local engine has scalar heads; others refuse (`refuse_heads`)."""
-        ...
-
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         """Compute a registered loss on the batch and accumulate its gradients into the active adapter."""
         ...
@@ -112,28 +100,12 @@ class Engine(Protocol):
     @property
     def active_adapter(self) -> str: ...
 
-    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False,
-                       rank: int | None = None) -> None:
-        """Add an adapter: fresh (of the model config's LoRA rank, or `rank`), or loaded from a PEFT dir; with
-        `head`, a scalar head Linear(hidden_size, 1) on the final hidden state too (the PEFT dir's, when it saved
-        one): a reward-model member or a critic. An engine that cannot give it another rank refuses `rank`."""
+    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
+        """Add an adapter: fresh (of the model config's LoRA rank) or loaded from a PEFT dir."""
         ...
 
     def use_adapter(self, name: str) -> None:
         """Select the adapter that samples, scores and trains."""
-        ...
-
-    def use_adapters(self, scales: dict[str, float], trained: list[str] | tuple[str, ...] | None = None) -> None:
-        """Make several adapters act together on the frozen base: base + sum of scale x LoRA update (scale 0
-        leaves an adapter out, exactly as if absent). They sample and score as one model; `forward_backward`
-        accumulates gradients into those in `trained` only (default: every acting adapter), and `optim_step`
-        steps every acting adapter with one clip of their joint gradient norm (gradient routing's retain +
-        forget). Only the local engine mixes adapters; others refuse (`refuse_mixing`)."""
-        ...
-
-    @property
-    def adapter_scales(self) -> dict[str, float]:
-        """The acting adapters and their scales ({active_adapter: 1.0} when one adapter acts)."""
         ...
 
     def save(self, path: Path) -> None:
@@ -148,4 +120,40 @@ class Engine(Protocol):
         """Release what the engine holds outside this process's memory (vLLM's engine process) now: left to garbage
         collection or the interpreter's exit, vLLM's is killed mid-teardown. Twice is harmless; the engine is not
         used after."""
+        ...
+
+
+class ScalarHeads(Engine, Protocol):
+    """An engine whose adapters may carry a scalar head Linear(hidden_size, 1) on the final hidden state: a
+    reward-model member or a critic (engines.capabilities: scalar_heads)."""
+
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
+        """`Engine.create_adapter`; with `head`, a scalar head too (the PEFT dir's, when it saved one)."""
+        ...
+
+    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
+        """Values [N, T] of the active adapter's scalar head at every position, 0 on padding (a reward model reads
+        each sequence's last real token)."""
+        ...
+
+
+class AdapterMixing(Engine, Protocol):
+    """An engine whose adapters may act together, or be of another rank than the model config's: gradient
+    routing's retain and forget adapters (engines.capabilities: adapter_mixing)."""
+
+    def create_adapter(self, name: str, init: str | Path | None = None, rank: int | None = None) -> None:
+        """`Engine.create_adapter`, fresh of rank `rank` (None: the model config's)."""
+        ...
+
+    def use_adapters(self, scales: dict[str, float], trained: list[str] | tuple[str, ...] | None = None) -> None:
+        """Make several adapters act together on the frozen base: base + sum of scale x LoRA update (scale 0
+        leaves an adapter out, exactly as if absent). They sample and score as one model; `forward_backward`
+        accumulates gradients into those in `trained` only (default: every acting adapter), and `optim_step`
+        steps every acting adapter with one clip of their joint gradient norm (gradient routing's retain +
+        forget)."""
+        ...
+
+    @property
+    def adapter_scales(self) -> dict[str, float]:
+        """The acting adapters and their scales ({active_adapter: 1.0} when one adapter acts)."""
         ...

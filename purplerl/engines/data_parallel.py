@@ -64,7 +64,9 @@ class DataParallelEngine:
         return self.inner.sample_metrics  # this rank's sampler's report
 
     def __getattr__(self, name: str) -> Any:  # adapters, active_adapter, device, cfg, ...: the local engine's
-        if name == "inner":  # not set yet: no recursion through __getattr__
+        # not set yet (no recursion through __getattr__), or adapter mixing, which data parallel has not
+        # (engines.capabilities: each rank's rows of each label differ in number, one weight per call does not follow)
+        if name == "inner" or name in ("use_adapters", "adapter_scales"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -80,9 +82,8 @@ class DataParallelEngine:
                         p.copy_(m)
         self.inner.use_adapter(active)
 
-    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False,
-                       rank: int | None = None) -> None:
-        self.inner.create_adapter(name, init, head=head, rank=rank)
+    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False) -> None:
+        self.inner.create_adapter(name, init, head=head)
         self._broadcast_weights()
 
     def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
@@ -130,10 +131,6 @@ class DataParallelEngine:
 
     def use_adapter(self, name: str) -> None:
         self.inner.use_adapter(name)
-
-    def use_adapters(self, scales: dict[str, float], trained: list[str] | tuple[str, ...] | None = None) -> None:
-        # each rank's rows of each label differ in number, which `_global`'s one weight per call does not follow
-        raise UserError("adapters acting together (gradient routing) run in one process: set engine.procs 1")
 
     def save(self, path: Path) -> None:
         """A collective: every rank calls it with the same path; rank 0 writes the checkpoint and every rank's

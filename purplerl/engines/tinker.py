@@ -44,7 +44,7 @@ import torch
 from purplerl.algorithms.losses import aggregate_loss
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import EngineConfig, ModelConfig
-from purplerl.engines.base import check_batch, check_prompts, refuse_heads, refuse_mixing
+from purplerl.engines.base import check_batch, check_prompts
 from purplerl.engines.distributed import SINGLE, World
 from purplerl.engines.loading import load_tokenizer, stop_token_ids
 from purplerl.engines.tinker_data import (
@@ -146,12 +146,7 @@ class TinkerEngine:
     def active_adapter(self) -> str:
         return self._active
 
-    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False,
-                       rank: int | None = None) -> None:
-        if head:
-            raise refuse_heads("tinker")
-        if rank is not None:
-            raise refuse_mixing("tinker")
+    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
         if init is not None:
             raise UserError("the tinker engine cannot load a local PEFT adapter into the service")
         if name in self._clients:
@@ -162,13 +157,6 @@ class TinkerEngine:
         if name not in self._clients:
             raise UserError(f"unknown adapter '{name}' (adapters: {', '.join(self._clients)})")
         self._active = name
-
-    def use_adapters(self, scales: dict[str, float], trained: list[str] | tuple[str, ...] | None = None) -> None:
-        raise refuse_mixing("tinker")  # each adapter is its own training client on the service
-
-    @property
-    def adapter_scales(self) -> dict[str, float]:
-        return {self._active: 1.0}
 
     @property
     def _client(self):
@@ -219,9 +207,6 @@ class TinkerEngine:
                           entropies_C=torch.full((len(tokens),), float("nan")),
                           text=self.tokenizer.decode(list(tokens), skip_special_tokens=True),
                           finish_reason="stop" if seq.stop_reason == "stop" else "length")
-
-    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
-        raise refuse_heads("tinker")
 
     def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
                  reference: bool = False, temperature: float = 1.0,
@@ -279,9 +264,10 @@ class TinkerEngine:
             raise ExperimentError(f"loss '{loss.name}' needs the full next-token logits, which the Tinker API "
                                   "does not return")
         if definition.consumes == "values":
-            raise refuse_heads("tinker")
-        if loss.scale != 1.0:  # the service's built-in losses take no factor
-            raise refuse_mixing("tinker")
+            raise ExperimentError(f"loss '{loss.name}' reads a scalar head's values, which the Tinker API has not")
+        if loss.scale != 1.0:
+            raise ExperimentError(f"loss '{loss.name}' scaled by {loss.scale}: the service's built-in losses take no "
+                                  "factor")
         refuse_temperature(loss.temperature, f"loss '{loss.name}'")
 
         def registered(lp_NT: torch.Tensor, inputs) -> tuple[torch.Tensor, dict[str, float]]:

@@ -46,7 +46,7 @@ import torch
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.algorithms.rollout_correction import logprob_mismatch, truncated_is_weights
 from purplerl.config import EngineConfig, ModelConfig
-from purplerl.engines.base import EngineSettings, check_prompts, refuse_heads, refuse_mixing
+from purplerl.engines.base import EngineSettings, check_prompts
 from purplerl.engines.distributed import SINGLE, World
 from purplerl.engines.loading import model_source, resolve_dtype
 from purplerl.engines.local_scoring import head_chunk_rows
@@ -212,9 +212,6 @@ class VLLMEngine:
     def forward_backward_custom(self, batch: TrainBatch, loss: CustomLoss) -> dict[str, float]:
         return self.trainer.forward_backward_custom(batch, loss)
 
-    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
-        raise refuse_heads("vllm")
-
     def optim_step(self, adam: AdamParams) -> dict[str, float]:
         self._stepped = True
         return self.trainer.optim_step(adam)
@@ -227,23 +224,11 @@ class VLLMEngine:
     def active_adapter(self) -> str:
         return self.trainer.active_adapter
 
-    def create_adapter(self, name: str, init: str | Path | None = None, head: bool = False,
-                       rank: int | None = None) -> None:
-        if head:
-            raise refuse_heads("vllm")
-        if rank is not None:  # vLLM's LoRA slots are sized for model.lora_rank
-            raise refuse_mixing("vllm")
+    def create_adapter(self, name: str, init: str | Path | None = None) -> None:
         self.trainer.create_adapter(name, init)
 
     def use_adapter(self, name: str) -> None:
         self.trainer.use_adapter(name)
-
-    def use_adapters(self, scales: dict[str, float], trained: list[str] | tuple[str, ...] | None = None) -> None:
-        raise refuse_mixing("vllm")  # vLLM samples with one LoRARequest
-
-    @property
-    def adapter_scales(self) -> dict[str, float]:
-        return {self.active_adapter: 1.0}
 
     def save(self, path: Path) -> None:
         self.trainer.save(path)

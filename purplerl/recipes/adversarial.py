@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from purplerl.config.base import Section, read_when
+from purplerl.engines.capabilities import ADAPTER_SWITCHING
 from purplerl.errors import UserError
 from purplerl.rewards.registry import READS, get_term, term_params
 from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, lazy, reward_section, rl_settings
@@ -111,6 +112,7 @@ ADVERSARIAL = Recipe(
           "attacker_group": "adversarial.attacker_group", "attacker_init": "adversarial.attacker_init"},
     fixed_on_resume=FIXED_ON_RESUME | {"adversarial.turns", "adversarial.attacker_group", "adversarial.judge",
                                        "adversarial.judge_params", "adversarial.attacker_init"},
+    needs=lambda config: frozenset({ADAPTER_SWITCHING}),  # attacker and defender on one base
 )
 
 __all__ = ["ADVERSARIAL", "AdversarialConfig", "AdversarialSettings"]

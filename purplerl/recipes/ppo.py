@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import Field
 
 from purplerl.config.base import Section
+from purplerl.engines.capabilities import SCALAR_HEADS
 from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Bind, Recipe, RunNamePart, reward_section, rl_settings
 from purplerl.train.stops import rl_stops
 
@@ -69,6 +70,7 @@ PPO = Recipe(
     flat={**RL_FLAT, "gamma": "training.gamma", "lam": "training.lam", "ppo_epochs": "training.ppo_epochs",
           "vf_coef": "critic.vf_coef", "cliprange_value": "critic.cliprange_value"},
     fixed_on_resume=FIXED_ON_RESUME | {"critic.init"},
+    needs=lambda config: frozenset({SCALAR_HEADS}),  # the critic
 )
 
 __all__ = ["PPO", "CriticConfig", "PPOSettings"]

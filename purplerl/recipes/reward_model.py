@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from purplerl.config import PreferenceDataConfig, Section
+from purplerl.engines.capabilities import SCALAR_HEADS
 from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, run_settings
 
 
@@ -43,6 +44,7 @@ REWARD_MODEL = Recipe(
     # the ensemble size fixes the experiment (each member's seed and data order, the mean every consumer takes);
     # the held-out share fixes which pairs train
     fixed_on_resume=FIXED_ON_RESUME | {"reward_model.ensemble", "reward_model.eval_fraction"},
+    needs=lambda config: frozenset({SCALAR_HEADS}),  # each member's reward head
 )
 
 __all__ = ["REWARD_MODEL", "RewardModelConfig", "RewardModelSettings"]

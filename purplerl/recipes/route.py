@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from purplerl.config.base import Section, read_when
+from purplerl.engines.capabilities import ADAPTER_MIXING
 from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Bind, Recipe, RunNamePart, lazy, reward_section, rl_settings
 from purplerl.train.stops import rl_stops
 
@@ -82,6 +83,7 @@ ROUTE = Recipe(
     flat={**RL_FLAT, "forget_rank": "route.forget_rank", "task_term": "route.task_term"},
     fixed_on_resume=FIXED_ON_RESUME | {"route.mode", "route.forget_rank"},
     engine_model=lazy("purplerl.train.routing:engine_model"),
+    needs=lambda config: frozenset({ADAPTER_MIXING} if config.route.mode == "route" else ()),
 )
 
 __all__ = ["ROUTE", "RouteConfig", "RouteSettings"]

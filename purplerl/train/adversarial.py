@@ -107,9 +107,6 @@ def attacker_beta(config: Any) -> float:
 def check_adversarial(config: Any) -> None:
     """What the recipe refuses in one line before anything loads."""
     a, t = config.adversarial, config.training
-    if config.engine.kind != "local":  # both learners switch adapters on one base model held in this process
-        raise UserError(f"adversarial runs on engine.kind local, not {config.engine.kind}: its attacker and defender "
-                        "are two adapters switched on one base model in this process")
     if config.engine.procs != 1:
         raise UserError(f"adversarial runs in one process, not engine.procs {config.engine.procs}: a round's "
                         "dialogues are not split across processes")

@@ -114,6 +114,16 @@ class Recipe:
     # (the longest sequence a run builds, the settings that bound it), checked against the model's context before
     # the model loads (train.context); None: the settings bound none
     longest_sequence: Callable[[Any], tuple[int, str] | None] = prompt_and_answer
+    # the engine capabilities (purplerl.engines.capabilities) a run of these settings needs beyond the core
+    # protocol, refused in one line before anything loads when its engine lacks one
+    needs: Callable[[Any], frozenset[str]] = lambda config: frozenset()
+
+    def check_engine(self, config: Any) -> None:
+        """Refuse, in one line and before anything loads, an engine without a capability this run needs."""
+        from purplerl.engines.capabilities import check_capabilities
+
+        model = self.engine_model(config) if self.engine_model is not None else config.model
+        check_capabilities(self.needs(config), model, config.engine, f"recipe {self.name}")
 
     def migrated(self, data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
         """`data` (a config file, overrides, or a run's saved config.yaml) with older names moved to today's."""

@@ -68,9 +68,6 @@ def reward_model_prepare(config: Any) -> Bind:
     d, rm, t = config.data, config.reward_model, config.training
     if not d.source:
         raise UserError("name the preference pairs: --data FILE (data.source)")
-    if config.model.finetune != "lora":
-        raise UserError("a reward model's members are LoRA adapters with scalar heads over one frozen base: "
-                        "use --model.finetune lora")
     loaded = load_pairs(d, skip_bad_rows=d.skip_bad_rows)
     if loaded.skipped:
         print(f"{loaded.where}: left out {len(loaded.skipped)} bad rows, the first: {loaded.skipped[0]}",

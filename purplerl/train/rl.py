@@ -13,7 +13,6 @@ import torch
 
 from purplerl.algorithms.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS, takes_values
 from purplerl.data import PromptSampler, load_prompts
-from purplerl.engines import check_heads
 from purplerl.engines.base import Engine
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
@@ -67,11 +66,9 @@ def check_ground_truths(config: Any, records: list[PromptRecord]) -> None:
 
 
 def check_critic(config: Any, values: ValuesFn | None) -> None:
-    """A recipe with a critic (a `values` hook) needs an estimator that takes its values, such an estimator a
-    critic, and a critic an engine with scalar heads: refused in one line before the engine loads."""
+    """A recipe with a critic (a `values` hook) needs an estimator that takes its values, and such an estimator a
+    critic: refused in one line before the engine loads (the critic's scalar head is the recipe's `needs`)."""
     advantage = config.training.advantage
-    if takes_values(advantage):
-        check_heads(config.model, config.engine, f"training.advantage '{advantage}' learns a critic: it")
     if takes_values(advantage) and values is None:
         raise UserError(f"training.advantage '{advantage}' needs a critic's values and this recipe trains none: "
                         f"choose an estimator without one ({', '.join(ADVANTAGE_ESTIMATORS)})")

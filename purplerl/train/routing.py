@@ -120,18 +120,14 @@ def routing_eval(engine: Engine, reward: RewardFn, records: list[PromptRecord], 
 
 
 def check_route(config: Any) -> None:
-    """What routing needs, refused in one line before any model loads: a detector and the task term in the reward,
-    and (to route) one process of the local engine."""
+    """What routing needs, refused in one line before any model loads: a detector and the task term in the reward
+    (the engine that mixes adapters is the recipe's `needs`)."""
     r, terms = config.route, config.reward.terms
     if not detectors(terms):
         raise UserError("route needs a reward-hacking detector in reward.terms (a named term with hack_at, e.g. "
                         "--reward sentence_length_5_with_happy): it decides which samples train the forget adapter")
     if r.task_term not in terms:
         raise UserError(f"route.task_term '{r.task_term}' is not in reward.terms ({', '.join(terms)})")
-    if r.mode == "route" and (config.engine.kind != "local" or config.engine.procs != 1):
-        raise UserError(f"route.mode route needs --engine local in one process (not {config.engine.kind} x "
-                        f"{config.engine.procs}): the adapters act together only there; route.mode baseline runs on "
-                        "any engine")
 
 
 def route_prepare(reward: Callable[[Any], RewardFn], stops: Callable[[Any], EarlyStop]) -> Prepare:

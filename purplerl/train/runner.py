@@ -149,6 +149,7 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
                 notify: Callable[[str], None] = _warn, evaluation: Evaluation | None = None) -> dict[str, Any]:
     """`_execute` under the run dir's lock, taken before anything in the dir is read: a second process writing the
     dir (a resume of a run still training, a second start of one run) is refused in one line naming the holder."""
+    recipe.check_engine(config)
     with run_dir_lock(run_dir, notify):
         if not resume:
             _refuse_taken(run_dir)

@@ -159,22 +159,3 @@ def test_a_saved_head_of_another_model_is_refused(tiny_model_dir: Path, tmp_path
     with pytest.raises(UserError, match="does not match the model") as err:
         _engine(tiny_model_dir).create_adapter("rm", init=tmp_path / "ckpt" / "rm", head=True)
     assert "\n" not in str(err.value)
-
-
-@pytest.mark.parametrize("kind", ["vllm", "tinker"])
-def test_engines_without_heads_refuse_them_in_one_line(kind: str) -> None:
-    from purplerl.engines.tinker import TinkerEngine
-    from purplerl.engines.vllm import VLLMEngine
-
-    engine = object.__new__(VLLMEngine if kind == "vllm" else TinkerEngine)  # the refusals touch nothing of it
-    refusal = f"the {kind} engine has no scalar heads (reward models, critics): train and score them with " \
-              "--engine local"
-    for call in (lambda: engine.create_adapter("rm", head=True),
-                 lambda: engine.values(torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long))):
-        with pytest.raises(UserError) as err:
-            call()
-        assert str(err.value) == refusal
-    if kind == "tinker":
-        with pytest.raises(UserError) as err:
-            engine.forward_backward(_batch(), Loss("bradley_terry"))
-        assert str(err.value) == refusal

@@ -278,8 +278,9 @@ def test_the_cli_runs_one_turn_and_three_and_report_reads_them(tiny_model_dir: P
     (["--training.advantage", "rloo", "--training.advantage_std", "true"], "'rloo' has no such division"),
     (["--training.mini_batches", "5"], "exceeds the attacker's 4 turns"),
     (["--engine.procs", "2"], "one process"),
-    (["--engine", "tinker"], "runs on engine.kind local, not tinker"),
-    (["--engine", "vllm"], "runs on engine.kind local, not vllm"),
+    (["--engine", "tinker"], "^recipe adversarial needs two learners' adapters switched on one base model held in "
+                             "this process; engine.kind tinker does not have them: use engine.kind local$"),
+    (["--engine", "vllm"], "engine.kind vllm does not have them: use engine.kind local$"),
 ])
 def test_a_bad_config_is_one_line_before_the_model_loads(args: list[str], says: str, tiny_model_dir: Path,
                                                          tmp_path: Path) -> None:

@@ -100,10 +100,11 @@ def test_settings_that_make_no_sense_are_refused_in_one_line(args: list[str], sa
 
 
 @pytest.mark.parametrize("recipe, args, says", [
-    ("ppo", ["--engine", "vllm"], "training.advantage 'gae' learns a critic: it needs a scalar head on a named "
-                                  r"adapter, which only engine.kind local has \(not vllm\)"),
-    ("ppo", ["--engine", "tinker"], r"which only engine.kind local has \(not tinker\)"),
-    ("ppo", ["--model.finetune", "full"], "needs a LoRA adapter with a scalar head .*: use model.finetune lora"),
+    ("ppo", ["--engine", "vllm"], r"^recipe ppo needs scalar heads on named adapters \(a reward model, a critic\); "
+                                  "engine.kind vllm does not have them: use engine.kind local$"),
+    ("ppo", ["--engine", "tinker"], "engine.kind tinker does not have them: use engine.kind local$"),
+    ("ppo", ["--model.finetune", "full"], "model.finetune full trains no adapters over a frozen base: use "
+                                          "model.finetune lora$"),
     ("ppo", ["--training.advantage", "grpo"], "this recipe trains a critic for an estimator that takes its values "
                                               r"\(gae\), not training.advantage 'grpo'"),
     ("attack", ["--training.advantage", "gae"], "training.advantage 'gae' needs a critic's values and this recipe "

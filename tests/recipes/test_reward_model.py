@@ -257,7 +257,8 @@ def test_bad_inputs_are_one_line(tiny_model_dir: Path, rm_env: Path, tmp_path: P
     assert "name the preference pairs: --data FILE" in error()
     assert f"{no_scores}:1: reward_model.margin reads each pair's score_chosen" in error(
         "--data", no_scores, "--reward_model.margin", "true", "--reward_model.eval_fraction", "0")
-    assert "use --model.finetune lora" in error("--data", no_scores, "--model.finetune", "full")
+    assert error("--data", no_scores, "--model.finetune", "full").endswith(
+        "model.finetune full trains no adapters over a frozen base: use model.finetune lora")
     assert "change reward_model.eval_fraction" in error("--data", write_rows(tmp_path / "one.jsonl",
                                                                              preference_rows(1)))
     assert not list(tmp_path.glob("reward-model_*"))  # nothing claimed a run dir

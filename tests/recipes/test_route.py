@@ -175,7 +175,9 @@ def test_the_baseline_is_one_adapter_of_both_ranks(tiny_model_dir: Path, tmp_pat
 @pytest.mark.parametrize("args, says", [
     (["--reward.terms", "{e_count: {fn: regex_count, params: {pattern: e}}}"], "route needs a reward-hacking detector"),
     (["--task_term", "length"], "route.task_term 'length' is not in reward.terms"),
-    (["--engine", "vllm"], "route.mode route needs --engine local in one process"),
+    (["--engine", "vllm"], r"^recipe route needs adapters acting together or of another rank \(gradient routing\); "
+                           "engine.kind vllm does not have them: use engine.kind local$"),
+    (["--engine.procs", "2"], "engine.procs 2 runs data parallel, which does not: use engine.procs 1$"),
 ])
 def test_routing_refuses_in_one_line_before_the_model_loads(args: list[str], says: str, tiny_model_dir: Path,
                                                             tmp_path: Path) -> None:
