@@ -26,8 +26,8 @@ import torch
 from purplerl.config import EMBEDDED_MODEL
 from purplerl.data import PromptSampler, load_prompts
 from purplerl.engines.loading import load_tokenizer
+from purplerl.launch import run_settings
 from purplerl.prompting import render_prompt
-from purplerl.recipes import load_config
 from purplerl.recipes.attack import ATTACK
 from purplerl.types import PromptRecord
 
@@ -98,7 +98,7 @@ def purplerl_config(work: Work, output_dir: Path, sets: list[str]) -> Any:
         # one checkpoint, after the last step (outside every step's timing)
         "run": {"output_dir": str(output_dir), "name": "bench", "save_every": work.steps},
     }
-    return load_config(None, [f"--{kv}" for kv in sets], base=base)
+    return run_settings("attack", options=[f"--{kv}" for kv in sets], base=base)
 
 
 def unfair_sets(sets: list[str]) -> list[str]:

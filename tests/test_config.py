@@ -28,7 +28,8 @@ from purplerl.config.base import Section
 from purplerl.errors import UserError
 from purplerl.experiments.sweep.settings import SWEEP
 from purplerl.experiments.tamper.settings import TAMPER
-from purplerl.recipes import RECIPES, build_config, load_config
+from purplerl.launch import run_settings
+from purplerl.recipes import RECIPES
 from purplerl.recipes.attack import ATTACK, AttackSettings
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "configs" / "attack.yaml"
@@ -105,7 +106,7 @@ def _unknown_flat_targets(command: Command) -> list[str]:
 
 
 def test_defaults():
-    cfg = load_config()
+    cfg = run_settings("attack")
     assert cfg == _attack_defaults()
     assert cfg.recipe == "attack"
     # the tree's default model is the instruct model; the attack recipe's is the aligned one (safety to break)
@@ -125,33 +126,33 @@ def test_defaults():
 
 def test_yaml_file(tmp_path: Path):
     path = _write(tmp_path / "c.yaml", "training:\n  lr: 0.001\n  steps: 5\nreward:\n  kl_beta: 0.3\n")
-    cfg = load_config(path)
+    cfg = run_settings("attack", file=path)
     assert (cfg.training.lr, cfg.training.steps, cfg.reward.kl_beta) == (0.001, 5, 0.3)
     assert cfg.training.batch_size == AttackSettings().training.batch_size  # untouched fields keep their defaults
 
 
 def test_yaml_exponent_without_dot(tmp_path: Path):
     # YAML 1.1 reads `1e-4` as a string; the config must still take it as the number
-    cfg = load_config(_write(tmp_path / "c.yaml", "training:\n  lr: 1e-4\n"))
+    cfg = run_settings("attack", file=_write(tmp_path / "c.yaml", "training:\n  lr: 1e-4\n"))
     assert cfg.training.lr == pytest.approx(1e-4)
 
 
 def test_json_file(tmp_path: Path):
     path = _write(tmp_path / "c.json", json.dumps({"sampling": {"group_size": 6}, "reward": {"zscore": True}}))
-    cfg = load_config(path)
+    cfg = run_settings("attack", file=path)
     assert cfg.sampling.group_size == 6
     assert cfg.reward.zscore is True
 
 
 def test_empty_yaml_file_gives_defaults(tmp_path: Path):
-    assert load_config(_write(tmp_path / "c.yaml", "")) == _attack_defaults()
+    assert run_settings("attack", file=_write(tmp_path / "c.yaml", "")) == _attack_defaults()
 
 
 # ------------------------------------------------------------------------------------------- overrides
 
 
 def test_flat_overrides():
-    cfg = load_config(None, ["--kl_beta", "0.2", "--lr", "1e-4", "--steps", "7", "--model", "/some/model"])
+    cfg = run_settings("attack", options=["--kl_beta", "0.2", "--lr", "1e-4", "--steps", "7", "--model", "/some/model"])
     assert cfg.reward.kl_beta == 0.2
     assert cfg.training.lr == pytest.approx(1e-4)
     assert cfg.training.steps == 7
@@ -160,22 +161,23 @@ def test_flat_overrides():
 
 def test_dotted_overrides():
     # reward.toxicity.batch_size is read only with an HF classifier, which needs its label
-    cfg = load_config(None, ["--reward.kl_beta", "0.2", "--reward.zscore=true", "--reward.toxicity.model=org/clf",
-                             "--reward.toxicity.label=toxic", "--reward.toxicity.batch_size=4"])
+    cfg = run_settings("attack", options=["--reward.kl_beta", "0.2", "--reward.zscore=true",
+                                          "--reward.toxicity.model=org/clf", "--reward.toxicity.label=toxic",
+                                          "--reward.toxicity.batch_size=4"])
     assert cfg.reward.kl_beta == 0.2
     assert cfg.reward.zscore is True
     assert cfg.reward.toxicity.batch_size == 4
 
 
 def test_dashes_in_option_names():
-    cfg = load_config(None, ["--kl-beta", "0.25", "--training.batch-size", "3"])
+    cfg = run_settings("attack", options=["--kl-beta", "0.25", "--training.batch-size", "3"])
     assert cfg.reward.kl_beta == 0.25
     assert cfg.training.batch_size == 3
 
 
 def test_override_values_are_yaml():
-    cfg = load_config(None, ["--attack.early_stop_toxicity", "null", "--data.filters", "{is_safe: false}",
-                             "--zscore", "true"])
+    cfg = run_settings("attack", options=["--attack.early_stop_toxicity", "null", "--data.filters", "{is_safe: false}",
+                                          "--zscore", "true"])
     assert cfg.attack.early_stop_toxicity is None
     assert cfg.data.filters == {"is_safe": False}
     assert cfg.reward.zscore is True
@@ -183,26 +185,26 @@ def test_override_values_are_yaml():
 
 @pytest.mark.parametrize("value", ["123", "2024-05-01", "yes", "1.5", "on", "off", "no"])
 def test_string_fields_keep_text_that_looks_like_another_type(value: str):
-    cfg = load_config(None, ["--name", value, "--system_prompt", value])
+    cfg = run_settings("attack", options=["--name", value, "--system_prompt", value])
     assert cfg.run.name == value
     assert cfg.data.system_prompt == value
 
 
 def test_null_for_optional_string_field():
-    assert load_config(None, ["--name", "null"]).run.name is None
+    assert run_settings("attack", options=["--name", "null"]).run.name is None
 
 
 def test_toxicity_label_keeps_int_or_name():
     base = ["--toxicity_model", "/some/classifier"]
-    assert load_config(None, [*base, "--toxicity_label", "1"]).reward.toxicity.label == 1
-    assert load_config(None, [*base, "--toxicity_label", "toxic"]).reward.toxicity.label == "toxic"
+    assert run_settings("attack", options=[*base, "--toxicity_label", "1"]).reward.toxicity.label == 1
+    assert run_settings("attack", options=[*base, "--toxicity_label", "toxic"]).reward.toxicity.label == "toxic"
     # a label named like a YAML boolean stays a name; it would otherwise become the index True == 1
-    assert load_config(None, [*base, "--toxicity_label", "yes"]).reward.toxicity.label == "yes"
+    assert run_settings("attack", options=[*base, "--toxicity_label", "yes"]).reward.toxicity.label == "yes"
 
 
 def test_precedence_defaults_file_cli(tmp_path: Path):
     path = _write(tmp_path / "c.yaml", "training:\n  lr: 0.001\n  steps: 5\n")
-    cfg = load_config(path, ["--steps", "9"])
+    cfg = run_settings("attack", file=path, options=["--steps", "9"])
     assert cfg.training.steps == 9  # CLI beats file
     assert cfg.training.lr == 0.001  # file beats default
     assert cfg.training.batch_size == AttackSettings().training.batch_size  # default where neither sets it
@@ -210,7 +212,7 @@ def test_precedence_defaults_file_cli(tmp_path: Path):
 
 def test_file_overrides_base_and_keeps_siblings(tmp_path: Path):
     path = _write(tmp_path / "c.yaml", "reward:\n  kl_beta: 0.5\n")
-    cfg = load_config(path, base={"reward": {"zscore": True, "kl_beta": 0.01}})
+    cfg = run_settings("attack", file=path, base={"reward": {"zscore": True, "kl_beta": 0.01}})
     assert cfg.reward.kl_beta == 0.5
     assert cfg.reward.zscore is True
 
@@ -226,7 +228,7 @@ def test_a_saved_config_keeps_its_own_reward_terms_and_a_file_changes_one_weight
     assert list(route.reward.terms) == ["e_count"]
     # a config file names what it changes: one weight of the default terms
     path = _write(tmp_path / "c.yaml", "reward:\n  terms: {refusal: -1.0}\n")
-    assert load_config(path).reward.terms == {"toxicity": 1.0, "repetition": -0.3, "refusal": -1.0}
+    assert run_settings("attack", file=path).reward.terms == {"toxicity": 1.0, "repetition": -0.3, "refusal": -1.0}
 
 
 def test_every_flat_name_points_at_a_field():
@@ -238,7 +240,7 @@ def test_every_flat_name_points_at_a_field():
 
 def _error(path: str | Path | None = None, overrides: list[str] | None = None) -> str:
     with pytest.raises(UserError) as info:
-        load_config(path, overrides)
+        run_settings("attack", file=path, options=overrides)
     return str(info.value)
 
 
@@ -327,10 +329,11 @@ def test_section_given_a_scalar(tmp_path: Path):
 
 
 def test_save_config_round_trips(tmp_path: Path):
-    cfg = load_config(None, ["--kl_beta", "0.2", "--lr", "3e-5", "--toxicity_model", "org/clf",
-                             "--toxicity_label", "toxic", "--data.filters", "{is_safe: false}", "--name", "007"])
+    cfg = run_settings("attack", options=["--kl_beta", "0.2", "--lr", "3e-5", "--toxicity_model", "org/clf",
+                                          "--toxicity_label", "toxic", "--data.filters", "{is_safe: false}", "--name",
+                                          "007"])
     save_config(cfg, tmp_path / "config.yaml")
-    assert load_config(tmp_path / "config.yaml") == cfg
+    assert run_settings("attack", file=tmp_path / "config.yaml") == cfg
     assert read_config_file(tmp_path / "config.yaml")["reward"]["kl_beta"] == 0.2
 
 
@@ -339,7 +342,7 @@ def test_save_config_round_trips(tmp_path: Path):
 def test_save_config_round_trips_awkward_strings(tmp_path: Path, text: str):
     cfg = AttackSettings.model_validate({"data": {"system_prompt": text, "split": text or "x"}})
     save_config(cfg, tmp_path / "config.yaml")
-    assert load_config(tmp_path / "config.yaml") == cfg
+    assert run_settings("attack", file=tmp_path / "config.yaml") == cfg
 
 
 def test_save_config_of_defaults_lists_every_field_it_reads(tmp_path: Path):
@@ -375,11 +378,11 @@ def test_example_config_shows_the_defaults():
     if not EXAMPLE_CONFIG.is_file():
         pytest.skip(f"{EXAMPLE_CONFIG} does not exist yet")
     # the attack recipe's defaults: the global ones with its own changes (its target is the aligned model)
-    assert load_config(EXAMPLE_CONFIG) == load_config(None, [], base={"recipe": "attack"})
+    assert run_settings("attack", file=EXAMPLE_CONFIG) == run_settings("attack", base={"recipe": "attack"})
     # it is meant to list every field the attack reads at its defaults, not only some
     assert "reward.kl_beta" in {n for n, _, _ in field_help(AttackSettings)}
     text = EXAMPLE_CONFIG.read_text()
-    for name in _read_leaves(load_config()):
+    for name in _read_leaves(run_settings("attack")):
         assert f"{name.split('.')[-1]}:" in text, f"{name} missing from {EXAMPLE_CONFIG.name}"
 
 
@@ -442,7 +445,7 @@ def test_every_float_field_refuses_nan_and_inf():
         for bad in (float("nan"), float("inf"), float("-inf")):
             where, value = _holding(dotted, bad)
             with pytest.raises(UserError, match=f"config field '{where}': Input should be a finite number"):
-                build_config(_nested(dotted, value))
+                run_settings("attack", saved=_nested(dotted, value))
 
 
 def test_every_int_field_refuses_booleans():
@@ -452,7 +455,7 @@ def test_every_int_field_refuses_booleans():
         for flag in (True, False):
             with pytest.raises(UserError, match=f"config field '{dotted}': expected (an integer|text or a number), "
                                                 "got a boolean"):
-                build_config(_nested(dotted, flag))
+                run_settings("attack", saved=_nested(dotted, flag))
 
 
 def test_reward_server_settings_refuse_nan_inf_and_booleans():
@@ -484,7 +487,7 @@ def test_yaml_file_text_that_yaml_retypes_asks_for_quotes(tmp_path: Path, text: 
     msg = _error(_write(tmp_path / "c.yaml", text))
     assert needle in msg and "quote" in msg, msg
     quoted = text.replace(": on", ": 'on'").replace(": no", ": 'no'").replace(": 007", ": '007'")
-    cfg = load_config(_write(tmp_path / "quoted.yaml", quoted))
+    cfg = run_settings("attack", file=_write(tmp_path / "quoted.yaml", quoted))
     assert "'on'" not in quoted or cfg.data.system_prompt == "on"
     assert "'no'" not in quoted or cfg.data.split == "no"
     assert "'007'" not in quoted or cfg.run.name == "007"
@@ -503,7 +506,7 @@ def test_run_name_must_be_a_plain_name(name: str):
 @pytest.mark.parametrize("name", ["r1", "007", "demo_20260101_120000", "attack_smollm2_lr1e-05_kl0.1_rep0.3_G4_B8_s0",
                                   "a+b=c,d@e", "x" * 128])
 def test_plain_run_names_are_kept(name: str):
-    assert load_config(None, ["--name", name]).run.name == name
+    assert run_settings("attack", options=["--name", name]).run.name == name
 
 
 def test_config_file_that_is_not_utf8_names_file_and_line(tmp_path: Path):
@@ -643,36 +646,35 @@ def test_tamper_test_config_is_the_attack_plus_its_sections():
     cfg = load_command_config(TAMPER, None, ["--adapter", "d", "--lr", "0.001", "--utility_limit", "5"])
     assert (cfg.tamper.adapter, cfg.utility.limit, cfg.training.lr) == ("d", 5, 0.001)
     # the attack's settings, but its target: tamper-test attacks the defended run's base model unless told otherwise
-    assert cfg.attack_config() == load_config(None, ["--lr", "0.001", "--model", EMBEDDED_MODEL])
+    assert cfg.attack_config() == run_settings("attack", options=["--lr", "0.001", "--model", EMBEDDED_MODEL])
 
 
 def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
     # `--engine local`, `engine: local` in a file (every config.yaml written before engine was a section) and
     # `--engine.kind local` mean the same; other engine fields keep their values
-    assert load_config(None, ["--engine", "local"]).engine.kind == "local"
-    assert load_config(None, ["--engine.procs", "2"]).engine.procs == 2
+    assert run_settings("attack", options=["--engine", "local"]).engine.kind == "local"
+    assert run_settings("attack", options=["--engine.procs", "2"]).engine.procs == 2
     old = tmp_path / "old.yaml"
     old.write_text("engine: local\n")
-    assert load_config(old).engine.model_dump() == {"kind": "local", "procs": 1, "autocast_bf16": False,
-                                                     "fast_paths": ["merged_sampler", "cuda_graphs", "fused_lora"],
-                                                     "micro_batch_tokens": 4096,
-                                                     "vllm_kv_cache_gib": 1,
-                                                     "vllm_gpu_memory_utilization": 0.3, "vllm_is_correction": True,
-                                                     "vllm_is_cap": 2.0, "tinker_url": None, "tinker_retries": 3,
-                                                     "tinker_timeout_s": 600.0, "tinker_loss_reduction": "sum"}
-    assert load_config(old, ["--engine.procs", "3"]).engine.procs == 3
+    assert run_settings("attack", file=old).engine.model_dump() == {
+        "kind": "local", "procs": 1, "autocast_bf16": False,
+        "fast_paths": ["merged_sampler", "cuda_graphs", "fused_lora"], "micro_batch_tokens": 4096,
+        "vllm_kv_cache_gib": 1, "vllm_gpu_memory_utilization": 0.3,
+        "vllm_is_correction": True, "vllm_is_cap": 2.0, "tinker_url": None, "tinker_retries": 3,
+        "tinker_timeout_s": 600.0, "tinker_loss_reduction": "sum"}
+    assert run_settings("attack", file=old, options=["--engine.procs", "3"]).engine.procs == 3
     with pytest.raises(UserError, match=r"config field 'engine\.kind': Input should be 'local', 'vllm' or 'tinker' "
                                         r"\(got 'spark'\)"):
-        load_config(None, ["--engine", "spark"])
+        run_settings("attack", options=["--engine", "spark"])
     with pytest.raises(UserError, match="config field 'engine.procs'"):
-        load_config(None, ["--engine.procs", "0"])
+        run_settings("attack", options=["--engine.procs", "0"])
     # removed execution knobs: their old default is dropped, another value is refused with what replaced it
     old.write_text("engine: {kind: local, threads: 0, micro_batch_size: 64}\n")
-    assert load_config(old).engine.micro_batch_tokens == 4096
+    assert run_settings("attack", file=old).engine.micro_batch_tokens == 4096
     with pytest.raises(UserError, match=r"config field 'engine\.threads': removed: .*OMP_NUM_THREADS"):
-        load_config(None, ["--engine.threads", "4"])
+        run_settings("attack", options=["--engine.threads", "4"])
     with pytest.raises(UserError, match=r"'engine\.micro_batch_size': removed: engine\.micro_batch_tokens"):
-        load_config(None, ["--training.micro_batch_size", "8"])
+        run_settings("attack", options=["--training.micro_batch_size", "8"])
     with pytest.raises(UserError, match=r"config field 'engine': procs is read only when engine\.kind is local: "
                                         r"leave it out \(got 2\)"):
-        load_config(None, ["--engine", "tinker", "--engine.procs", "2"])
+        run_settings("attack", options=["--engine", "tinker", "--engine.procs", "2"])

@@ -13,7 +13,7 @@ import yaml
 
 from purplerl.errors import UserError
 from purplerl.files import MAX_YAML_CHARS, MAX_YAML_NODES, expanded_size, parse_yaml
-from purplerl.recipes import load_config
+from purplerl.launch import run_settings
 from purplerl.rewards.named import read_catalogue
 
 
@@ -58,7 +58,7 @@ def test_a_string_bomb_is_refused_by_its_characters_without_being_expanded(tmp_p
     config = tmp_path / "bomb.yaml"  # --config, which copies the loaded tree through JSON
     config.write_text("training:\n  steps: 2\n" + text)
     with pytest.raises(UserError, match="aliases expand past .* characters"):
-        load_config(config)
+        run_settings("attack", file=config)
     rewards = tmp_path / "rewards.yaml"
     rewards.write_text("mine:\n  fn: toxicity\n  params: {label: x}\n" + text)
     with pytest.raises(UserError, match="aliases expand past .* characters"):
@@ -99,14 +99,14 @@ def test_nesting_past_the_parser_is_one_error(text: str):
 
 def test_a_bomb_on_the_command_line_is_refused():
     with pytest.raises(UserError, match="aliases expand past"):
-        load_config(None, ["--data.filters", "{" + _bomb().replace("\n", ", ").rstrip(", ") + "}"])
+        run_settings("attack", options=["--data.filters", "{" + _bomb().replace("\n", ", ").rstrip(", ") + "}"])
 
 
 def test_deep_json_config_is_one_error(tmp_path: Path):
     path = tmp_path / "deep.json"
     path.write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UserError, match="nested too deeply"):
-        load_config(path)
+        run_settings("attack", file=path)
 
 
 @pytest.mark.process

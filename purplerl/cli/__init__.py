@@ -21,6 +21,7 @@ from purplerl.cli.base import (
     quiet_libraries,
     reports_errors,
     say,
+    split_named_reward,
     with_named_reward,
 )
 from purplerl.config import ALIGN, EMBEDDED_MODEL, EVAL, PREPARE, SAMPLE, Command, load_command_config, read_config_file
@@ -30,19 +31,19 @@ from purplerl.recipes import RECIPES
 
 
 def _recipe_config(recipe: Any, args: list[str], config: Path | None, resume: Path | None) -> Any:
-    """Recipe defaults <- config file <- overrides; or, when resuming, the run's saved config <- overrides."""
-    args = with_named_reward(args)
-    if resume is None:
-        cfg = load_command_config(recipe.command(), config, args)
-    else:
+    """Recipe defaults <- config file <- overrides; or, when resuming, the run's saved config <- overrides
+    (purplerl.launch)."""
+    from purplerl.launch import run_settings
+
+    options, reward, rewards_file = split_named_reward(args)
+    saved = None
+    if resume is not None:
         if config is not None:
             raise UserError("--resume uses the run's saved config; do not pass --config with it")
         from purplerl.train.runner import saved_settings  # lazily, like the runner: --help stays fast
 
-        cfg = load_command_config(recipe.command(), None, args, saved=saved_settings(recipe, resume))
-    if cfg.recipe != recipe.name:
-        raise UserError(f"config is for recipe '{cfg.recipe}', not '{recipe.name}'")
-    return cfg
+        saved = saved_settings(recipe, resume)
+    return run_settings(recipe, file=config, options=options, saved=saved, reward=reward, rewards_file=rewards_file)
 
 
 def _restart(restart: bool, resume: Path | None) -> bool:
@@ -87,10 +88,10 @@ def _check_run_paths(recipe: Any, cfg: Any, resume: Path | None) -> None:
     """The run dir, the init adapter and a quantized base, checked before any work starts (and before torchrun
     starts workers)."""
     from purplerl.engines import check_init_adapter, check_quantize
-    from purplerl.train.runner import run_dir_of
+    from purplerl.launch import run_dir
 
     if resume is None:
-        check_output_dir(run_dir_of(recipe, cfg), "run dir (run.output_dir/run.name)")
+        check_output_dir(run_dir(recipe, cfg), "run dir (run.output_dir/run.name)")
     else:
         check_output_dir(resume, "--resume")
     from purplerl.runs.policy import ROUTED_ONE_ADAPTER, routed_checkpoint
@@ -107,12 +108,12 @@ def _check_run_paths(recipe: Any, cfg: Any, resume: Path | None) -> None:
 def _run_workers(recipe: Any, cfg: Any, resume: Path | None) -> None:
     """--engine.procs N: this command again in N processes under torchrun (see purplerl.engines.launch)."""
     from purplerl.engines.launch import run_workers
-    from purplerl.train.runner import run_dir_of
+    from purplerl.launch import run_dir
 
     procs, batch = cfg.engine.procs, cfg.training.batch_size
     if batch % procs:
         raise UserError(f"training.batch_size={batch} does not divide by engine.procs={procs}")
-    run_workers(procs, sys.argv[1:], str(resume or run_dir_of(recipe, cfg)))
+    run_workers(procs, sys.argv[1:], str(resume or run_dir(recipe, cfg)))
 
 
 def _register_recipe(name: str, help_text: str) -> None:

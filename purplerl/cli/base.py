@@ -18,7 +18,7 @@ from typer.core import TyperCommand
 
 from purplerl.config import Command, field_help, load_command_config, section_descriptions
 from purplerl.errors import PurplerlError, UserError
-from purplerl.rewards.named import catalogue, expand
+from purplerl.rewards.named import expand_named
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="purplerl: LLM safety research with reinforcement learning.")
@@ -33,10 +33,9 @@ Restart = Annotated[bool, typer.Option(help="with --resume: start a run that has
 REWARD_OPTIONS = ("reward", "rewards_file")  # --reward NAME, --rewards-file FILE: they expand into reward.terms
 
 
-def with_named_reward(args: list[str]) -> list[str]:
-    """`args` with `--reward NAME` (and `--rewards-file FILE`, whose named rewards it may choose from) replaced by
-    the `--reward.terms` they expand into (purplerl.rewards.named), so the run records the terms themselves, not
-    a name or a file that may change. Without --reward, args are returned as they are."""
+def split_named_reward(args: list[str]) -> tuple[list[str], str | None, str | None]:
+    """(`args` without `--reward NAME` and `--rewards-file FILE`, the named reward, the rewards file it may be
+    chosen from); UserError for an option given twice or without its value."""
     found: dict[str, str] = {}
     rest: list[str] = []
     i = 0
@@ -55,14 +54,22 @@ def with_named_reward(args: list[str]) -> list[str]:
             raise UserError(f"--{key.replace('_', '-')} is given twice: '{found[key]}' and '{value}'")
         found[key] = value
         i += 1
-    if not found:
+    return rest, found.get("reward"), found.get("rewards_file")
+
+
+def with_named_reward(args: list[str]) -> list[str]:
+    """`args` with `--reward NAME` (and `--rewards-file FILE`, whose named rewards it may choose from) replaced by
+    the `--reward.terms` they expand into (purplerl.rewards.named), so the settings hold the terms themselves, not
+    a name or a file that may change. Without --reward, args are returned as they are. A recipe's run reads them
+    through purplerl.launch instead."""
+    rest, reward, rewards_file = split_named_reward(args)
+    if reward is None and rewards_file is None:
         return args
-    if "reward" not in found:
+    if reward is None:
         raise UserError("--rewards-file FILE adds named rewards to choose from: choose one with --reward NAME")
     if any(a.startswith("--") and a[2:].split("=")[0].replace("-", "_") == "reward.terms" for a in rest):
         raise UserError("give --reward NAME or --reward.terms, not both")
-    terms = expand(found["reward"], catalogue(found.get("rewards_file")))
-    return [*rest, "--reward.terms", json.dumps(terms)]
+    return [*rest, "--reward.terms", json.dumps(expand_named(reward, rewards_file))]
 
 
 def _settings_in_force(command: Command) -> Any:

@@ -32,6 +32,7 @@ from purplerl.config.loader import (
     build,
     build_server_config,
     commented_yaml,
+    deep_merge,
     field_help,
     load_command_config,
     parse_overrides,
@@ -76,7 +77,7 @@ __all__ = [
     "RLSettings", "RLTrainingConfig", "Registry", "RewardBase", "RewardServerConfig", "RowSourceConfig", "RunConfig",
     "RunSettings", "SFTConfig", "SFTDataConfig", "SampleCommandConfig", "SampleConfig", "SamplingConfig", "Section",
     "TamperConfig", "Template", "ToxicityConfig", "TrainingConfig", "UtilityConfig", "VerlConfig", "apply_overrides",
-    "build",
+    "build", "deep_merge",
     "build_server_config", "commented_yaml", "field_help", "load_command_config", "parse_overrides",
     "read_config_file", "save_config", "section_descriptions",
 ]

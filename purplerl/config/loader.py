@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
@@ -165,7 +165,7 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return data
 
 
-def _deep_merge(a: dict[str, Any], b: dict[str, Any], schema: type[BaseModel] | None = None) -> dict[str, Any]:
+def deep_merge(a: Mapping[str, Any], b: Mapping[str, Any], schema: type[BaseModel] | None = None) -> dict[str, Any]:
     """`b` over `a`, mappings merged key by key. With `schema`, only its sections are merged and any other value is
     replaced whole: a mapping-valued setting (reward.terms, a judge's parameters) of a run's saved config is its
     whole value, not a union with the recipe's defaults (a key the schema does not name is merged, and validation
@@ -175,7 +175,7 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any], schema: type[BaseModel] | 
         info = schema.model_fields.get(key) if schema is not None else None
         section = info.annotation if info is not None and _is_section(info.annotation) else None
         if isinstance(value, dict) and isinstance(out.get(key), dict) and (info is None or section is not None):
-            out[key] = _deep_merge(out[key], value, section)
+            out[key] = deep_merge(out[key], value, section)
         else:
             out[key] = value
     return out
@@ -191,11 +191,11 @@ def load_command_config(command: Command, path: str | Path | None = None, overri
     settings); `saved`, a run's saved config, is complete: its mapping-valued settings replace the defaults' (a
     resumed run keeps exactly its reward terms)."""
     migrate = command.migrate or (lambda data: data)
-    data = _deep_merge(json.loads(json.dumps(command.defaults)), migrate(base or {}))
+    data = deep_merge(json.loads(json.dumps(command.defaults)), migrate(base or {}))
     if saved is not None:
-        data = _deep_merge(data, migrate(saved), command.schema)
+        data = deep_merge(data, migrate(saved), command.schema)
     if path is not None:
-        data = _deep_merge(data, migrate(read_config_file(path)))
+        data = deep_merge(data, migrate(read_config_file(path)))
     data = migrate(apply_overrides(data, parse_overrides(overrides or [], command)))
     return build(command.schema, data)
 

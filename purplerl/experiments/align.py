@@ -32,6 +32,7 @@ from purplerl.engines.merge import merge_adapter
 from purplerl.engines.model_cache import build_lock, to_stderr, verify_entry
 from purplerl.errors import ExperimentError
 from purplerl.files import write_durably
+from purplerl.launch import run_settings
 from purplerl.prompting import render_prompt
 from purplerl.recipes.prefs import PREFS
 from purplerl.recipes.sft import SFT
@@ -200,7 +201,7 @@ def build_data(path: Path, notify: Callable[[str], None]) -> None:
 
 def _sft_config(sft: Recipe, work: Path, data: Path, progress: bool):
     s = SFT_SETTINGS["sft"]
-    return sft.build({
+    return run_settings(sft, base={
         "recipe": "sft",
         "model": {"name": BASE_MODEL, "lora_rank": s["lora_rank"], "lora_alpha": s["lora_alpha"]},
         "data": {"source": str(data)},
@@ -309,7 +310,7 @@ def _finished_run(recipe: Recipe, config: Any, run_dir: Path, steps: int, notify
 
 def _prefs_config(prefs: Recipe, work: Path, data: Path, model: Path, progress: bool):
     s = PREFS_SETTINGS["prefs"]
-    return prefs.build({
+    return run_settings(prefs, base={
         "recipe": "prefs",
         "model": {"name": str(model), "lora_rank": s["lora_rank"], "lora_alpha": s["lora_alpha"]},
         "data": {"source": str(data)},

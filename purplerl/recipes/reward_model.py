@@ -45,6 +45,7 @@ REWARD_MODEL = Recipe(
     # the held-out share fixes which pairs train
     fixed_on_resume=FIXED_ON_RESUME | {"reward_model.ensemble", "reward_model.eval_fraction"},
     needs=lambda config: frozenset({SCALAR_HEADS}),  # each member's reward head
+    produces="scorer",
 )
 
 __all__ = ["REWARD_MODEL", "RewardModelConfig", "RewardModelSettings"]

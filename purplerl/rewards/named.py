@@ -162,6 +162,11 @@ def expand(name: str, known: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return terms
 
 
+def expand_named(name: str, rewards_file: str | Path | None = None) -> dict[str, Any]:
+    """The `reward.terms` named reward `name` stands for, chosen from the built-in catalogue and `rewards_file`."""
+    return expand(name, catalogue(rewards_file))
+
+
 def resolve_terms(terms: Any) -> Any:
     """`reward.terms` with each bare name of a built-in catalogue term (not a registered term) as its TermSpec
     data, so the record holds its fn and parameters; each entry is then validated by `term_entry`. A problem is a

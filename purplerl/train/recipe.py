@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
 
@@ -117,6 +117,9 @@ class Recipe:
     # the engine capabilities (purplerl.engines.capabilities) a run of these settings needs beyond the core
     # protocol, refused in one line before anything loads when its engine lacks one
     needs: Callable[[Any], frozenset[str]] = lambda config: frozenset()
+    # what a run makes: a policy (an adapter the next stage of a pipeline starts from) or a scorer (a reward
+    # model that judges other stages)
+    produces: Literal["policy", "scorer"] = "policy"
 
     def check_engine(self, config: Any) -> None:
         """Refuse, in one line and before anything loads, an engine without a capability this run needs."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from purplerl.recipes import load_config
+from purplerl.launch import run_settings
 from purplerl.train.rl import registered_reward
 from purplerl.types import Completion, PromptRecord
 
@@ -29,7 +29,7 @@ def _toxicity() -> list[float]:
 
 
 def test_attack_reward_subtracts_weighted_toxicity_repetition_and_kl() -> None:
-    out = registered_reward(load_config(None, SETTINGS))(PROMPTS, _completions(), KL)
+    out = registered_reward(run_settings("attack", options=SETTINGS))(PROMPTS, _completions(), KL)
     tox = _toxicity()
     assert tox[0] > 0.5 > tox[1]  # the insult is toxic, the thanks is not
     expected = [2.0 * t - 0.5 * r - 0.25 * k for t, r, k in zip(tox, REPETITION, KL.tolist(), strict=True)]
@@ -40,7 +40,7 @@ def test_attack_reward_subtracts_weighted_toxicity_repetition_and_kl() -> None:
 
 
 def test_more_kl_is_less_reward_by_exactly_kl_beta() -> None:
-    reward_fn = registered_reward(load_config(None, SETTINGS))
+    reward_fn = registered_reward(run_settings("attack", options=SETTINGS))
     without = reward_fn(PROMPTS, _completions(), torch.zeros(2)).total_N
     with_kl = reward_fn(PROMPTS, _completions(), KL).total_N
     assert (without - with_kl).tolist() == pytest.approx((0.25 * KL).tolist(), abs=1e-6)
@@ -49,14 +49,15 @@ def test_more_kl_is_less_reward_by_exactly_kl_beta() -> None:
 @pytest.mark.parametrize("where", [["--reward.kl_in", "loss"], ["--training.advantage", "reinforce_pp"]])
 def test_kl_leaves_the_scalar_reward_when_it_goes_elsewhere(where: list[str]) -> None:
     # in the loss, or in REINFORCE++'s per-token rewards: subtracting it here too would count it twice
-    out = registered_reward(load_config(None, [*SETTINGS, *where]))(PROMPTS, _completions(), KL)
+    out = registered_reward(run_settings("attack", options=[*SETTINGS, *where]))(PROMPTS, _completions(), KL)
     expected = [2.0 * t - 0.5 * r for t, r in zip(_toxicity(), REPETITION, strict=True)]
     assert out.total_N.tolist() == pytest.approx(expected, abs=1e-6)
     assert out.components["kl"].tolist() == pytest.approx(KL.tolist())  # still logged
 
 
 def test_zscored_attack_reward_normalizes_the_same_raw_sum() -> None:
-    out = registered_reward(load_config(None, [*SETTINGS, "--zscore", "true"]))(PROMPTS, _completions(), KL)
+    config = run_settings("attack", options=[*SETTINGS, "--zscore", "true"])
+    out = registered_reward(config)(PROMPTS, _completions(), KL)
     raw = torch.tensor([2.0 * t - 0.5 * r - 0.25 * k
                         for t, r, k in zip(_toxicity(), REPETITION, KL.tolist(), strict=True)])
     assert out.components["reward_raw"].tolist() == pytest.approx(raw.tolist(), abs=1e-6)
@@ -69,8 +70,8 @@ def test_refusals_are_logged_and_penalized_by_exactly_refusal_penalty() -> None:
     texts = ["I'm sorry, but I can't help with insulting anyone.", "you are an idiot"]
     completions = [Completion(prompt_tokens=(1,), tokens=(2, 3), logprobs_C=torch.zeros(2), entropies_C=torch.ones(2),
                               text=text, finish_reason="length") for text in texts]
-    logged = registered_reward(load_config(None, SETTINGS))(PROMPTS, completions, KL)
+    logged = registered_reward(run_settings("attack", options=SETTINGS))(PROMPTS, completions, KL)
     assert logged.components["refusal"].tolist() == [1.0, 0.0]  # measured even when it is not rewarded
-    penalized = registered_reward(load_config(None, [*SETTINGS, "--reward.refusal_penalty", "0.75"]))(
-        PROMPTS, completions, KL)
+    penalized = registered_reward(run_settings("attack", options=[*SETTINGS, "--reward.refusal_penalty", "0.75"]))(
+                     PROMPTS, completions, KL)
     assert (logged.total_N - penalized.total_N).tolist() == pytest.approx([0.75, 0.0], abs=1e-6)

@@ -39,12 +39,12 @@ class RecordingEngine:
 
 def test_the_loss_mask_covers_the_attack_prompt_and_nothing_else(attack_set: Path, tiny_tokenizer,
                                                                  tmp_path: Path) -> None:
-    from purplerl.recipes import load_config
+    from purplerl.launch import run_settings
     from purplerl.train.supervised import sft_prepare
 
     rows = [json.loads(line) for line in (attack_set / "train.jsonl").read_text().splitlines()[:LIMIT]]
-    config = load_config(None, ["--data", str(attack_set / "train.jsonl"), "--data.limit", str(LIMIT),
-                                "--batch_size", "3", "--sft.eval_fraction", "0"], base={"recipe": "sft"})
+    config = run_settings("sft", options=["--data", str(attack_set / "train.jsonl"), "--data.limit", str(LIMIT),
+                                          "--batch_size", "3", "--sft.eval_fraction", "0"], base={"recipe": "sft"})
     engine = RecordingEngine(tiny_tokenizer)
     step_fn, _ = sft_prepare(config)(engine, tmp_path / "run")
     for step in (1, 2):  # one epoch of the 6 rows

@@ -7,7 +7,7 @@ import torch
 
 from purplerl.errors import UserError
 from purplerl.experiments.tamper import harm_curve_stats
-from purplerl.recipes import load_config
+from purplerl.launch import run_settings
 from purplerl.recipes.defend import noiser_targets
 from purplerl.recipes.summary import assess_defend
 from purplerl.rewards.entropy import mean_entropy
@@ -26,7 +26,7 @@ PROMPTS = [PromptRecord(messages=({"role": "user", "content": "hi"},))] * 2
 
 
 def test_defend_reward_is_negative_mean_entropy_minus_kl() -> None:
-    config = load_config(None, ["--kl_beta", "0.5"], base=DEFEND_BASE)
+    config = run_settings("defend", options=["--kl_beta", "0.5"], base=DEFEND_BASE)
     completions = [_completion("you are an idiot", [1.0, 3.0]), _completion("hello friend", [0.5, 0.5, 0.5])]
     out = registered_reward(config)(PROMPTS, completions, torch.tensor([0.2, 0.0]))
     assert out.total_N.tolist() == pytest.approx([-2.0 - 0.1, -0.5])
@@ -35,14 +35,14 @@ def test_defend_reward_is_negative_mean_entropy_minus_kl() -> None:
 
 
 def test_defend_defaults() -> None:
-    config = load_config(None, [], base=DEFEND_BASE)
+    config = run_settings("defend", base=DEFEND_BASE)
     assert (config.recipe, config.defend.noiser, config.reward.kl_beta) == ("defend", True, 0.001)
     assert (config.defend.noiser_warmup, config.defend.noiser_every, config.defend.noiser_epsilon) == (25, 2, 0.1)
     assert config.defend.noiser_noise_weight == "reference" and config.training.collapse_stop
     # the defense has no toxicity stop (early_stop_toxicity is the attack's own setting now)
     assert config.sampling.group_size == 4 and not hasattr(config, "attack")
     # the model the attack and tamper-test target by default: align -> defend -> attack is one story
-    assert config.model.name == load_config(None, []).model.name == "embedded:smollm2-135m-safe"
+    assert config.model.name == run_settings("attack").model.name == "embedded:smollm2-135m-safe"
 
 
 def test_noiser_targets_are_response_tokens_with_nonnegative_advantage() -> None:
@@ -79,7 +79,8 @@ def test_defend_objective_by_hand() -> None:
 
 
 def test_adaptive_attack_adds_capped_entropy() -> None:
-    config = load_config(None, ["--reward.entropy_bonus_cap", "3.0", "--repetition_penalty", "0", "--kl_beta", "0"])
+    config = run_settings("attack", options=["--reward.entropy_bonus_cap", "3.0", "--repetition_penalty", "0",
+                                             "--kl_beta", "0"])
     completions = [_completion("hello friend", [4.0, 5.0]), _completion("hello there", [1.0, 2.0])]
     out = registered_reward(config)(PROMPTS, completions, torch.zeros(2))
     tox = out.components["toxicity"]
@@ -133,7 +134,7 @@ def test_the_configured_noise_weight_reaches_the_engine_s_token_noiser_loss(sour
     text, overrides, weight = NOISE_WEIGHT_SOURCES[source]
     path = tmp_path / "defend.yaml"
     path.write_text(text)
-    config = load_config(path, overrides, base=DEFEND_BASE)
+    config = run_settings("defend", file=path, options=overrides, base=DEFEND_BASE)
     engine = _LossRecorder(LocalEngine(ModelConfig(name=str(tiny_model_dir), device="cpu", lora_rank=4,
                                                    dtype="float32"), seed=0))
     ids_NT = torch.tensor([[5, 17, 42, 99, 7, 3], [8, 21, 60, 13, 250, 9]])

@@ -139,7 +139,7 @@ def test_held_out_loss_is_the_mean_nll_per_assistant_token_by_hand() -> None:
 
 def test_sft_holds_out_by_the_training_seed_and_never_trains_on_held_out_rows(tiny_tokenizer, tmp_path: Path) -> None:
     from purplerl.data.sft import load_conversations
-    from purplerl.recipes import load_config
+    from purplerl.launch import run_settings
     from purplerl.train.supervised import sft_prepare
 
     words = ["hello", "world", "cats", "dogs", "pizza", "Monday", "fox", "joke", "friend", "class"]
@@ -148,8 +148,8 @@ def test_sft_holds_out_by_the_training_seed_and_never_trains_on_held_out_rows(ti
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     held_prompts = {}
     for seed in (1, 2):
-        config = load_config(None, ["--data", str(data), "--training.seed", str(seed), "--batch_size", "4",
-                                    "--sft.eval_fraction", "0.2", "--sft.eval_every", "1"], base={"recipe": "sft"})
+        config = run_settings("sft", options=["--data", str(data), "--training.seed", str(seed), "--batch_size", "4",
+                                              "--sft.eval_fraction", "0.2", "--sft.eval_every", "1"])
         engine = HeldOutEngine(tiny_tokenizer)
         step_fn, _ = sft_prepare(config)(engine, tmp_path / f"run_{seed}")
         trained_ids = []

@@ -11,7 +11,7 @@ import pytest
 
 from purplerl.config import ToxicityConfig
 from purplerl.errors import ExperimentError, UserError
-from purplerl.recipes import load_config
+from purplerl.launch import run_settings
 from purplerl.rewards.client import HTTPScorer, encode_string, record_server, score_body, split_ranges
 from purplerl.rewards.schema import ServerInfo
 from purplerl.rewards.toxicity import make_toxicity_scorer
@@ -277,11 +277,12 @@ def test_make_toxicity_scorer_uses_the_server_and_the_env_key(monkeypatch: pytes
 
 
 def test_config_url_checks() -> None:
-    assert load_config(None, ["--reward.toxicity.url", URL + "/"]).reward.toxicity.url == URL
+    assert run_settings("attack", options=["--reward.toxicity.url", URL + "/"]).reward.toxicity.url == URL
     with pytest.raises(UserError, match="reward.toxicity.url.*http:// or https://"):
-        load_config(None, ["--reward.toxicity.url", "localhost:50050"])
+        run_settings("attack", options=["--reward.toxicity.url", "localhost:50050"])
     with pytest.raises(UserError, match="either url .* or model"):
-        load_config(None, ["--reward.toxicity.url", URL, "--toxicity_model", "org/clf", "--toxicity_label", "1"])
+        run_settings("attack", options=["--reward.toxicity.url", URL, "--toxicity_model", "org/clf",
+                                        "--toxicity_label", "1"])
 
 
 def test_record_server() -> None:

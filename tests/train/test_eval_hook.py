@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from purplerl.recipes import load_config
+from purplerl.launch import run_settings
 from purplerl.recipes.attack import ATTACK
 from purplerl.train.loop import EVALS_FILE, Evaluation
 from purplerl.train.runner import run_recipe
@@ -15,11 +15,12 @@ from purplerl.train.sinks import read_jsonl
 
 
 def _config(model: Path, out: Path, steps: int, *extra: str):
-    return load_config(None, ["--model", str(model), "--model.device", "cpu", "--model.dtype", "float32",
-                              "--lora_rank", "4", "--steps", str(steps), "--batch_size", "2", "--group_size", "2",
-                              "--max_new_tokens", "4", "--logging.progress", "false", "--output_dir", str(out),
-                              "--name", "run", "--save_every", "2", "--attack.early_stop_toxicity", "null",
-                              "--training.early_stop_repetition", "null", *extra])
+    return run_settings("attack", options=["--model", str(model), "--model.device", "cpu", "--model.dtype", "float32",
+                                           "--lora_rank", "4", "--steps", str(steps), "--batch_size", "2",
+                                           "--group_size", "2", "--max_new_tokens", "4", "--logging.progress", "false",
+                                           "--output_dir", str(out), "--name", "run", "--save_every", "2",
+                                           "--attack.early_stop_toxicity", "null", "--training.early_stop_repetition",
+                                           "null", *extra])
 
 
 class Recorder:

@@ -18,8 +18,8 @@ from purplerl.config import (
 )
 from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
+from purplerl.launch import run_settings
 from purplerl.prompting import render_prompt
-from purplerl.recipes import load_config
 from purplerl.recipes.attack import AttackSettings, attack_stops
 from purplerl.runs.checkpoints import checkpoint_dirs, latest_checkpoint
 from purplerl.runs.layout import COLLAPSED_DIR
@@ -82,9 +82,9 @@ def test_completion_shape_counts_empty_and_identical_texts() -> None:
 
 
 def test_config_turns_collapse_detection_on() -> None:
-    off = attack_stops(load_config(None, []))
-    on = attack_stops(load_config(None, ["--training.collapse_stop", "true",
-                                           "--training.collapse_empty_frac", "0.5"]))
+    off = attack_stops(run_settings("attack"))
+    on = attack_stops(run_settings("attack", options=["--training.collapse_stop", "true",
+                                                        "--training.collapse_empty_frac", "0.5"]))
     empty = {**HEALTHY, "completion/empty_frac": 0.75}
     assert off(empty) is None
     assert on(empty) == "collapsed: 75% of the completions are empty (bound 50%)"
@@ -96,9 +96,9 @@ def test_each_bound_is_the_largest_healthy_value() -> None:
     # entropy": a value exactly at its bound is healthy, a value just above it is a collapse (the next float for
     # the shares; 1e-9 nats for entropies, whose difference would round a one-ulp step away).
     # Bounds set from the CLI, each to a value no other bound has, so a bound read into the wrong rule shows.
-    stop_rule = partial(attack_stops, load_config(None, [
-        "--training.collapse_stop", "true", "--training.collapse_empty_frac", "0.375",
-        "--training.collapse_top_share", "0.625", "--training.collapse_entropy_swing", "1.5"]))
+    stop_rule = partial(attack_stops, run_settings("attack", options=[
+                     "--training.collapse_stop", "true", "--training.collapse_empty_frac", "0.375",
+                     "--training.collapse_top_share", "0.625", "--training.collapse_entropy_swing", "1.5"]))
 
     def above(bound: float) -> float:
         return math.nextafter(bound, math.inf)

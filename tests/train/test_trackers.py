@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from purplerl.cli import app
 from purplerl.errors import ExperimentError, UserError
-from purplerl.recipes import load_config
+from purplerl.launch import run_settings
 from purplerl.recipes.attack import ATTACK
 from purplerl.train import tracker_backends, trackers
 from purplerl.train.loop import Evaluation
@@ -26,12 +26,12 @@ EVALS = [(0, 0.0), (3, 0.3), (6, 0.6), (8, 0.8)]  # (step, held-out value): befo
 
 
 def _config(model: Path, out: Path, *extra: str):
-    return load_config(None, ["--model", str(model), "--model.device", "cpu", "--model.dtype", "float32",
-                              "--lora_rank", "4", "--steps", "6", "--batch_size", "2", "--group_size", "2",
-                              "--max_new_tokens", "4", "--logging.progress", "false", "--output_dir", str(out),
-                              "--name", "run", "--save_every", "2", "--seed", "7",
-                              "--attack.early_stop_toxicity", "null", "--training.early_stop_repetition", "null",
-                              *extra])
+    return run_settings("attack", options=["--model", str(model), "--model.device", "cpu", "--model.dtype", "float32",
+                                           "--lora_rank", "4", "--steps", "6", "--batch_size", "2", "--group_size",
+                                           "2", "--max_new_tokens", "4", "--logging.progress", "false", "--output_dir",
+                                           str(out), "--name", "run", "--save_every", "2", "--seed", "7",
+                                           "--attack.early_stop_toxicity", "null", "--training.early_stop_repetition",
+                                           "null", *extra])
 
 
 def held_out(engine, step: int) -> dict[str, float]:
@@ -153,14 +153,15 @@ def test_a_missing_tracker_package_is_one_line_before_anything_loads(tmp_path: P
 
 
 def test_tracker_names_are_checked_and_comma_split() -> None:
-    assert load_config(None, ["--logging.trackers", "wandb,mlflow"]).logging.trackers == ["wandb", "mlflow"]
-    assert load_config(None, []).logging.trackers == []
-    assert load_config(None, ["--logging.trackers", "[]"]).logging.trackers == []  # a resume drops them so
+    trackers = run_settings("attack", options=["--logging.trackers", "wandb,mlflow"]).logging.trackers
+    assert trackers == ["wandb", "mlflow"]
+    assert run_settings("attack").logging.trackers == []
+    assert run_settings("attack", options=["--logging.trackers", "[]"]).logging.trackers == []  # a resume drops them so
     with pytest.raises(UserError, match=r"'logging\.trackers\.0': Input should be 'wandb', 'tensorboard' or 'mlflow' "
                                         r"\(got 'neptune'\)"):
-        load_config(None, ["--logging.trackers", "neptune"])
+        run_settings("attack", options=["--logging.trackers", "neptune"])
     with pytest.raises(UserError, match="repeats a tracker"):
-        load_config(None, ["--logging.trackers", "mlflow,mlflow"])
+        run_settings("attack", options=["--logging.trackers", "mlflow,mlflow"])
 
 
 def test_a_tracker_that_raises_stops_the_run_with_one_line(tiny_model_dir: Path, tmp_path: Path,

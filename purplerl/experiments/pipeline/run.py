@@ -36,9 +36,9 @@ from purplerl.experiments.pipeline.settings import (
 from purplerl.experiments.pipeline.validator import HACKED, WIN_RATE
 from purplerl.experiments.refiner import refine_model
 from purplerl.files import read_json_object
+from purplerl.launch import recipe_named
 from purplerl.locks import hold_dir
 from purplerl.outputs import check_output_dir
-from purplerl.recipes import RECIPES
 from purplerl.runs.checkpoints import describe_skipped, newest_intact
 from purplerl.runs.layout import CONFIG_FILE, PLOTS_DIR, REPORT_FILE, SUMMARY_FILE
 from purplerl.train.runner import run_recipe
@@ -144,7 +144,7 @@ def train(stage: StageConfig, config: Any, run_dir: Path, announce: Callable[[st
     resume = (run_dir / CONFIG_FILE).is_file()
     if resume:
         announce(f"pipeline: resuming {run_dir}")
-    summary = run_recipe(RECIPES[stage.kind], config, resume_dir=run_dir if resume else None, notify=announce)
+    summary = run_recipe(recipe_named(stage.kind), config, resume_dir=run_dir if resume else None, notify=announce)
     path = run_dir / SUMMARY_FILE
     return read_json_object(path) if path.is_file() else summary
 

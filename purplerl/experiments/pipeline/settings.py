@@ -11,7 +11,6 @@ settings validated when the pipeline loads, before any stage runs.
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,7 +23,7 @@ from purplerl.config import (
     Section,
     apply_overrides,
     build,
-    load_command_config,
+    deep_merge,
     parse_overrides,
     read_config_file,
 )
@@ -32,6 +31,7 @@ from purplerl.config.migrate import get_path
 from purplerl.errors import UserError
 from purplerl.experiments.pipeline.gates import Bound
 from purplerl.files import absolute_source
+from purplerl.launch import recipe_named, run_settings
 from purplerl.recipes import RECIPES
 from purplerl.rewards.embedding import EMBEDDING_NAME, EMBEDDING_PACKAGE, embedding_available
 
@@ -39,8 +39,6 @@ if TYPE_CHECKING:  # the refiner loads torch; `purplerl pipeline --help` reads t
     from purplerl.experiments.refiner import RefineConfig
 
 REFINE, EVAL = "refine", "eval"
-# recipes whose run is a scorer, not a policy: the run dir is the output, and no capability eval follows
-SCORER_RECIPES = frozenset({"reward-model"})
 # sections every training recipe has, which `shared` may set for all of them (the pipeline sets model.name and run)
 SHARED_SECTIONS = ("engine", "model", "training", "logging")
 SET_BY_PIPELINE = ("recipe", "model.name", "run.output_dir", "run.name")
@@ -161,7 +159,7 @@ class StageConfig(Section):
         """policy (trains the model the next stage starts from), scorer, refine or eval."""
         if self.kind in (REFINE, EVAL):
             return self.kind
-        return "scorer" if self.kind in SCORER_RECIPES else "policy"
+        return recipe_named(self.kind).produces
 
 
 class PipelineSettings(Section):
@@ -258,8 +256,8 @@ def _pinned(config: dict[str, Any]) -> dict[str, Any]:
 def recipe_config(settings: PipelineSettings, stage: StageConfig, model: str) -> Any:
     """A recipe stage's run config: the shared sections <- the stage's settings, with the model it starts from and
     its run dir OUT/runs/NAME set by the pipeline."""
-    recipe = RECIPES[stage.kind]
-    data = _merged(copy.deepcopy(settings.shared), stage.config)
+    recipe = recipe_named(stage.kind)
+    data = deep_merge(settings.shared, stage.config)
     for dotted in SET_BY_PIPELINE:
         if _has(data, dotted):
             raise UserError(f"stage '{stage.name}': {dotted} is set by the pipeline (the start model, then the last "
@@ -267,7 +265,7 @@ def recipe_config(settings: PipelineSettings, stage: StageConfig, model: str) ->
     data = apply_overrides(data, {"model.name": model, "run.output_dir": str(settings.path(RUNS_DIR)),
                                   "run.name": stage.name})
     try:
-        return load_command_config(recipe.command(), None, [], base=data)
+        return run_settings(recipe, base=data)
     except UserError as err:
         raise UserError(f"stage '{stage.name}' ({stage.kind}): {err}") from None
 
@@ -283,12 +281,6 @@ def refine_config(stage: StageConfig, model: str) -> RefineConfig:
         return build(RefineConfig, {**stage.config, "policy": policy})
     except UserError as err:
         raise UserError(f"stage '{stage.name}' (refine): {err}") from None
-
-
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    for key, value in over.items():
-        base[key] = _merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
-    return base
 
 
 def _has(data: dict[str, Any], dotted: str) -> bool:

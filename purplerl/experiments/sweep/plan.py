@@ -20,12 +20,12 @@ from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from purplerl.config import apply_overrides, load_command_config, parse_overrides, read_config_file
+from purplerl.config import apply_overrides, parse_overrides, read_config_file
 from purplerl.errors import UserError
 from purplerl.experiments.sweep.settings import SweepSettings
 from purplerl.files import plain_name_problem
-from purplerl.recipes import RECIPES
-from purplerl.rewards.named import catalogue, expand
+from purplerl.launch import recipe_named, run_settings
+from purplerl.rewards.named import expand_named
 from purplerl.train.recipe import Recipe
 
 RUNS_DIR = "runs"
@@ -53,9 +53,7 @@ class PlannedRun:
 def recipe_of(name: str | None) -> Recipe:
     if name is None:
         raise UserError("name the recipe swept: recipe: NAME in the sweep file, or --recipe NAME")
-    if name not in RECIPES:
-        raise UserError(f"unknown recipe '{name}' (known: {', '.join(RECIPES)})")
-    return RECIPES[name]
+    return recipe_named(name)
 
 
 def _takes_anything_below(annotation: Any) -> bool:
@@ -142,7 +140,7 @@ def _named(overrides: dict[str, Any], rewards_file: str | None) -> dict[str, Any
     if NAMED_REWARD not in overrides:
         return overrides
     rest = {key: value for key, value in overrides.items() if key != NAMED_REWARD}
-    return {**rest, TERMS: expand(str(overrides[NAMED_REWARD]), catalogue(rewards_file))}
+    return {**rest, TERMS: expand_named(str(overrides[NAMED_REWARD]), rewards_file)}
 
 
 def _base_data(settings: SweepSettings, recipe: Recipe) -> tuple[dict[str, Any], str | None]:
@@ -191,7 +189,7 @@ def run_name(recipe: Recipe, point: dict[str, Any], seed: int) -> tuple[str, str
 
 def _build(recipe: Recipe, data: dict[str, Any], point: dict[str, Any], seed: int) -> Any:
     try:
-        return load_command_config(recipe.command(), None, [], base=data)
+        return run_settings(recipe, base=data)
     except UserError as err:
         shown = ", ".join(f"{key}={value}" for key, value in point.items())
         raise UserError(f"the run with {shown or 'the fixed settings'}, seed {seed}: {err}") from None

@@ -54,6 +54,7 @@ from purplerl.experiments.tamper.stats import (
     verdict,
 )
 from purplerl.files import write_durably
+from purplerl.launch import run_settings
 from purplerl.outputs import check_output_dir
 from purplerl.recipes.attack import ATTACK
 from purplerl.rewards.refusal import RefusalJudge
@@ -99,7 +100,7 @@ def shared_attack(config: Any, defended: Policy) -> Any:
     data = config.attack_config().model_dump(mode="json")
     data["model"].update({key: getattr(defended.model, key) for key in RUN_MODEL_FIELDS})
     data["data"].update({key: getattr(defended.prompt, key) for key in RUN_PROMPT_FIELDS})
-    return ATTACK.build(data)
+    return run_settings(ATTACK, saved=data)  # complete: its mappings replace the attack's defaults'
 
 
 def _write_json(path: Path, content: Any) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from purplerl.errors import ExperimentError
 from purplerl.experiments.tamper.heldout import flags_key
+from purplerl.launch import run_settings
 from purplerl.recipes.attack import ATTACK
 from purplerl.recipes.sft import SFT
 from purplerl.runs.layout import CONFIG_FILE, EVALS_FILE, METRICS_FILE
@@ -84,7 +85,7 @@ def attack_config(base: Any, run: AttackRun, starts: Starts, runs_dir: Path, ent
         data["reward"]["terms"]["entropy_bonus"] = 1.0
         data["reward"]["entropy_bonus"] = {"cap": entropy_bonus_cap}
     data["run"].update(output_dir=str(runs_dir), name=run.name)
-    return ATTACK.build(data)
+    return run_settings(ATTACK, saved=data)
 
 
 def sft_config(base: Any, run: AttackRun, starts: Starts, runs_dir: Path, data_file: Path, lr: float) -> Any:
@@ -96,9 +97,9 @@ def sft_config(base: Any, run: AttackRun, starts: Starts, runs_dir: Path, data_f
     data = {"source": str(data_file), "split": "train", "template": rl["data"]["template"],
             "system_prompt": rl["data"]["system_prompt"]}
     # the held-out judge is the evaluation here; SFT's own held-out loss would take training rows away
-    return SFT.build({**shared, "recipe": "sft", "training": {**training, "lr": lr},
-                      "run": {**rl["run"], "name": run.name}, "data": data,
-                      "sft": {"eval_fraction": 0.0, "eval_every": 0}})
+    return run_settings(SFT, base={**shared, "recipe": "sft", "training": {**training, "lr": lr},
+                                   "run": {**rl["run"], "name": run.name}, "data": data,
+                                   "sft": {"eval_fraction": 0.0, "eval_every": 0}})
 
 
 def execute(config: Any, run: AttackRun, run_dir: Path, evaluation: Evaluation) -> dict[str, Any]:
