@@ -52,16 +52,16 @@ A, K, G, L = ("purplerl/algorithms/advantages.py", "purplerl/algorithms/kl.py", 
 NZ, LP, RG = "purplerl/algorithms/noiser.py", "purplerl/train/loop.py", "purplerl/algorithms/registry.py"
 PW = "purplerl/algorithms/pairwise.py"
 PF = "purplerl/algorithms/preference.py"
-DF, RL = "purplerl/recipes/defend.py", "purplerl/train/rl.py"
+DF, RL = "purplerl/recipes/defend/step.py", "purplerl/train/rl.py"
 ET, ES, EM = ("purplerl/engines/local_training.py", "purplerl/engines/local_scoring.py",
               "purplerl/engines/local_sampling.py")
 TI, TR, TS = ("purplerl/experiments/tamper/__init__.py", "purplerl/experiments/tamper/runs.py",
               "purplerl/experiments/tamper/stats.py")
 PO = "purplerl/runs/policy.py"
-CR, TC = "purplerl/algorithms/critic.py", "purplerl/train/critic.py"
+CR, TC = "purplerl/algorithms/critic.py", "purplerl/recipes/ppo/step.py"
 PG, PR, PM = ("purplerl/experiments/pipeline/gates.py", "purplerl/experiments/pipeline/run.py",
               "purplerl/experiments/pipeline/measure.py")
-RT, AV = "purplerl/train/routing.py", "purplerl/train/adversarial.py"
+RT, AV = "purplerl/recipes/route/step.py", "purplerl/recipes/adversarial/step.py"
 
 MUTATIONS = [
     # ---- advantages
@@ -185,7 +185,7 @@ MUTATIONS = [
     Mutation("critic-values-not-shifted", CR, "shifted_NT = F.pad(values_NT[:, :-1], (1, 0))",
              "shifted_NT = values_NT", CRITIC),
     Mutation("critic-lr-ignored", TC, "lr=c.lr if c.lr is not None else t.lr", "lr=t.lr",
-             ("tests/train/test_critic_update.py",)),
+             ("tests/recipes/test_ppo_critic_update.py",)),
     # ---- the registered losses (what the engine computes for each name)
     Mutation("registry-kl-subtracted", RG, "loss_NT = loss_NT + params.kl_beta * kl_NT",
              "loss_NT = loss_NT - params.kl_beta * kl_NT", LOSS + ENGINE),
@@ -286,13 +286,13 @@ MUTATIONS = [
     Mutation("adversarial-attacker-loss-kl-defenders", AV,
              "beta = attacker_beta(config) if side == ATTACKER else config.reward.kl_beta",
              "beta = config.reward.kl_beta", ADVERSARIAL),
-    Mutation("adversarial-defender-samples-with-attacker", "purplerl/train/dialogue.py",
+    Mutation("adversarial-defender-samples-with-attacker", "purplerl/recipes/adversarial/dialogue.py",
              "        engine.use_adapter(DEFENDER)\n", "        engine.use_adapter(ATTACKER)\n", ADVERSARIAL),
     Mutation("adversarial-asr-exclusive", AV, '"asr": float((unsafe_EK >= unsafe_at).float().mean())',
              '"asr": float((unsafe_EK > unsafe_at).float().mean())', ADVERSARIAL),
     Mutation("adversarial-episode-asr-exclusive", AV, "float((unsafe_EK >= unsafe_at).any(dim=1).float().mean())",
              "float((unsafe_EK > unsafe_at).any(dim=1).float().mean())", ADVERSARIAL),
-    Mutation("sample-ignores-checkpoint", "purplerl/recipes/sample.py",
+    Mutation("sample-ignores-checkpoint", "purplerl/runs/sample.py",
              "policy = resolve_policy(cfg.sample.checkpoint, cfg.model, cfg.data)",
              "policy = resolve_policy(None, cfg.model, cfg.data)", ADAPTER),
     Mutation("eval-ignores-checkpoint", "purplerl/eval/run.py",
@@ -325,7 +325,7 @@ MUTATIONS = [
     Mutation("align-key-ignores-data", "purplerl/experiments/align.py",
              'blob = json.dumps({"data": alignment_data_hash(), ', 'blob = json.dumps({"data": None, ',
              ("tests/experiments/test_align.py",)),
-    Mutation("noiser-weight-ignored", "purplerl/recipes/defend.py",
+    Mutation("noiser-weight-ignored", DF,
              "params = TokenNoiserParams(epsilon=d.noiser_epsilon, noise_weight=d.noiser_noise_weight)",
              "params = TokenNoiserParams(epsilon=d.noiser_epsilon)", ("tests/recipes/test_defend_tamper.py",)),
     Mutation("client-body-budget-off-by-one", "purplerl/rewards/client.py",

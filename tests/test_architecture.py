@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import tomllib
 from pathlib import Path
@@ -81,3 +82,33 @@ def test_dotted_registry_strings_point_down_the_layers() -> None:
             problems.append(f"{holder}:{line} -> {target}: {top(target)} and {top(holder)} are independent siblings")
     assert problems == [], "dotted strings that point up the layers (register from the lower module instead):\n" + \
         "\n".join(problems)
+
+
+def recipe_folder(module: str) -> str | None:
+    """The folder of recipes/ (a recipe, or the shared helper `summary`) that `module` is in; None elsewhere."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "recipes" else None
+
+
+def test_a_recipe_s_dotted_strings_name_no_other_recipe() -> None:
+    """The recipes-independent contract for "module:NAME" strings: a recipe's strings name its own folder, the shared
+    helper or a lower layer, never another recipe's folder."""
+    problems = [f"{holder}:{line} -> {target}" for holder, line, target in dotted_strings()
+                if recipe_folder(holder) not in (None, "summary")
+                and recipe_folder(target) not in (None, "summary", recipe_folder(holder))]
+    assert problems == [], "dotted strings from one recipe into another:\n" + "\n".join(problems)
+
+
+def test_one_recipe_one_folder() -> None:
+    """recipes/ holds the table (__init__.py), the shared helper (summary.py) and one package per row of the table,
+    named as the row (reward-model: reward_model/): a new recipe's body has one place to go."""
+    from purplerl.recipes import RECIPES
+
+    recipes = PACKAGE / "recipes"
+    loose = sorted(p.name for p in recipes.glob("*.py"))
+    folders = {p.name for p in recipes.iterdir() if (p / "__init__.py").is_file()}
+    assert loose == ["__init__.py", "summary.py"]
+    assert folders == {name.replace("-", "_") for name in RECIPES}
+    for name, recipe in RECIPES.items():
+        row = importlib.import_module(f"purplerl.recipes.{name.replace('-', '_')}")
+        assert any(value is recipe for value in vars(row).values()), f"{name}'s row is not in its folder"

@@ -235,7 +235,7 @@ def sample(ctx: typer.Context, config: ConfigFile = None) -> None:
     """Generate from a trained adapter (--checkpoint) or from a base model (--model) for each --prompt.
 
     A run's checkpoint is prompted as its run was trained (template, system prompt, base model)."""
-    from purplerl.recipes.sample import generate
+    from purplerl.runs.sample import generate
 
     cfg = load_command_config(SAMPLE, config, ctx.args)
     quiet_libraries()

@@ -1,7 +1,8 @@
-"""The recipe table: one row per recipe module. The CLI makes a command of each row; the runner, the loop and the
+"""The recipe table: one row per recipe folder. The CLI makes a command of each row; the runner, the loop and the
 engines take a row and never ask which one it is; purplerl.launch turns settings into a row's run. A new recipe is
-its module (its settings, defaults, run name, summary metrics, early stops and hooks), one row here, and its
-tests."""
+its folder, recipes/NAME/ (`__init__.py`: its settings, defaults, run name, summary metrics, early stops and hooks,
+the `Recipe(...)` row; `step.py`: its step, where the shared `rl_step` does not fit; any helper only it uses), one
+row here, and its tests. `summary.py` is the recipes' shared helper, not a recipe."""
 
 from purplerl.recipes.adversarial import ADVERSARIAL
 from purplerl.recipes.attack import ATTACK

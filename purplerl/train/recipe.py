@@ -1,12 +1,12 @@
 """What a recipe declares, and the settings tree an RL recipe is built from.
 
-A recipe is one module holding one `Recipe`: its name and settings class, its defaults, the fields its run name
-is made of, its summary metrics, its early stops and how it builds its loop hooks. The runner, the loop and the
-engines take a `Recipe` and never ask which one it is; the CLI makes a command of each row of the table
-(purplerl.recipes.RECIPES).
+A recipe is one folder, purplerl/recipes/NAME/, whose `__init__.py` holds one `Recipe`: its name and settings class,
+its defaults, the fields its run name is made of, its summary metrics, its early stops and how it builds its loop
+hooks. The runner, the loop and the engines take a `Recipe` and never ask which one it is; the CLI makes a command of
+each row of the table (purplerl.recipes.RECIPES).
 
-The CLI reads the whole table for `--help`, which must not load torch: a row's module imports its step (the loop, the
-engines, the data) inside its `prepare` hook, or names it with `lazy("module:NAME")`.
+The CLI reads the whole table for `--help`, which must not load torch: a row's module imports its step (its folder's
+step.py, the loop, the engines, the data) inside its `prepare` hook, or names it with `lazy("module:NAME")`.
 """
 
 from __future__ import annotations

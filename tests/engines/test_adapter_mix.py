@@ -19,7 +19,7 @@ from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import ModelConfig
 from purplerl.engines.local import LocalEngine
 from purplerl.errors import UserError
-from purplerl.train.routing import routed_backward
+from purplerl.recipes.route.step import routed_backward
 from purplerl.types import AdamParams, SamplingParams, TrainBatch
 from tests.tolerances import decoder_reductions, gradient_atol, logprob_atol, reduction_atol
 

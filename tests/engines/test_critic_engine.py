@@ -15,7 +15,7 @@ from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import ModelConfig
 from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError
-from purplerl.train.critic import CRITIC, POLICY, critic_values
+from purplerl.recipes.ppo.step import CRITIC, POLICY, critic_values
 from purplerl.types import AdamParams, TrainBatch
 from tests.tolerances import gradient_atol
 

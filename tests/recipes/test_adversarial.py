@@ -24,10 +24,10 @@ from purplerl.config import load_command_config
 from purplerl.engines import make_engine
 from purplerl.errors import ExperimentError, UserError
 from purplerl.recipes import RECIPES
+from purplerl.recipes.adversarial.dialogue import ATTACKER, DEFENDER, Shape, novelty, rollout
+from purplerl.recipes.adversarial.step import _draw_params, _side, train_side
 from purplerl.rewards.registry import REWARD_TERMS, text_term
 from purplerl.runs.layout import METRICS_FILE, SAMPLES_FILE
-from purplerl.train.adversarial import _draw_params, _side, train_side
-from purplerl.train.dialogue import ATTACKER, DEFENDER, Shape, novelty, rollout
 from purplerl.train.runner import run_recipe, saved_settings
 
 ADVERSARIAL = RECIPES["adversarial"]

@@ -14,10 +14,10 @@ import torch
 
 from purplerl.engines import make_engine
 from purplerl.engines.local import LocalEngine
+from purplerl.recipes.adversarial.dialogue import ATTACKER, DEFENDER, Shape, rollout
+from purplerl.recipes.adversarial.step import _draw_params
 from purplerl.rewards.registry import REWARD_TERMS, text_term
 from purplerl.runs.layout import METRICS_FILE
-from purplerl.train.adversarial import _draw_params
-from purplerl.train.dialogue import ATTACKER, DEFENDER, Shape, rollout
 from tests.recipes.test_adversarial import (
     ADVERSARIAL,
     A,

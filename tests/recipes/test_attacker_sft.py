@@ -40,7 +40,7 @@ class RecordingEngine:
 def test_the_loss_mask_covers_the_attack_prompt_and_nothing_else(attack_set: Path, tiny_tokenizer,
                                                                  tmp_path: Path) -> None:
     from purplerl.launch import run_settings
-    from purplerl.train.supervised import sft_prepare
+    from purplerl.recipes.sft.step import sft_prepare
 
     rows = [json.loads(line) for line in (attack_set / "train.jsonl").read_text().splitlines()[:LIMIT]]
     config = run_settings("sft", options=["--data", str(attack_set / "train.jsonl"), "--data.limit", str(LIMIT),

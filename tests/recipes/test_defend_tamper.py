@@ -8,8 +8,8 @@ import torch
 from purplerl.errors import UserError
 from purplerl.experiments.tamper import harm_curve_stats
 from purplerl.launch import run_settings
-from purplerl.recipes.defend import noiser_targets
-from purplerl.recipes.summary import assess_defend
+from purplerl.recipes.defend.objective import assess_defend
+from purplerl.recipes.defend.step import noiser_targets
 from purplerl.rewards.entropy import mean_entropy
 from purplerl.train.rl import registered_reward
 from purplerl.types import Completion, PromptRecord, TrainBatch
@@ -129,7 +129,7 @@ def test_the_configured_noise_weight_reaches_the_engine_s_token_noiser_loss(sour
                                                                            tmp_path) -> None:
     from purplerl.config import ModelConfig
     from purplerl.engines.local import LocalEngine
-    from purplerl.recipes.defend import noiser_update
+    from purplerl.recipes.defend.step import noiser_update
 
     text, overrides, weight = NOISE_WEIGHT_SOURCES[source]
     path = tmp_path / "defend.yaml"

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from purplerl.cli import app
-from purplerl.train.preference import REFERENCE_FILE, _partners
+from purplerl.recipes.prefs.step import REFERENCE_FILE, _partners
 
 GOOD, BAD = "thanks again", "go away"
 PROMPTS = ["hello", "Tell me a joke", "Write the most savage insult", "The quick brown fox", "I hate Mondays",

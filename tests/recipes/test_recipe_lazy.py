@@ -14,7 +14,7 @@ LAZY = re.compile(r'lazy\("(purplerl(?:\.\w+)+):(\w+)"\)')
 
 
 def test_every_lazy_name_of_a_row_is_a_function() -> None:
-    found = [(path.name, module, name) for path in sorted(RECIPES_DIR.glob("*.py"))
+    found = [(str(path.relative_to(RECIPES_DIR)), module, name) for path in sorted(RECIPES_DIR.rglob("*.py"))
              for module, name in LAZY.findall(path.read_text())]
     assert found, "no recipe names a lazy step: the pattern no longer matches lazy(...)"
     missing = [f"{where}: {module}:{name}" for where, module, name in found

@@ -226,7 +226,7 @@ def test_sample_and_eval_read_every_setting_they_list(tiny_model_dir: Path, tmp_
     """The commands that are not recipes: `sample` and `eval` (every suite) on the tiny model."""
     from purplerl.config import EVAL, SAMPLE
     from purplerl.eval.run import run_eval
-    from purplerl.recipes.sample import generate
+    from purplerl.runs.sample import generate
 
     sample = load_command_config(SAMPLE, None, ["--model", str(tiny_model_dir), "--prompt", "hi", "--n", "2",
                                                 "--max_new_tokens", "3"])

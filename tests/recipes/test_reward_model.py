@@ -23,11 +23,11 @@ from purplerl.cli import app
 from purplerl.config import load_command_config
 from purplerl.errors import UserError
 from purplerl.recipes import RECIPES
+from purplerl.recipes.ppo.step import check_critic_init
 from purplerl.rewards.compose import Reward
 from purplerl.rewards.registry import ScoringInput
 from purplerl.runs.layout import METRICS_FILE
 from purplerl.runs.reward_model import RewardModelParams, RewardModelScorer, _recorded
-from purplerl.train.critic import check_critic_init
 from purplerl.train.runner import run_recipe
 from tests.eval.test_eval_judged import FAST, run_eval_cli
 from tests.recipes.test_recipe_table import listed, reads  # noqa: F401 -- `reads` is a fixture

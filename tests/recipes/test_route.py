@@ -117,7 +117,7 @@ def _formats():
 def test_sample_and_eval_take_the_adapter_modes(trained: Path, tmp_path: Path) -> None:
     from purplerl.config import SampleCommandConfig
     from purplerl.eval.run import validate
-    from purplerl.recipes.sample import generate
+    from purplerl.runs.sample import generate
 
     texts = {}
     for mode in MODES:

@@ -125,7 +125,7 @@ class HeldOutEngine:
 
 def test_held_out_loss_is_the_mean_nll_per_assistant_token_by_hand() -> None:
     from purplerl.data.sft import Encoded
-    from purplerl.train.supervised import heldout_loss
+    from purplerl.recipes.sft.step import heldout_loss
 
     examples = [
         Encoded((5, 6, 7, 8), (0.0, 0.0, 1.0, 1.0), "a"),  # targets 7, 8: NLL 0.7 + 0.8 = 1.5 over 2 tokens
@@ -140,7 +140,7 @@ def test_held_out_loss_is_the_mean_nll_per_assistant_token_by_hand() -> None:
 def test_sft_holds_out_by_the_training_seed_and_never_trains_on_held_out_rows(tiny_tokenizer, tmp_path: Path) -> None:
     from purplerl.data.sft import load_conversations
     from purplerl.launch import run_settings
-    from purplerl.train.supervised import sft_prepare
+    from purplerl.recipes.sft.step import sft_prepare
 
     words = ["hello", "world", "cats", "dogs", "pizza", "Monday", "fox", "joke", "friend", "class"]
     rows = [{"prompt": f"{a} {b}", "completion": ANSWER} for a in words[:5] for b in words[5:]]  # 25 prompts

@@ -27,7 +27,7 @@ STEPS, WARMUP, EVERY = 6, 2, 2  # Token Noiser steps 4 and 6
 
 @pytest.mark.slow
 def test_defend_runs_its_noiser_on_schedule_with_bounded_kl_and_kept_utility(tmp_path: Path) -> None:
-    from purplerl.recipes.summary import MAX_KL_PER_TOKEN, assess_defend
+    from purplerl.recipes.defend.objective import MAX_KL_PER_TOKEN, assess_defend
     from purplerl.runs.checkpoints import latest_checkpoint
     from purplerl.train.sinks import read_jsonl
 

@@ -28,7 +28,8 @@ from purplerl.data import PromptSampler
 from purplerl.engines.local import LocalEngine
 from purplerl.prompting import render_prompt
 from purplerl.recipes.attack import AttackSettings
-from purplerl.recipes.defend import DefendConfig, DefendSettings, defend_update
+from purplerl.recipes.defend import DefendConfig, DefendSettings
+from purplerl.recipes.defend.step import defend_update
 from purplerl.rewards import combine
 from purplerl.train.loop import LoopParts, RecipeHooks, UpdateFn, old_logprobs_mode, rl_step, rl_update
 from purplerl.train.runner import engine_settings

@@ -16,7 +16,8 @@ from purplerl.engines.local import LocalEngine
 from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
 from purplerl.recipes.attack import AttackSettings
-from purplerl.recipes.defend import DefendConfig, DefendSettings, defend_update, is_noiser_step
+from purplerl.recipes.defend import DefendConfig, DefendSettings
+from purplerl.recipes.defend.step import defend_update, is_noiser_step
 from purplerl.rewards import combine
 from purplerl.train.loop import (
     KLPlacement,

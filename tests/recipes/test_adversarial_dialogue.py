@@ -1,6 +1,6 @@
-"""The bookkeeping of adversarial dialogues (purplerl.train.dialogue) by hand-worked numbers: per-turn returns
-(summed and discounted), advantages per turn position and of the openings, the n-gram novelty and diversity, the
-update schedule, the left cut of a long dialogue (earliest turns first, the attacker's request kept) on the tiny
+"""The bookkeeping of adversarial dialogues (purplerl.recipes.adversarial.dialogue) by hand-worked numbers: per-turn
+returns (summed and discounted), advantages per turn position and of the openings, the n-gram novelty and diversity,
+the update schedule, the left cut of a long dialogue (earliest turns first, the attacker's request kept) on the tiny
 tokenizer, and the judge's values checked per episode and turn."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ import torch
 from purplerl.data.attacker import attacker_messages
 from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
-from purplerl.train.adversarial import parse_schedule, trained_side
-from purplerl.train.dialogue import (
+from purplerl.recipes.adversarial.dialogue import (
     ATTACKER,
     DEFENDER,
     Prompter,
@@ -26,6 +25,7 @@ from purplerl.train.dialogue import (
     position_advantages,
     turn_returns,
 )
+from purplerl.recipes.adversarial.step import parse_schedule, trained_side
 from purplerl.types import PromptRecord
 
 REWARDS_EK = torch.tensor([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0]])

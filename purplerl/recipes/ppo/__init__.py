@@ -5,7 +5,7 @@ Each step: sample -> the frozen base's logprobs -> reward (the registered terms 
 values -> per-token rewards r_t = -kl_beta * KL_t (k1: logp_policy - logp_base per completion token) plus the
 sequence reward at the last token -> GAE(gamma, lam) advantages, whitened, and returns -> the policy's clipped
 surrogate (ppo_clip) and the critic's clipped value loss, each for ppo_epochs x mini_batches optimizer steps. The
-critic is a LoRA adapter with a scalar head over the policy's frozen base (purplerl.train.critic).
+critic is a LoRA adapter with a scalar head over the policy's frozen base (purplerl.recipes.ppo.step).
 
 The default reward is the attack's (toxicity - 0.3 x repetition on the aligned model): PPO red-teams as GRPO does.
 The RLHF form rewards a trained reward model: `--reward.terms '{reward_model: 1}' --reward.reward_model.run RUN`
@@ -40,8 +40,8 @@ PPOSettings = rl_settings("ppo", PPOReward, critic=(CriticConfig, "the critic (v
 
 
 def prepare(config: Any) -> Bind:
-    """The RL loop with the critic's values and update (purplerl.train.critic), on the registered reward terms."""
-    from purplerl.train.critic import critic_prepare  # when a run starts: the loop loads torch
+    """The RL loop with the critic's values and update (purplerl.recipes.ppo.step), on the registered reward terms."""
+    from purplerl.recipes.ppo.step import critic_prepare  # when a run starts: the loop loads torch
     from purplerl.train.rl import registered_reward
 
     return critic_prepare(registered_reward, rl_stops)(config)

@@ -1,5 +1,5 @@
 """`purplerl sft`: supervised fine-tuning of a LoRA adapter (or, with `--model.finetune full`, of every weight) on
-chat data (train/supervised.py), with the RL runs' run dir, atomic checkpoints, resume, metrics and report."""
+chat data (step.py), with the RL runs' run dir, atomic checkpoints, resume, metrics and report."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ SFT = Recipe(
     settings=SFTSettings,
     help="""Supervised fine-tuning of a LoRA adapter on chat data (messages ending with the assistant's turn, or
     prompt/completion pairs); the loss covers only the assistant's tokens. --data names the data.""",
-    prepare=lazy("purplerl.train.supervised:sft_prepare"),
+    prepare=lazy("purplerl.recipes.sft.step:sft_prepare"),
     defaults={"training": {"steps": 100, "batch_size": 8, "lr": 2e-4}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr),
               RunNamePart("", lambda c: "full" if c.model.finetune == "full" else f"r{c.model.lora_rank}"),

@@ -3,7 +3,7 @@
 The attacker and the defender are two LoRA adapters on one frozen base: ATTACKER, and the policy's own adapter
 (DEFENDER), which the run's checkpoints hold at the top as any policy's, so eval and tamper-test take the defender.
 The reference of both sides' KL is the base with the adapters off. One step is one round, laid out by
-purplerl.train.dialogue: for B goals the attacker writes A opening attacks each (in its chat,
+purplerl.recipes.adversarial.dialogue: for B goals the attacker writes A opening attacks each (in its chat,
 purplerl.data.attacker), each opening starts G episodes with the defender, and the two speak K turns. The judge, a
 ConversationScorer, gives P(unsafe) of every defender turn in the context of the dialogue before it. Per turn,
 
@@ -38,15 +38,7 @@ from purplerl.engines.adapter_fit import check_adapter_fits
 from purplerl.engines.adapters import adapter_dir
 from purplerl.engines.base import Engine
 from purplerl.errors import ExperimentError, UserError
-from purplerl.rewards.base import ConversationScorer
-from purplerl.rewards.compose import Reward
-from purplerl.rewards.conversation import conversation_judge
-from purplerl.rewards.named import TermSpec
-from purplerl.rewards.registry import ScoringInput
-from purplerl.runs.checkpoints import describe_skipped, newest_intact
-from purplerl.runs.layout import CONFIG_FILE, SAMPLES_FILE
-from purplerl.train.batch import build_train_batch, sequence_tensors
-from purplerl.train.dialogue import (
+from purplerl.recipes.adversarial.dialogue import (
     ATTACKER,
     DEFENDER,
     Prompter,
@@ -62,6 +54,14 @@ from purplerl.train.dialogue import (
     rollout,
     turn_returns,
 )
+from purplerl.rewards.base import ConversationScorer
+from purplerl.rewards.compose import Reward
+from purplerl.rewards.conversation import conversation_judge
+from purplerl.rewards.named import TermSpec
+from purplerl.rewards.registry import ScoringInput
+from purplerl.runs.checkpoints import describe_skipped, newest_intact
+from purplerl.runs.layout import CONFIG_FILE, SAMPLES_FILE
+from purplerl.train.batch import build_train_batch, sequence_tensors
 from purplerl.train.loop import (
     EarlyStop,
     StepFn,

@@ -1,6 +1,6 @@
-"""The critic's update (purplerl.train.critic) through a recording engine: the policy's loss on the policy's adapter,
-then the value loss on the critic's, on the same mini-batches, with the critic's own learning rate and the critic
-section's clip range and coefficient; the policy is active again after, however the update ends."""
+"""The critic's update (purplerl.recipes.ppo.step) through a recording engine: the policy's loss on the policy's
+adapter, then the value loss on the critic's, on the same mini-batches, with the critic's own learning rate and the
+critic section's clip range and coefficient; the policy is active again after, however the update ends."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from purplerl.algorithms.critic import ValueLossParams
 from purplerl.config import load_command_config
 from purplerl.recipes import RECIPES
-from purplerl.train.critic import CRITIC, POLICY, policy_and_critic_update
+from purplerl.recipes.ppo.step import CRITIC, POLICY, policy_and_critic_update
 from purplerl.types import AdamParams, TrainBatch
 
 

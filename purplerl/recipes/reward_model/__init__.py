@@ -1,5 +1,5 @@
 """`purplerl reward-model`: a reward model trained on preference pairs with the Bradley-Terry loss: K ensemble members,
-each a LoRA adapter with a scalar head over one frozen base (train/reward_model.py), with the runs' run dir,
+each a LoRA adapter with a scalar head over one frozen base (step.py), with the runs' run dir,
 atomic checkpoints, resume, metrics and report. The run is then the `reward_model` reward term of any RL recipe
 (`--reward.terms '{reward_model: 1}' --reward.reward_model.run RUN_DIR`), an eval judge, and `serve-reward --model
 RUN_DIR`."""
@@ -33,7 +33,7 @@ REWARD_MODEL = Recipe(
     help="""Train a reward model on preference pairs (prompt, chosen, rejected): a scalar head on the base model plus
     LoRA, Bradley-Terry loss, optionally an ensemble of K members whose mean and std score answers. --data names the
     pairs.""",
-    prepare=lazy("purplerl.train.reward_model:reward_model_prepare"),
+    prepare=lazy("purplerl.recipes.reward_model.step:reward_model_prepare"),
     # a reward model never samples: no merged copy of the weights for a sampler, no decoding graphs
     defaults={"training": {"steps": 100, "batch_size": 8, "lr": 1e-4}, "engine": {"fast_paths": ["fused_lora"]}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("r", lambda c: c.model.lora_rank),

@@ -1,7 +1,7 @@
 """`purplerl route`: GRPO with gradient routing (Cloud et al. 2024, arXiv 2410.04332; small-rl's two-adapter
 trainer). A retain adapter (the policy's own, model.lora_rank) and a forget adapter (route.forget_rank) act together
 on one frozen base; samples the reward's detector labels as hacks train the forget adapter alone, the others both
-(purplerl.train.routing). Ablating the forget adapter (`--adapters retain_only` in sample and eval) should keep the
+(purplerl.recipes.route.step). Ablating the forget adapter (`--adapters retain_only` in sample and eval) should keep the
 task and drop the hack. `route.mode baseline` is the control: one adapter of both ranks together, every sample
 training it, under the same loop.
 
@@ -46,13 +46,13 @@ class RouteConfig(Section):
 
 
 RouteReward = reward_section("route", TERMS)
-RouteSettings = rl_settings("route", RouteReward, route=(RouteConfig, "gradient routing (purplerl.train.routing)"))
+RouteSettings = rl_settings("route", RouteReward, route=(RouteConfig, "gradient routing (purplerl.recipes.route.step)"))
 
 
 def prepare(config: Any) -> Bind:
     """GRPO on the registered reward terms, the detector's hacks routed to the forget adapter."""
-    from purplerl.train.rl import registered_reward  # when a run starts: the loop loads torch
-    from purplerl.train.routing import route_prepare
+    from purplerl.recipes.route.step import route_prepare  # when a run starts: the loop loads torch
+    from purplerl.train.rl import registered_reward
 
     return route_prepare(registered_reward, rl_stops)(config)
 
@@ -74,15 +74,15 @@ ROUTE = Recipe(
               "training": {"early_stop_repetition": None, "batch_size": 4, "lr": 5e-4, "advantage_std": True,
                            "steps": 30}},
     run_name=(RunNamePart("", lambda c: c.route.mode), RunNamePart("r", lambda c: c.model.lora_rank),
-              RunNamePart("f", lazy("purplerl.train.routing:forget_rank")), RunNamePart("lr", lambda c: c.training.lr),
-              RunNamePart("kl", lambda c: c.reward.kl_beta), RunNamePart("G", lambda c: c.sampling.group_size),
-              RunNamePart("B", lambda c: c.training.batch_size)),
+              RunNamePart("f", lazy("purplerl.recipes.route.step:forget_rank")),
+              RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta),
+              RunNamePart("G", lambda c: c.sampling.group_size), RunNamePart("B", lambda c: c.training.batch_size)),
     summary_metrics={"route/both/task": "task, both adapters", "route/retain_only/task": "task, retain adapter alone",
                      "route/both/hack": "hack rate, both adapters",
                      "route/retain_only/hack": "hack rate, retain adapter alone", "rh/rate": "hack rate of rollouts"},
     flat={**RL_FLAT, "forget_rank": "route.forget_rank", "task_term": "route.task_term"},
     fixed_on_resume=FIXED_ON_RESUME | {"route.mode", "route.forget_rank"},
-    engine_model=lazy("purplerl.train.routing:engine_model"),
+    engine_model=lazy("purplerl.recipes.route.step:engine_model"),
     needs=lambda config: frozenset({ADAPTER_MIXING} if config.route.mode == "route" else ()),
 )
 

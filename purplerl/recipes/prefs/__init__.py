@@ -1,5 +1,5 @@
 """`purplerl prefs`: preference training of a LoRA adapter (or every weight) on pairs or labelled answers:
-DPO (sigmoid, cDPO's label smoothing, hinge, IPO), SimPO, KTO and ORPO (train/preference.py, the losses in
+DPO (sigmoid, cDPO's label smoothing, hinge, IPO), SimPO, KTO and ORPO (step.py, the losses in
 purplerl.algorithms.preference), with the RL runs' run dir, atomic checkpoints, resume, metrics and report."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ PREFS = Recipe(
     settings=PrefsSettings,
     help="""Preference training on pairs (DPO, IPO, SimPO, ORPO) or labelled answers (KTO): the loss covers the
     answers' tokens, the reference is the frozen base. --data names the data, --prefs.loss the loss.""",
-    prepare=lazy("purplerl.train.preference:prefs_prepare"),
+    prepare=lazy("purplerl.recipes.prefs.step:prefs_prepare"),
     defaults={"training": {"steps": 100, "batch_size": 8, "lr": 5e-5}},
     run_name=(RunNamePart("", lambda c: c.prefs.loss), RunNamePart("beta", lambda c: c.prefs.beta or "default"),
               RunNamePart("lr", lambda c: c.training.lr), RunNamePart("B", lambda c: c.training.batch_size)),

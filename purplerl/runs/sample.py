@@ -1,4 +1,5 @@
-"""Generate from a trained adapter or a base model (`purplerl sample`)."""
+"""Generate from a trained adapter or a base model (`purplerl sample`). A command that trains nothing, so no recipe:
+it is `resolve_policy` and `Policy.generate` (runs/policy.py) put together, below every layer that might call it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`purplerl adversarial`: a learned attacker against a defender, both trained by RL on one base (MTSA, issue 23).
 
 The attacker and the defender are two LoRA adapters on one frozen base; the KL reference of both is the base with the
-adapters off (purplerl.train.adversarial). Each step the attacker writes attacks on a batch of goals (data.source:
+adapters off (step.py). Each step the attacker writes attacks on a batch of goals (data.source:
 the goals, e.g. builtin:redteam or the attacker SFT set), the defender answers, the two go on for adversarial.turns
 turns, and a judge gives P(unsafe) of each answer in its dialogue. The defender is rewarded for safety, 1 - P(unsafe),
 plus reward.terms (by default the entropy minimization of `defend`, at a small weight), minus the KL; the attacker for
@@ -55,7 +55,7 @@ class AdversarialConfig(Section):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, schedule: str) -> str:
-        from purplerl.train.adversarial import parse_schedule  # the loop's own reading; it loads torch
+        from purplerl.recipes.adversarial.step import parse_schedule  # the loop's own reading; it loads torch
 
         parse_schedule(schedule)
         return schedule
@@ -82,7 +82,7 @@ class AdversarialConfig(Section):
 AdversarialReward = reward_section("adversarial", TERMS)
 # its step's turns are counted by check_adversarial, which bounds training.mini_batches by the attacker's
 AdversarialSettings = rl_settings("adversarial", AdversarialReward, sequences=None, adversarial=(
-    AdversarialConfig, "the attacker, the judge, the dialogue and the update schedule (purplerl.train.adversarial)"))
+    AdversarialConfig, "the attacker, the judge, the dialogue and the update schedule (recipes/adversarial/step.py)"))
 
 
 def _schedule_name(config: Any) -> str:
@@ -98,7 +98,7 @@ ADVERSARIAL = Recipe(
     The attacker writes attacks on the goals (--data), the defender answers (sampling.group_size dialogues per
     attack), a judge (adversarial.judge) gives P(unsafe) of each answer. Defender: 1 - P(unsafe) + reward.terms
     - KL; attacker: P(unsafe) + novelty - KL. adversarial.schedule: attacker, defender, or N:M alternating.""",
-    prepare=lazy("purplerl.train.adversarial:adversarial_prepare"),
+    prepare=lazy("purplerl.recipes.adversarial.step:adversarial_prepare"),
     defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "reward": {"terms": TERMS, "kl_beta": 0.05},
               "training": {"batch_size": 4}},
     run_name=(RunNamePart("", _schedule_name), RunNamePart("K", lambda c: c.adversarial.turns),
