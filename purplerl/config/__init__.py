@@ -1,8 +1,9 @@
 """The one config system: sections by concern (config.sections), the trees of the commands that are not recipes
-(config.commands), older names moved to today's (config.migrate), and one way to read any of them
-(config.loader): command defaults <- YAML or JSON file <- `--section.field VALUE` or flat-name overrides. Unknown
-keys, out-of-range values and settings nothing would read raise `UserError` naming the field; the resolved config is
-written into each run directory. Each recipe's tree is its own (purplerl.train.recipe).
+(config.commands; eval's, with the sections that judge a model, in config.evaluation), older names moved to today's
+(config.migrate), and one way to read any of them (config.loader): command defaults <- YAML or JSON file <-
+`--section.field VALUE` or flat-name overrides. Unknown keys, out-of-range values and settings nothing would read
+raise `UserError` naming the field; the resolved config is written into each run directory. Each recipe's tree is
+its own (purplerl.train.recipe).
 """
 
 from purplerl.config.base import API_KEY_ENV, EMBEDDED_MODEL, METADATA, Registry, Section, Template
@@ -14,19 +15,15 @@ from purplerl.config.commands import (
     REPORT,
     SAMPLE,
     Command,
-    EvalCommandConfig,
-    EvalConfig,
-    EvalUtilityConfig,
-    JudgesConfig,
     PrepareCommandConfig,
     PrepareConfig,
     SampleCommandConfig,
     SampleConfig,
     SFTConfig,
     TamperConfig,
-    UtilityConfig,
     VerlConfig,
 )
+from purplerl.config.evaluation import EvalCommandConfig, EvalConfig, EvalUtilityConfig, JudgesConfig, UtilityConfig
 from purplerl.config.loader import (
     apply_overrides,
     build,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from purplerl.config.commands import SUITE_NAMES
+from purplerl.config.evaluation import SUITE_NAMES
 from purplerl.errors import ExperimentError, UserError
 from purplerl.eval.metrics import TERM_PREFIX
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term

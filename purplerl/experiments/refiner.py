@@ -86,12 +86,19 @@ def _served(critic: Any) -> bool:
 class CriticConfig(Section):
     """Who critiques (and revises, with reviser: critic): a local model, or an OpenAI-compatible endpoint."""
 
-    url: str | None = Field(None, description="OpenAI-compatible base URL (http(s)://HOST/v1) the critic is asked at; null: a local model")  # noqa: E501
-    model: str | None = Field(None, description="with url: the model name sent to the endpoint (required); without: the local critic (HF id, local path or embedded:NAME), null: the policy critiques itself")  # noqa: E501
-    key_env: read_when(str, _served, "critic.url is set") = Field(CRITIC_KEY_ENV, description="environment variable holding the endpoint's API key, sent as a bearer token when set")  # noqa: E501
-    timeout_s: read_when(float, _served, "critic.url is set") = Field(60.0, gt=0.0, description="seconds to wait for one answer of the endpoint")  # noqa: E501
-    retries: read_when(int, _served, "critic.url is set") = Field(2, ge=0, le=20, description="retries after a connection error, HTTP 429 or 5xx, then the run stops")  # noqa: E501
-    backoff_s: read_when(float, _served, "critic.url is set") = Field(0.5, ge=0.0, description="wait before the first retry, doubled after each")  # noqa: E501
+    url: str | None = Field(None, description=(
+        "OpenAI-compatible base URL (http(s)://HOST/v1) the critic is asked at; null: a local model"))
+    model: str | None = Field(None, description=(
+        "with url: the model name sent to the endpoint (required); without: the local critic (HF id, local path or "
+        "embedded:NAME), null: the policy critiques itself"))
+    key_env: read_when(str, _served, "critic.url is set") = Field(CRITIC_KEY_ENV, description=(
+        "environment variable holding the endpoint's API key, sent as a bearer token when set"))
+    timeout_s: read_when(float, _served, "critic.url is set") = Field(60.0, gt=0.0, description=(
+        "seconds to wait for one answer of the endpoint"))
+    retries: read_when(int, _served, "critic.url is set") = Field(2, ge=0, le=20, description=(
+        "retries after a connection error, HTTP 429 or 5xx, then the run stops"))
+    backoff_s: read_when(float, _served, "critic.url is set") = Field(0.5, ge=0.0, description=(
+        "wait before the first retry, doubled after each"))
 
     @model_validator(mode="after")
     def _endpoint(self) -> CriticConfig:
@@ -108,19 +115,25 @@ _FORMAT = PromptFormatConfig.model_fields
 class RefineConfig(Section):
     """The iterative refiner (module docstring): prompts, models, principles and rounds."""
 
-    data: PromptSourceConfig = Field(default_factory=PromptSourceConfig, description="the prompts to answer and refine")  # noqa: E501
+    data: PromptSourceConfig = Field(default_factory=PromptSourceConfig, description="the prompts to answer and refine")
     template: Template = Field(_FORMAT["template"].default, description=_FORMAT["template"].description)
-    system_prompt: str | None = Field(None, description="system message prepended to every prompt (null: none); the critic and the reviser see it too")  # noqa: E501
-    max_context_tokens: int = Field(1024, ge=8, description="longest conversation a local model is given (a revision request holds the prompt, the answer and the critique); longer ones are cut from the left")  # noqa: E501
-    policy: ModelLoadConfig = Field(default_factory=ModelLoadConfig, description="the model that answers the prompts")  # noqa: E501
+    system_prompt: str | None = Field(None, description=(
+        "system message prepended to every prompt (null: none); the critic and the reviser see it too"))
+    max_context_tokens: int = Field(1024, ge=8, description=(
+        "longest conversation a local model is given (a revision request holds the prompt, the answer and the "
+        "critique); longer ones are cut from the left"))
+    policy: ModelLoadConfig = Field(default_factory=ModelLoadConfig, description="the model that answers the prompts")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="the model or endpoint that critiques")
     reviser: Literal["critic", "policy"] = Field("critic", description="who rewrites an answer given its critique")
-    principles: str | None = Field(None, description="YAML or JSON file holding principles: [{name, critique, revision}] (null: the built-in list)")  # noqa: E501
-    principle_order: Literal["shuffle", "cycle"] = Field("shuffle", description="'shuffle': each prompt takes the principles in its own seeded order; 'cycle': in file order, prompt i starting at principle i")  # noqa: E501
+    principles: str | None = Field(None, description=(
+        "YAML or JSON file holding principles: [{name, critique, revision}] (null: the built-in list)"))
+    principle_order: Literal["shuffle", "cycle"] = Field("shuffle", description=(
+        "'shuffle': each prompt takes the principles in its own seeded order; 'cycle': in file order, prompt i "
+        "starting at principle i"))
     rounds: int = Field(2, ge=1, le=64, description="critique-and-revise rounds per prompt")
-    max_new_tokens: int = Field(128, ge=1, le=32768, description="longest answer, critique or revision in tokens")  # noqa: E501
-    temperature: float = Field(0.7, ge=0.0, le=10.0, description="sampling temperature of every call (0: greedy)")  # noqa: E501
-    batch_size: int = Field(8, ge=1, le=4096, description="prompts per generation call; part of what the seed fixes")  # noqa: E501
+    max_new_tokens: int = Field(128, ge=1, le=32768, description="longest answer, critique or revision in tokens")
+    temperature: float = Field(0.7, ge=0.0, le=10.0, description="sampling temperature of every call (0: greedy)")
+    batch_size: int = Field(8, ge=1, le=4096, description="prompts per generation call; part of what the seed fixes")
     seed: int = Field(0, description="seed of the principle orders and of every sampling call")
 
 

@@ -48,9 +48,13 @@ class _TamperChecks:
 
 TamperTestSettings = create_model(
     "TamperTestSettings", __base__=(AttackSettings, _TamperChecks),
-    tamper=(TamperConfig, Field(default_factory=TamperConfig, description="the defended adapter, threat models, seeds and held-out judge")),  # noqa: E501
-    utility=(UtilityConfig, Field(default_factory=UtilityConfig, description="utility of the base and the defended model before any attack")),  # noqa: E501
-    judges=(JudgesConfig, Field(default_factory=JudgesConfig, description="judges of the held-out answers: a harm classifier or guard model gives the harm verdict, else the compliance judge (judges.terms.compliance sets its parameters)")))  # noqa: E501
+    tamper=(TamperConfig, Field(default_factory=TamperConfig, description=(
+        "the defended adapter, threat models, seeds and held-out judge"))),
+    utility=(UtilityConfig, Field(default_factory=UtilityConfig, description=(
+        "utility of the base and the defended model before any attack"))),
+    judges=(JudgesConfig, Field(default_factory=JudgesConfig, description=(
+        "judges of the held-out answers: a harm classifier or guard model gives the harm verdict, else the compliance "
+        "judge (judges.terms.compliance sets its parameters)"))))
 
 # The attack's defaults but its target: the model and prompt format are the defended run's (shared_attack), unless
 # the command line names them. Greedy utility passes of the base and the defended model on a laptop: a sample.

@@ -37,7 +37,8 @@ _NUMBER = re.compile(r"-?[0-9.,]+")
 
 
 class GroundTruthParams(Section):
-    method: Literal["strict", "flexible"] = Field("strict", description="strict: the last '#### NUMBER'; flexible: the last number anywhere (veRL's gsm8k methods)")  # noqa: E501
+    method: Literal["strict", "flexible"] = Field("strict", description=(
+        "strict: the last '#### NUMBER'; flexible: the last number anywhere (veRL's gsm8k methods)"))
     format_score: float = Field(0.0, description="the value of an answer that was found but is wrong")
     score: float = Field(1.0, description="the value of a correct answer")
 

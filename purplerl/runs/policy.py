@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.config import ModelConfig, ModelLoadConfig, PromptFormatConfig, Section, build, read_config_file
-from purplerl.config.commands import ADAPTER_MODE_NAMES
+from purplerl.config.evaluation import ADAPTER_MODE_NAMES
 from purplerl.engines.adapters import adapter_dir
 from purplerl.engines.loading import is_full_model_dir, read_adapter_config
 from purplerl.errors import UserError

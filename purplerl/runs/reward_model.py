@@ -35,11 +35,17 @@ TERM = "reward_model"
 class RewardModelParams(Section):
     """The `reward_model` term's parameters."""
 
-    run: str | None = Field(None, description="a reward-model run dir (purplerl reward-model), whose newest intact checkpoint scores, or one of its checkpoints")  # noqa: E501
-    penalty: float = Field(0.0, ge=0.0, description="lambda: the reward is the ensemble's mean score - lambda x its std over members (Coste et al. 2023); 0: the mean")  # noqa: E501
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the reward model runs ('auto': cuda when available)")  # noqa: E501
+    run: str | None = Field(None, description=(
+        "a reward-model run dir (purplerl reward-model), whose newest intact checkpoint scores, or one of its "
+        "checkpoints"))
+    penalty: float = Field(0.0, ge=0.0, description=(
+        "lambda: the reward is the ensemble's mean score - lambda x its std over members (Coste et al. 2023); 0: the "
+        "mean"))
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description=(
+        "where the reward model runs ('auto': cuda when available)"))
     batch_size: int = Field(16, ge=1, description="answers per forward pass")
-    checkpoint: str | None = Field(None, description="metadata, not a setting: the checkpoint that scored, recorded at start; a resumed run refuses another")  # noqa: E501
+    checkpoint: str | None = Field(None, description=(
+        "metadata, not a setting: the checkpoint that scored, recorded at start; a resumed run refuses another"))
 
     def incomplete(self) -> str | None:
         return "run: name the reward model's run dir (purplerl reward-model)" if self.run is None else None

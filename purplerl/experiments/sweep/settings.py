@@ -28,9 +28,14 @@ class SweepResources(Section):
     """What Ray reserves for each run. Ray never starts more runs on a machine than its cores (and GPUs) hold, so
     the runs on one machine get disjoint thread budgets that sum to at most its cores."""
 
-    cpus_per_run: int = Field(1, ge=1, description="CPU cores per run: Ray reserves them, and the run's torch threads are this many (OMP_NUM_THREADS and MKL_NUM_THREADS of its process)")  # noqa: E501
-    gpus_per_run: float = Field(0.0, ge=0.0, description="GPUs per run; a fraction (0.25) lets that many small runs share one GPU")  # noqa: E501
-    reserve_cpus: int = Field(0, ge=0, description="cores a local cluster leaves out, e.g. for a serve-reward server beside the sweep (an --address cluster has its own)")  # noqa: E501
+    cpus_per_run: int = Field(1, ge=1, description=(
+        "CPU cores per run: Ray reserves them, and the run's torch threads are this many (OMP_NUM_THREADS and "
+        "MKL_NUM_THREADS of its process)"))
+    gpus_per_run: float = Field(0.0, ge=0.0, description=(
+        "GPUs per run; a fraction (0.25) lets that many small runs share one GPU"))
+    reserve_cpus: int = Field(0, ge=0, description=(
+        "cores a local cluster leaves out, e.g. for a serve-reward server beside the sweep (an --address cluster has "
+        "its own)"))
 
     @field_validator("gpus_per_run")
     @classmethod
@@ -43,20 +48,30 @@ class SweepResources(Section):
 class SweepEvalConfig(Section):
     """The diversity/degeneracy eval of each run's final checkpoint (`purplerl eval --suite diversity`)."""
 
-    diversity: bool = Field(True, description="after each run, measure the diversity of its final checkpoint's answers beside its base model's")  # noqa: E501
-    limit: read_when(int, _evaluated, "eval.diversity is true") = Field(16, ge=1, description="held-out prompts answered (the eval's --limit)")  # noqa: E501
-    n: read_when(int, _evaluated, "eval.diversity is true") = Field(4, ge=1, le=1024, description="answers per prompt (the eval's --n)")  # noqa: E501
-    args: read_when(list[str], _evaluated, "eval.diversity is true") = Field(default_factory=list, description="more `purplerl eval` options, e.g. [--prompts, FILE.jsonl, --max_new_tokens, 32]")  # noqa: E501
+    diversity: bool = Field(True, description=(
+        "after each run, measure the diversity of its final checkpoint's answers beside its base model's"))
+    limit: read_when(int, _evaluated, "eval.diversity is true") = Field(16, ge=1, description=(
+        "held-out prompts answered (the eval's --limit)"))
+    n: read_when(int, _evaluated, "eval.diversity is true") = Field(4, ge=1, le=1024, description=(
+        "answers per prompt (the eval's --n)"))
+    args: read_when(list[str], _evaluated, "eval.diversity is true") = Field(default_factory=list, description=(
+        "more `purplerl eval` options, e.g. [--prompts, FILE.jsonl, --max_new_tokens, 32]"))
 
 
 class SweepSummaryConfig(Section):
     """The table of final metrics per configuration."""
 
-    metrics: list[str] | None = Field(None, description="metrics.jsonl keys in the table (null: the recipe's summary metrics and reward_metric)")  # noqa: E501
-    reward_metric: str = Field("reward/mean", description="the metric whose high value, with low diversity, flags template collapse")  # noqa: E501
+    metrics: list[str] | None = Field(None, description=(
+        "metrics.jsonl keys in the table (null: the recipe's summary metrics and reward_metric)"))
+    reward_metric: str = Field("reward/mean", description=(
+        "the metric whose high value, with low diversity, flags template collapse"))
     window: int = Field(5, ge=1, description="a run's final value of a metric: the mean of its last N logged steps")
-    ranges: dict[str, tuple[float, float]] = Field(default_factory=dict, description="[low, high] of bounded metrics (e.g. {toxicity/mean: [0, 1]}): their intervals are clipped to it; the diversity measures are in [0, 1] already")  # noqa: E501
-    collapse_ratio: float = Field(0.5, gt=0.0, le=1.0, description="low diversity: the eval calls the answers degenerate, or their distinct-2 is below this share of the base model's")  # noqa: E501
+    ranges: dict[str, tuple[float, float]] = Field(default_factory=dict, description=(
+        "[low, high] of bounded metrics (e.g. {toxicity/mean: [0, 1]}): their intervals are clipped to it; the "
+        "diversity measures are in [0, 1] already"))
+    collapse_ratio: float = Field(0.5, gt=0.0, le=1.0, description=(
+        "low diversity: the eval calls the answers degenerate, or their distinct-2 is below this share of the base "
+        "model's"))
 
     @field_validator("ranges")
     @classmethod
@@ -71,15 +86,24 @@ class SweepSettings(Section):
     """`purplerl sweep`: every combination of the grid, for each seed, run on Ray; then the summary."""
 
     recipe: str | None = Field(None, description="required: the recipe swept (attack, defend, sft, ...)")
-    recipe_config: str | None = Field(None, description="a config file of the recipe (as `purplerl RECIPE --config`) that every run starts from")  # noqa: E501
-    grid: dict[str, list[Any]] = Field(default_factory=dict, description="swept settings, dotted (training.lr) or short (lr), each with its values; every combination runs (--grid lr=1e-5,3e-5)")  # noqa: E501
+    recipe_config: str | None = Field(None, description=(
+        "a config file of the recipe (as `purplerl RECIPE --config`) that every run starts from"))
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description=(
+        "swept settings, dotted (training.lr) or short (lr), each with its values; every combination runs (--grid "
+        "lr=1e-5,3e-5)"))
     fixed: dict[str, Any] = Field(default_factory=dict, description="settings every run gets (--fixed steps=50)")
-    seeds: list[int] = Field(default_factory=lambda: [0], description="the training.seed values: each combination runs once per seed ('0,1,2' works too)")  # noqa: E501
-    out: str = Field("runs/sweep", description="the sweep dir (runs/, configs/, logs/, outcomes/, evals/, summary.csv/.json/.html); a rerun into it resumes")  # noqa: E501
-    address: str | None = Field(None, description="an existing Ray cluster ('auto', or HOST:PORT); null: a local one on this machine for the sweep's time")  # noqa: E501
-    retry_failed: bool = Field(False, description="a rerun also runs again the runs recorded as failed (each resumes from its checkpoint)")  # noqa: E501
-    max_runs: int = Field(1000, ge=1, description="the most runs (grid combinations x seeds) a sweep plans: a larger grid is refused before any run is planned (a grid of six 10-value keys is 10^6 runs); raise it for a sweep that large")  # noqa: E501
-    resources: SweepResources = Field(default_factory=SweepResources, description="what each run may use of a machine")  # noqa: E501
+    seeds: list[int] = Field(default_factory=lambda: [0], description=(
+        "the training.seed values: each combination runs once per seed ('0,1,2' works too)"))
+    out: str = Field("runs/sweep", description=(
+        "the sweep dir (runs/, configs/, logs/, outcomes/, evals/, summary.csv/.json/.html); a rerun into it resumes"))
+    address: str | None = Field(None, description=(
+        "an existing Ray cluster ('auto', or HOST:PORT); null: a local one on this machine for the sweep's time"))
+    retry_failed: bool = Field(False, description=(
+        "a rerun also runs again the runs recorded as failed (each resumes from its checkpoint)"))
+    max_runs: int = Field(1000, ge=1, description=(
+        "the most runs (grid combinations x seeds) a sweep plans: a larger grid is refused before any run is planned "
+        "(a grid of six 10-value keys is 10^6 runs); raise it for a sweep that large"))
+    resources: SweepResources = Field(default_factory=SweepResources, description="what each run may use of a machine")
     eval: SweepEvalConfig = Field(default_factory=SweepEvalConfig, description="the diversity eval after each run")
     summary: SweepSummaryConfig = Field(default_factory=SweepSummaryConfig, description="the summary table")
 
