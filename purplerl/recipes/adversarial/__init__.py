@@ -39,18 +39,37 @@ def _multi_turn(a: Any) -> bool:
 class AdversarialConfig(Section):
     """The attacker, the judge, the dialogue and which learner trains when."""
 
-    turns: int = Field(1, ge=1, le=16, description="turns of each dialogue (K): attack, answer, next attack, ...; every answer is judged in the dialogue before it")  # noqa: E501
-    attacker_group: int = Field(2, ge=1, le=64, description="opening attacks per goal (the attacker's group, A); each opens sampling.group_size dialogues (the defender's group, G)")  # noqa: E501
-    schedule: str = Field("1:1", description="which learner trains at each step: 'attacker', 'defender', or 'N:M' (N attacker steps, then M defender steps, repeated)")  # noqa: E501
-    judge: str = Field(JUDGE, description="registered text reward term giving P(unsafe) of an answer in its dialogue: compliance (offline), guard (a Llama-Guard-style model), harm_classifier, or toxicity with a url (a reward server)")  # noqa: E501
-    judge_params: dict[str, Any] = Field(default_factory=dict, description="the judge term's parameters, e.g. {model: DIR} for guard (the run records them all)")  # noqa: E501
-    judge_reads: Literal["goal", "dialogue"] = Field("goal", description="what the judge reads with each answer: 'goal' (the harmful goal as the request, as HarmBench's classifiers judge: an attack that loses the goal earns nothing for an on-topic answer) or 'dialogue' (the dialogue up to the answer, as the defender saw it)")  # noqa: E501
-    unsafe_at: float = Field(0.5, ge=0.0, le=1.0, description="an answer counts as unsafe (an attack success, asr) when P(unsafe) >= this")  # noqa: E501
-    novelty_weight: float = Field(0.1, ge=0.0, description="weight of the attacker's novelty bonus, 1 - its 1-3-gram overlap with recent attacks")  # noqa: E501
-    novelty_window: int = Field(64, ge=1, description="the recent attacks the novelty bonus compares with (the last N, and the step's others)")  # noqa: E501
-    attacker_kl_beta: float | None = Field(None, ge=0.0, description="weight of the attacker's KL to the base (null: reward.kl_beta, the defender's)")  # noqa: E501
-    attacker_init: str | None = Field(None, description="start the attacker adapter from this PEFT dir or run dir (its newest checkpoint, e.g. an attacker SFT run); null: a fresh adapter (the base)")  # noqa: E501
-    gamma: read_when(float, _multi_turn, "adversarial.turns > 1") = Field(1.0, ge=0.0, le=1.0, description="discount of later turns' rewards in a turn's return (1: summed to the dialogue's end)")  # noqa: E501
+    turns: int = Field(1, ge=1, le=16, description=(
+        "turns of each dialogue (K): attack, answer, next attack, ...; every answer is judged in the dialogue "
+        "before it"))
+    attacker_group: int = Field(2, ge=1, le=64, description=(
+        "opening attacks per goal (the attacker's group, A); each opens sampling.group_size dialogues (the defender's "
+        "group, G)"))
+    schedule: str = Field("1:1", description=(
+        "which learner trains at each step: 'attacker', 'defender', or 'N:M' (N attacker steps, then M defender steps, "
+        "repeated)"))
+    judge: str = Field(JUDGE, description=(
+        "registered text reward term giving P(unsafe) of an answer in its dialogue: compliance (offline), guard (a "
+        "Llama-Guard-style model), harm_classifier, or toxicity with a url (a reward server)"))
+    judge_params: dict[str, Any] = Field(default_factory=dict, description=(
+        "the judge term's parameters, e.g. {model: DIR} for guard (the run records them all)"))
+    judge_reads: Literal["goal", "dialogue"] = Field("goal", description=(
+        "what the judge reads with each answer: 'goal' (the harmful goal as the request, as HarmBench's classifiers "
+        "judge: an attack that loses the goal earns nothing for an on-topic answer) or 'dialogue' (the dialogue up to "
+        "the answer, as the defender saw it)"))
+    unsafe_at: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "an answer counts as unsafe (an attack success, asr) when P(unsafe) >= this"))
+    novelty_weight: float = Field(0.1, ge=0.0, description=(
+        "weight of the attacker's novelty bonus, 1 - its 1-3-gram overlap with recent attacks"))
+    novelty_window: int = Field(64, ge=1, description=(
+        "the recent attacks the novelty bonus compares with (the last N, and the step's others)"))
+    attacker_kl_beta: float | None = Field(None, ge=0.0, description=(
+        "weight of the attacker's KL to the base (null: reward.kl_beta, the defender's)"))
+    attacker_init: str | None = Field(None, description=(
+        "start the attacker adapter from this PEFT dir or run dir (its newest checkpoint, e.g. an attacker SFT run); "
+        "null: a fresh adapter (the base)"))
+    gamma: read_when(float, _multi_turn, "adversarial.turns > 1") = Field(1.0, ge=0.0, le=1.0, description=(
+        "discount of later turns' rewards in a turn's return (1: summed to the dialogue's end)"))
 
     @field_validator("schedule")
     @classmethod

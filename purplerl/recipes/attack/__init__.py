@@ -25,7 +25,8 @@ TERMS = {"toxicity": 1.0, "repetition": -0.3, "refusal": 0.0}
 class AttackConfig(Section):
     """What only the attack reads."""
 
-    early_stop_toxicity: float | None = Field(0.8, description="stop when a step's mean toxicity exceeds this (null: never)")  # noqa: E501
+    early_stop_toxicity: float | None = Field(0.8, description=(
+        "stop when a step's mean toxicity exceeds this (null: never)"))
 
 
 AttackReward = reward_section("attack", TERMS)

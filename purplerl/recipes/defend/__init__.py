@@ -35,10 +35,15 @@ class DefendConfig(Section):
     """The Token Noiser steps (Token Buncher, arXiv 2508.20697), which only the defense takes."""
 
     noiser: bool = Field(True, description="interleave Token Noiser supervised steps")
-    noiser_warmup: read_when(int, _noiser, "defend.noiser is true") = Field(25, ge=0, description="RL steps before the first Token Noiser step")  # noqa: E501
-    noiser_every: read_when(int, _noiser, "defend.noiser is true") = Field(2, ge=1, description="after the warmup, every N-th step is a Token Noiser step")  # noqa: E501
-    noiser_epsilon: read_when(float, _noiser, "defend.noiser is true") = Field(0.1, ge=0.0, le=1.0, description="Token Noiser epsilon: the NLL is weighted 1 - epsilon")  # noqa: E501
-    noiser_noise_weight: read_when(Literal["reference", "paper"], _noiser, "defend.noiser is true") = Field("reference", description="weight of the Token Noiser's random-noise cross-entropy: 'reference' epsilon^2 (the paper's released code), 'paper' epsilon (the formula as printed)")  # noqa: E501
+    noiser_warmup: read_when(int, _noiser, "defend.noiser is true") = Field(25, ge=0, description=(
+        "RL steps before the first Token Noiser step"))
+    noiser_every: read_when(int, _noiser, "defend.noiser is true") = Field(2, ge=1, description=(
+        "after the warmup, every N-th step is a Token Noiser step"))
+    noiser_epsilon: read_when(float, _noiser, "defend.noiser is true") = Field(0.1, ge=0.0, le=1.0, description=(
+        "Token Noiser epsilon: the NLL is weighted 1 - epsilon"))
+    noiser_noise_weight: read_when(Literal["reference", "paper"], _noiser, "defend.noiser is true") = Field(
+        "reference", description=("weight of the Token Noiser's random-noise cross-entropy: 'reference' epsilon^2 "
+                                  "(the paper's released code), 'paper' epsilon (the formula as printed)"))
 
 
 DefendReward = reward_section("defend", TERMS)

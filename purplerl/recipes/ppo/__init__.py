@@ -29,10 +29,18 @@ TERMS = {"toxicity": 1.0, "repetition": -0.3}
 class CriticConfig(Section):
     """The critic: a LoRA adapter with a scalar head over the policy's frozen base, and its value loss."""
 
-    vf_coef: float = Field(0.1, gt=0.0, description="weight of the value loss (TRL's vf_coef); the critic has its own optimizer, so it scales the critic's gradient")  # noqa: E501
-    cliprange_value: float = Field(0.2, gt=0.0, description="the value loss clips the critic's new values to within this of the values the advantages were computed with (TRL's cliprange_value)")  # noqa: E501
-    lr: float | None = Field(None, gt=0.0, lt=1.0, description="the critic's AdamW learning rate (null: training.lr)")  # noqa: E501
-    init: str | None = Field(None, description="a reward model's member dir (RUN/checkpoints/step_N/member0: a LoRA adapter with its scalar head) to start the critic from, as InstructGPT starts the value function from the reward model; null: a fresh adapter and head")  # noqa: E501
+    vf_coef: float = Field(0.1, gt=0.0, description=(
+        "weight of the value loss (TRL's vf_coef); the critic has its own optimizer, so it scales the critic's "
+        "gradient"))
+    cliprange_value: float = Field(0.2, gt=0.0, description=(
+        "the value loss clips the critic's new values to within this of the values the advantages were computed with "
+        "(TRL's cliprange_value)"))
+    lr: float | None = Field(None, gt=0.0, lt=1.0, description=(
+        "the critic's AdamW learning rate (null: training.lr)"))
+    init: str | None = Field(None, description=(
+        "a reward model's member dir (RUN/checkpoints/step_N/member0: a LoRA adapter with its scalar head) to start "
+        "the critic from, as InstructGPT starts the value function from the reward model; null: a fresh adapter and "
+        "head"))
 
 
 PPOReward = reward_section("ppo", TERMS)

@@ -20,19 +20,34 @@ def _loss(*names: str):
 class PrefsConfig(Section):
     """The preference loss and its held-out evaluation."""
 
-    loss: Literal["dpo", "simpo", "kto", "orpo"] = Field("dpo", description="dpo (Rafailov et al. 2023; dpo_form sigmoid/hinge/ipo), simpo (no reference, length-normalized, margin gamma), kto (unpaired desirable/undesirable answers), orpo (SFT plus an odds-ratio term, no reference)")  # noqa: E501
-    beta: float | None = Field(None, gt=0, description="the loss's beta (orpo: its lambda); null: the loss's default (0.1; simpo 2.0)")  # noqa: E501
-    dpo_form: read_when(Literal["sigmoid", "hinge", "ipo"], *_loss("dpo")) = Field("sigmoid", description="sigmoid (DPO), hinge (SLiC), ipo (IPO, length-averaged log-ratios)")  # noqa: E501
-    label_smoothing: read_when(float, *_loss("dpo", "simpo")) = Field(0.0, ge=0.0, lt=0.5, description="probability that a pair's label is flipped (conservative DPO); sigmoid forms only")  # noqa: E501
-    sft_weight: read_when(float, *_loss("dpo")) = Field(0.0, ge=0.0, description="weight of the chosen answers' NLL added to DPO's loss (RPO, Pang et al. 2024; TRL's loss_type sft); 0: plain DPO")  # noqa: E501
+    loss: Literal["dpo", "simpo", "kto", "orpo"] = Field("dpo", description=(
+        "dpo (Rafailov et al. 2023; dpo_form sigmoid/hinge/ipo), simpo (no reference, length-normalized, margin "
+        "gamma), kto (unpaired desirable/undesirable answers), orpo (SFT plus an odds-ratio term, no reference)"))
+    beta: float | None = Field(None, gt=0, description=(
+        "the loss's beta (orpo: its lambda); null: the loss's default (0.1; simpo 2.0)"))
+    dpo_form: read_when(Literal["sigmoid", "hinge", "ipo"], *_loss("dpo")) = Field("sigmoid", description=(
+        "sigmoid (DPO), hinge (SLiC), ipo (IPO, length-averaged log-ratios)"))
+    label_smoothing: read_when(float, *_loss("dpo", "simpo")) = Field(0.0, ge=0.0, lt=0.5, description=(
+        "probability that a pair's label is flipped (conservative DPO); sigmoid forms only"))
+    sft_weight: read_when(float, *_loss("dpo")) = Field(0.0, ge=0.0, description=(
+        "weight of the chosen answers' NLL added to DPO's loss (RPO, Pang et al. 2024; TRL's loss_type sft); 0: plain "
+        "DPO"))
     gamma: read_when(float, *_loss("simpo")) = Field(1.0, ge=0.0, description="SimPO's target reward margin")
-    desirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of desirable answers")  # noqa: E501
-    undesirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description="KTO's weight of undesirable answers")  # noqa: E501
-    unpaired: read_when(bool, *_loss("kto")) = Field(False, description="the data holds KTO rows (prompt/completion/label); false: pairs, each a desirable and an undesirable answer")  # noqa: E501
-    one_label: read_when(bool, *_loss("kto")) = Field(False, description="accept KTO rows that all carry one label (only desirable, or only undesirable answers): the loss then trains that side alone, and the other side's rewards/logps read 0; false: such data is refused")  # noqa: E501
-    eval_split: str | None = Field(None, description="held-out split of the data source (null: hold out eval_fraction of the prompts)")  # noqa: E501
-    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the prompts held out when eval_split is null (0: no eval)")  # noqa: E501
-    eval_every: int = Field(10, ge=0, description="score the held-out examples every N steps and at the last step (0: never)")  # noqa: E501
+    desirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description=(
+        "KTO's weight of desirable answers"))
+    undesirable_weight: read_when(float, *_loss("kto")) = Field(1.0, gt=0, description=(
+        "KTO's weight of undesirable answers"))
+    unpaired: read_when(bool, *_loss("kto")) = Field(False, description=(
+        "the data holds KTO rows (prompt/completion/label); false: pairs, each a desirable and an undesirable answer"))
+    one_label: read_when(bool, *_loss("kto")) = Field(False, description=(
+        "accept KTO rows that all carry one label (only desirable, or only undesirable answers): the loss then trains "
+        "that side alone, and the other side's rewards/logps read 0; false: such data is refused"))
+    eval_split: str | None = Field(None, description=(
+        "held-out split of the data source (null: hold out eval_fraction of the prompts)"))
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=(
+        "share of the prompts held out when eval_split is null (0: no eval)"))
+    eval_every: int = Field(10, ge=0, description=(
+        "score the held-out examples every N steps and at the last step (0: never)"))
     eval_limit: int = Field(256, ge=1, description="at most this many held-out examples")
 
 

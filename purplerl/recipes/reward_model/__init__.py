@@ -16,11 +16,20 @@ from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, la
 class RewardModelConfig(Section):
     """What a reward-model run reads besides its data (`purplerl reward-model`)."""
 
-    ensemble: int = Field(1, ge=1, le=32, description="K members, each its own LoRA adapter and scalar head over the one base, differing by seed (init and data order); the reward term gives their mean minus a penalty x their std")  # noqa: E501
-    margin: bool = Field(False, description="subtract each pair's margin, its source's score_chosen - score_rejected (UltraFeedback's ratings), inside the loss: -log sigmoid(r_c - r_r - m) (Llama 2; TRL's margin column)")  # noqa: E501
-    center_coef: float = Field(0.0, ge=0.0, description="weight of mean((r_c + r_r)^2), which centres the rewards on 0 (Eisenstein et al. 2023; TRL's center_rewards_coefficient); 0: off")  # noqa: E501
-    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the prompts held out for eval/accuracy and eval/margin, by a seeded hash of the prompt (a prompt's pairs all on one side); 0: no eval")  # noqa: E501
-    eval_every: int = Field(10, ge=0, description="evaluate the held-out pairs every N steps and at the last step (0: at the last step only)")  # noqa: E501
+    ensemble: int = Field(1, ge=1, le=32, description=(
+        "K members, each its own LoRA adapter and scalar head over the one base, differing by seed (init and data "
+        "order); the reward term gives their mean minus a penalty x their std"))
+    margin: bool = Field(False, description=(
+        "subtract each pair's margin, its source's score_chosen - score_rejected (UltraFeedback's ratings), inside the "
+        "loss: -log sigmoid(r_c - r_r - m) (Llama 2; TRL's margin column)"))
+    center_coef: float = Field(0.0, ge=0.0, description=(
+        "weight of mean((r_c + r_r)^2), which centres the rewards on 0 (Eisenstein et al. 2023; TRL's "
+        "center_rewards_coefficient); 0: off"))
+    eval_fraction: float = Field(0.1, ge=0.0, lt=1.0, description=(
+        "share of the prompts held out for eval/accuracy and eval/margin, by a seeded hash of the prompt (a prompt's "
+        "pairs all on one side); 0: no eval"))
+    eval_every: int = Field(10, ge=0, description=(
+        "evaluate the held-out pairs every N steps and at the last step (0: at the last step only)"))
 
 
 RewardModelSettings = run_settings("reward-model", data=(PreferenceDataConfig, "the preference pairs"),

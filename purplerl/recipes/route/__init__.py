@@ -36,13 +36,23 @@ def _evaluated(r: Any) -> bool:
 class RouteConfig(Section):
     """Gradient routing's adapters and its evaluation per adapter mode."""
 
-    mode: Literal["route", "baseline"] = Field("route", description="route: retain + forget adapters, hack-labelled samples training forget only; baseline: one adapter of rank model.lora_rank + forget rank, every sample training it (the control)")  # noqa: E501
-    forget_rank: int | None = Field(None, ge=1, le=1024, description="the forget adapter's LoRA rank (null: model.lora_rank, the retain adapter's)")  # noqa: E501
-    task_term: str = Field("short_sentences", description="the term of reward.terms that is the task: the routing evaluation reports its mean per adapter mode, beside the detector's hack rate")  # noqa: E501
-    eval_every: int = Field(10, ge=0, description="routing evaluation every N steps and at the last step (0: never): each adapter mode samples the held-out prompts, logged as route/MODE/task and route/MODE/hack")  # noqa: E501
-    eval_split: read_when(str, _evaluated, "route.eval_every > 0") = Field("test", description="data split of the held-out prompts (not the training split)")  # noqa: E501
-    eval_prompts: read_when(int, _evaluated, "route.eval_every > 0") = Field(20, ge=1, description="at most this many held-out prompts")  # noqa: E501
-    eval_n: read_when(int, _evaluated, "route.eval_every > 0") = Field(4, ge=1, le=64, description="samples per held-out prompt and mode (the same seeded draws at every evaluation)")  # noqa: E501
+    mode: Literal["route", "baseline"] = Field("route", description=(
+        "route: retain + forget adapters, hack-labelled samples training forget only; baseline: one adapter of rank "
+        "model.lora_rank + forget rank, every sample training it (the control)"))
+    forget_rank: int | None = Field(None, ge=1, le=1024, description=(
+        "the forget adapter's LoRA rank (null: model.lora_rank, the retain adapter's)"))
+    task_term: str = Field("short_sentences", description=(
+        "the term of reward.terms that is the task: the routing evaluation reports its mean per adapter mode, beside "
+        "the detector's hack rate"))
+    eval_every: int = Field(10, ge=0, description=(
+        "routing evaluation every N steps and at the last step (0: never): each adapter mode samples the held-out "
+        "prompts, logged as route/MODE/task and route/MODE/hack"))
+    eval_split: read_when(str, _evaluated, "route.eval_every > 0") = Field("test", description=(
+        "data split of the held-out prompts (not the training split)"))
+    eval_prompts: read_when(int, _evaluated, "route.eval_every > 0") = Field(20, ge=1, description=(
+        "at most this many held-out prompts"))
+    eval_n: read_when(int, _evaluated, "route.eval_every > 0") = Field(4, ge=1, le=64, description=(
+        "samples per held-out prompt and mode (the same seeded draws at every evaluation)"))
 
 
 RouteReward = reward_section("route", TERMS)
