@@ -23,7 +23,7 @@ from purplerl.algorithms.critic import ValueLossParams, state_values
 from purplerl.algorithms.registry import Loss
 from purplerl.engines.adapter_fit import check_adapter_fits, model_skeleton
 from purplerl.engines.adapters import HEAD_FILE, adapter_dir, head_shapes
-from purplerl.engines.base import Engine
+from purplerl.engines.base import Engine, ScalarHeads
 from purplerl.errors import UserError
 from purplerl.runs.reward_model import looks_like_run, reward_model_checkpoint
 from purplerl.train.loop import EarlyStop, RewardFn, StepFn, adam_params, minibatch_updates, rl_update
@@ -34,7 +34,7 @@ from purplerl.types import TrainBatch
 POLICY, CRITIC = "default", "critic"  # the adapters: the policy (every engine's first) and its critic
 
 
-def critic_values(engine: Engine, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+def critic_values(engine: ScalarHeads, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """The critic's value of each completion token's state [N, T] (its head read at the position before the token),
     0 off the completion: the loop's `values` hook."""
     engine.use_adapter(CRITIC)
@@ -45,7 +45,7 @@ def critic_values(engine: Engine, tensors: dict[str, torch.Tensor]) -> torch.Ten
     return state_values(values_NT, tensors["loss_mask_NT"])
 
 
-def critic_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
+def critic_update(engine: ScalarHeads, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
     """The clipped value loss on the critic, on the policy's mini-batches: value_loss, value_clip_frac,
     value_mean (its predictions), critic_grad_norm."""
     c, t = config.critic, config.training
@@ -60,7 +60,7 @@ def critic_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> 
             "value_mean": metrics["value_mean"], "critic_grad_norm": metrics["grad_norm"]}
 
 
-def policy_and_critic_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
+def policy_and_critic_update(engine: ScalarHeads, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
     """The policy's update (`rl_update`), then the critic's on the same mini-batches."""
     return {**rl_update(engine, batch, config, step), **critic_update(engine, batch, config, step)}
 

@@ -23,7 +23,7 @@ from purplerl.algorithms.registry import Loss
 from purplerl.algorithms.reward_model import ensemble_pair_metrics
 from purplerl.data.preference import EncodedPair, encode_pairs, held_out_by_prompt, load_pairs, pair_batch
 from purplerl.data.sft import LengthBuckets
-from purplerl.engines.base import Engine
+from purplerl.engines.base import Engine, ScalarHeads
 from purplerl.errors import UserError
 from purplerl.runs.reward_model import member_scores
 from purplerl.train.loop import EarlyStop, StepFn, adam_params, mean_metrics, never_stop
@@ -49,7 +49,7 @@ def pair_margins(pairs: list[PreferencePair]) -> torch.Tensor:
     return torch.tensor([p.score_chosen - p.score_rejected for p in pairs], dtype=torch.float32)
 
 
-def heldout_metrics(engine: Engine, members: list[str], pairs: list[EncodedPair], pad_id: int,
+def heldout_metrics(engine: ScalarHeads, members: list[str], pairs: list[EncodedPair], pad_id: int,
                     batch_size: int) -> dict[str, float]:
     """eval/*: the ensemble's accuracy, margin and loss on the held-out pairs (algorithms.reward_model)."""
     chunks = []

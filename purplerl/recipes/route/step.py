@@ -28,7 +28,7 @@ import torch
 
 from purplerl.algorithms.registry import Loss, normalizer_count
 from purplerl.data import load_prompts
-from purplerl.engines.base import Engine
+from purplerl.engines.base import AdapterMixing, Engine
 from purplerl.errors import ExperimentError, UserError
 from purplerl.prompting import render_prompt
 from purplerl.rewards.named import detectors
@@ -42,7 +42,7 @@ BOTH = ADAPTER_MODES["both"]
 EVAL_SEED = 7_919  # every routing evaluation of a run draws from this seed: the modes and steps see the same draws
 
 
-def routed_backward(engine: Engine, batch: TrainBatch, loss: Loss) -> dict[str, float]:
+def routed_backward(engine: AdapterMixing, batch: TrainBatch, loss: Loss) -> dict[str, float]:
     """Accumulate the full batch's routed gradient: the non-hack rows into both adapters, the hack rows into the
     forget adapter alone, each part's loss scaled by its share of the batch. Leaves both adapters acting."""
     if batch.is_rh_N is None:
@@ -71,7 +71,7 @@ def routed_backward(engine: Engine, batch: TrainBatch, loss: Loss) -> dict[str, 
 class _Routed:
     """The engine as `minibatch_updates` sees it during a routed update: each forward_backward is routed."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: AdapterMixing) -> None:
         self.engine = engine
 
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
@@ -81,7 +81,7 @@ class _Routed:
         return self.engine.optim_step(adam)
 
 
-def routed_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
+def routed_update(engine: AdapterMixing, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
     """The run's policy-gradient loss over ppo_epochs x mini_batches optimizer steps (`minibatch_updates`), each
     backward routed by the batch's labels."""
     return minibatch_updates(cast(Engine, _Routed(engine)), batch, config, step, policy_loss(config),
@@ -94,7 +94,7 @@ def eval_modes(config: Any) -> dict[str, dict[str, float] | None]:
     return dict(ADAPTER_MODES) if config.route.mode == "route" else {"both": None}
 
 
-def routing_eval(engine: Engine, reward: RewardFn, records: list[PromptRecord], prompts: list[list[int]],
+def routing_eval(engine: AdapterMixing, reward: RewardFn, records: list[PromptRecord], prompts: list[list[int]],
                  config: Any) -> dict[str, float]:
     """Each mode's mean task term and hack rate on the held-out prompts (route.eval_n draws each), then the
     training mix again."""
