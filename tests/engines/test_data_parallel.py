@@ -21,7 +21,7 @@ from purplerl.errors import UserError
 from purplerl.train.loop import step_metrics
 from purplerl.train.shards import StepShard, merge_shards
 from purplerl.types import Completion, PromptRecord, RewardBreakdown, TrainBatch
-from tests.tolerances import gradient_atol
+from tests.tolerances import gamma, gradient_atol
 
 WORKER = Path(ddp_worker.__file__)
 REPO = WORKER.parents[2]  # the checkout under test, first on the workers' path
@@ -59,7 +59,10 @@ def test_two_processes_reach_the_single_process_update(tiny_model_dir: Path, tmp
         for got, want in zip(metrics, ref_metrics, strict=True):
             assert got["tokens"] == want["tokens"]
             assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
-            assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+            # |‖g‖ - ‖g'‖| <= ‖g - g'‖ (the reverse triangle inequality): the gradients' bound, plus each norm's own
+            # rounding (a sum of squares over every gradient entry)
+            norm_rtol = grad_rtol + 2 * gamma(torch.float32, grads[0].numel())
+            assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=norm_rtol)
             assert got["clip_frac"] == pytest.approx(want["clip_frac"], abs=1e-6)
         # the update is real, and not one that per-rank means would also give: the halves hold unequal tokens
         assert metrics[1]["grad_norm"] > 0.1
