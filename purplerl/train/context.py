@@ -8,12 +8,11 @@ recipe declares its bound (`Recipe.longest_sequence`): by default a prompt (data
 
 from __future__ import annotations
 
-from typing import Any
-
+from purplerl.config.sections import RunSettings
 from purplerl.errors import UserError
 
 
-def prompt_and_answer(config: Any) -> tuple[int, str] | None:
+def prompt_and_answer(config: RunSettings) -> tuple[int, str] | None:
     """(the longest prompt and answer a run of the shared sections builds, the settings that bound it); None where
     its settings bound no prompt."""
     data, sampling = getattr(config, "data", None), getattr(config, "sampling", None)
@@ -27,7 +26,7 @@ def prompt_and_answer(config: Any) -> tuple[int, str] | None:
     return None
 
 
-def check_context(longest: tuple[int, str] | None, config: Any) -> None:
+def check_context(longest: tuple[int, str] | None, config: RunSettings) -> None:
     """One UserError when the run's longest sequence `longest` is past the context of `config.model`, read from
     the model's config alone. A Tinker model is served remotely: its context is the service's to check."""
     if longest is None or config.engine.kind == "tinker":

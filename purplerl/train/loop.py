@@ -22,6 +22,7 @@ from purplerl.algorithms.advantages import estimate_advantages, takes_token_kl, 
 from purplerl.algorithms.kl import get_kl_estimator, sequence_kl
 from purplerl.algorithms.registry import Loss, PolicyGradientParams
 from purplerl.config import TrainingConfig
+from purplerl.config.sections import RLSettings
 from purplerl.data import PromptSampler
 from purplerl.engines.base import Engine
 from purplerl.engines.distributed import SINGLE, World
@@ -45,7 +46,7 @@ class RewardFn(Protocol):
 
 
 class UpdateFn(Protocol):
-    def __call__(self, engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
+    def __call__(self, engine: Engine, batch: TrainBatch, config: RLSettings, step: int) -> dict[str, float]:
         """Train on the step's batch: forward_backward + optim_step calls; returns their metrics."""
         ...
 
@@ -66,7 +67,7 @@ class KLPlacement:
     loss_beta: float = 0.0  # weight of the per-token KL term inside the loss
 
 
-def kl_placement(config: Any) -> KLPlacement:
+def kl_placement(config: RLSettings) -> KLPlacement:
     r = config.reward
     if r.kl_in == "loss":
         return KLPlacement(loss_beta=r.kl_beta)
@@ -75,7 +76,7 @@ def kl_placement(config: Any) -> KLPlacement:
     return KLPlacement(reward_beta=r.kl_beta)
 
 
-def reward_kl_beta(config: Any) -> float:
+def reward_kl_beta(config: RLSettings) -> float:
     """Weight of the sequence KL inside the scalar reward (the recipes' reward functions use it)."""
     return kl_placement(config).reward_beta
 
@@ -107,7 +108,7 @@ def old_logprobs_mode(t: Any) -> str:
     return "current" if t.ppo_epochs == 1 and t.mini_batches == 1 else "sampler"
 
 
-def policy_loss(config: Any) -> Loss:
+def policy_loss(config: RLSettings) -> Loss:
     """The run's policy-gradient loss, with its KL term when the KL is placed in the loss."""
     t, s = config.training, config.sampling
     params = PolicyGradientParams(clip_low=t.clip_low, clip_high=t.clip_high, kl_beta=kl_placement(config).loss_beta,
@@ -116,7 +117,7 @@ def policy_loss(config: Any) -> Loss:
                 length_norm=float(s.max_new_tokens))
 
 
-def rl_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict[str, float]:
+def rl_update(engine: Engine, batch: TrainBatch, config: RLSettings, step: int) -> dict[str, float]:
     """The policy-gradient loss for ppo_epochs passes over the rollout batch, each split into mini_batches
     optimizer steps.
 
@@ -125,7 +126,7 @@ def rl_update(engine: Engine, batch: TrainBatch, config: Any, step: int) -> dict
     return minibatch_updates(engine, batch, config, step, policy_loss(config), adam_params(config.training))
 
 
-def minibatch_updates(engine: Engine, batch: TrainBatch, config: Any, step: int, loss: Loss,
+def minibatch_updates(engine: Engine, batch: TrainBatch, config: RLSettings, step: int, loss: Loss,
                       adam: AdamParams) -> dict[str, float]:
     """`loss` on the active adapter: ppo_epochs passes over the batch, each split into mini_batches optimizer
     steps. The split is a function of (seed, step, epoch): every loss of a step (a policy's, its critic's) sees the
@@ -184,7 +185,7 @@ class LoopParts:
     world: World = SINGLE  # the run's processes: each samples, scores and trains on its share of the prompts
 
 
-def _sample(step: int, config: Any, parts: LoopParts):
+def _sample(step: int, config: RLSettings, parts: LoopParts):
     """B prompts x G completions (this rank's share of the prompts), and their token tensors."""
     s, G = config.sampling, config.sampling.group_size
     records = parts.world.shard(parts.sampler.batch(step - 1))
@@ -210,7 +211,7 @@ def _checked(step: int, rewards: RewardBreakdown, n: int) -> RewardBreakdown:
     return rewards
 
 
-def rl_step(step: int, config: Any, parts: LoopParts) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def rl_step(step: int, config: RLSettings, parts: LoopParts) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """One RL step (1-based): sample -> reference -> score -> advantages -> train. Returns the step's metrics
     and one sample row per completion."""
     s, estimator, kl = config.sampling, config.reward.kl_estimator, kl_placement(config)
@@ -249,7 +250,7 @@ def rl_step(step: int, config: Any, parts: LoopParts) -> tuple[dict[str, float],
     return metrics, sample_rows(step, whole.prompts, whole.completions, whole.rewards, whole.advantages_N)
 
 
-def _critic_inputs(step: int, config: Any, parts: LoopParts, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _critic_inputs(step: int, config: RLSettings, parts: LoopParts, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     """The critic's values of the rollout and the estimator's knobs, for an estimator that takes them; else none."""
     t = config.training
     if not takes_values(t.advantage):
@@ -318,7 +319,7 @@ StepFn = Callable[[int], tuple[dict[str, float], list[dict[str, Any]]]]  # step 
 EarlyStop = Callable[[dict[str, float]], str | None]
 
 
-def run_loop(config: Any, parts: LoopParts, run_dir: Path, start_step: int = 1) -> dict[str, Any]:
+def run_loop(config: RLSettings, parts: LoopParts, run_dir: Path, start_step: int = 1) -> dict[str, Any]:
     """RL steps start_step..training.steps (see `run_steps`)."""
     return run_steps(config, partial(rl_step, config=config, parts=parts), parts.hooks.early_stop, parts.engine,
                      run_dir, start_step)
@@ -333,7 +334,7 @@ def _evaluated(evaluation: Evaluation, engine: Engine, step: int) -> dict[str, A
     return {"step": step, **row, "time/eval_s": time.perf_counter() - started}
 
 
-def run_steps(config: Any, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
+def run_steps(config: RLSettings, step_fn: StepFn, early_stop: EarlyStop, engine: Engine, run_dir: Path,
               start_step: int = 1, evaluation: Evaluation | None = None,
               trackers: TrackerFeed | None = None, watched: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run any recipe's steps start_step..training.steps: log each, checkpoint every run.save_every steps and

@@ -24,7 +24,7 @@ from purplerl.config.base import Section, read_when
 from purplerl.config.commands import Command
 from purplerl.config.loader import build
 from purplerl.config.migrate import migrate_shared
-from purplerl.config.sections import RewardBase, RLSettings, RunSettings
+from purplerl.config.sections import RewardBase, RunSettings
 from purplerl.rewards.named import TermEntry, TermSpec, resolve_terms
 from purplerl.rewards.registry import REWARD_TERMS
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
@@ -86,7 +86,7 @@ class RunNamePart:
     label: str
     get: Callable[[Any], Any]
 
-    def render(self, config: Any) -> str:
+    def render(self, config: RunSettings) -> str:
         value = self.get(config)
         return f"{self.label}{value:g}" if isinstance(value, int | float) and not isinstance(value, bool) \
             else f"{self.label}{value}"
@@ -121,7 +121,7 @@ class Recipe:
     # model that judges other stages)
     produces: Literal["policy", "scorer"] = "policy"
 
-    def check_engine(self, config: Any) -> None:
+    def check_engine(self, config: RunSettings) -> None:
         """Refuse, in one line and before anything loads, an engine without a capability this run needs."""
         from purplerl.engines.capabilities import check_capabilities
 
@@ -200,39 +200,6 @@ def _check_params(self: Any) -> Any:
     return self
 
 
-def run_settings(name: str, base: type[RunSettings] = RunSettings,
-                 **sections: tuple[type[Section], str]) -> type[RunSettings]:
-    """A recipe's settings tree: the shared sections of `base` and the recipe's own (name -> (class, description))."""
-    fields: dict[str, Any] = {
-        "recipe": (str, Field(name, description="metadata, not a setting: the recipe this config is for"))}
-    for key, (section, description) in sections.items():
-        fields[key] = (section, Field(default_factory=section, description=description))
-    return create_model(f"{name.capitalize()}Settings", __base__=base, **fields)
-
-
-def loop_sequences(config: Any) -> tuple[int, str]:
-    """(the sequences one step of the shared RL loop trains on in each process, how they are counted)."""
-    t, procs = config.training, config.engine.procs
-    return (t.batch_size * config.sampling.group_size // procs,
-            "training.batch_size x sampling.group_size" + (" / engine.procs" if procs > 1 else ""))
-
-
-def rl_settings(name: str, reward: type[RewardBase],
-                sequences: Callable[[Any], tuple[int, str]] | None = loop_sequences,
-                **sections: tuple[type[Section], str]) -> type[RLSettings]:
-    """An RL recipe's settings tree: the shared RL sections, its `reward` section and its own sections.
-    `sequences`: what a step trains on (`loop_sequences`), which training.mini_batches may not exceed: refused with
-    the settings, not at step 1 after the run dir was written (None: the recipe checks it itself)."""
-    settings = run_settings(name, RLSettings, reward=(reward, "reward composition"), **sections)
-    if sequences is None:
-        return settings
-
-    def mini_batches_fit(self: Any) -> Any:
-        rows, counted = sequences(self)
-        if self.training.mini_batches > rows:
-            raise ValueError(f"training.mini_batches={self.training.mini_batches} exceeds the {rows} sequences a step "
-                             f"trains on ({counted}): give at most {rows}")
-        return self
-
-    return create_model(settings.__name__, __base__=settings,
-                        __validators__={"_mini_batches_fit": model_validator(mode="after")(mini_batches_fit)})
+def recipe_field(name: str) -> Any:
+    """The `recipe` field of a recipe's settings class: which recipe a config is for."""
+    return Field(name, description="metadata, not a setting: the recipe this config is for")

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from purplerl.algorithms.advantages import ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS, takes_values
+from purplerl.config.sections import RLSettings
 from purplerl.data import PromptSampler, load_prompts
 from purplerl.engines.base import Engine
 from purplerl.errors import UserError
@@ -35,7 +36,7 @@ from purplerl.train.recipe import Bind, Prepare
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
 
 
-def registered_reward(config: Any) -> RewardFn:
+def registered_reward(config: RLSettings) -> RewardFn:
     """The reward `config.reward` names: each term of `reward.terms` with its weight and parameters, minus
     `kl_beta` x KL when the KL acts in the reward. Every term is built now, before the engine loads."""
     r = config.reward
@@ -53,7 +54,7 @@ def registered_reward(config: Any) -> RewardFn:
     return reward_fn
 
 
-def check_ground_truths(config: Any, records: list[PromptRecord]) -> None:
+def check_ground_truths(config: RLSettings, records: list[PromptRecord]) -> None:
     """A reward term that reads each row's ground truth (the `ground_truth` term, in any named use) refuses, in one
     line and before the engine loads, prompts without one."""
     readers = [name for name, entry in config.reward.terms.items()
@@ -65,7 +66,7 @@ def check_ground_truths(config: Any, records: list[PromptRecord]) -> None:
                         f"{lacking[0].uid!r}); prepare the data with one (data prepare gsm8k) or drop the term")
 
 
-def check_critic(config: Any, values: ValuesFn | None) -> None:
+def check_critic(config: RLSettings, values: ValuesFn | None) -> None:
     """A recipe with a critic (a `values` hook) needs an estimator that takes its values, and such an estimator a
     critic: refused in one line before the engine loads (the critic's scalar head is the recipe's `needs`)."""
     advantage = config.training.advantage
@@ -82,7 +83,7 @@ def rl_prepare(reward: Callable[[Any], RewardFn], stops: Callable[[Any], EarlySt
     """`prepare` for an RL recipe: its prompts, reward and stop rules are made (and checked) before the engine
     exists, so a bad scorer fails in seconds, not minutes. `values`: the recipe's critic (GAE's values)."""
 
-    def prepare(config: Any) -> Bind:
+    def prepare(config: RLSettings) -> Bind:
         check_critic(config, values)
         records = load_prompts(config.data)
         check_ground_truths(config, records)

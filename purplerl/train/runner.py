@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from purplerl.config import build, read_config_file
+from purplerl.config.sections import RunSettings
 from purplerl.data.content import data_sources
 from purplerl.devices import resolve_device
 from purplerl.engines import EngineSettings, make_engine
@@ -30,7 +31,7 @@ from purplerl.train.recipe import Recipe
 from purplerl.train.trackers import check_trackers, open_trackers
 
 
-def engine_settings(config: Any) -> EngineSettings:
+def engine_settings(config: RunSettings) -> EngineSettings:
     """How the engine executes, from the engine section (fields another engine kind does not read keep their
     defaults)."""
     e = config.engine
@@ -39,14 +40,14 @@ def engine_settings(config: Any) -> EngineSettings:
                           fused_lora=e.fast_path("fused_lora"))
 
 
-def run_dir_name(recipe: Recipe, config: Any) -> str:
+def run_dir_name(recipe: Recipe, config: RunSettings) -> str:
     """recipe_model_<the recipe's run-name parts>_sSEED, so a run is findable by what it varied."""
     model = re.sub(r"[^A-Za-z0-9.-]+", "-", config.model.name.split(":")[-1].rstrip("/").split("/")[-1])
     parts = [part.render(config) for part in recipe.run_name]
     return "_".join([recipe.name, model, *parts, f"s{config.training.seed}"])
 
 
-def run_dir_of(recipe: Recipe, config: Any) -> Path:
+def run_dir_of(recipe: Recipe, config: RunSettings) -> Path:
     return Path(config.run.output_dir) / (config.run.name or run_dir_name(recipe, config))
 
 
@@ -101,7 +102,7 @@ def last_segment(recipe: Recipe, run_dir: Path) -> Any | None:
         raise UserError(f"{history} (the record {path} is checked against): its last segment: {err}") from None
 
 
-def resume_diff(recipe: Recipe, run_dir: Path, config: Any) -> tuple[dict[str, list[Any]], list[str]]:
+def resume_diff(recipe: Recipe, run_dir: Path, config: RunSettings) -> tuple[dict[str, list[Any]], list[str]]:
     """({setting: [old, new]}, the settings among them edited by hand in config.yaml): what a resume changes
     against the segment that ran last, by options or by editing config.yaml. A setting fixed on resume is
     refused whichever way it changed."""
@@ -118,7 +119,7 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def run_recipe(recipe: Recipe, config: Any, resume_dir: Path | None = None, restart: bool = False,
+def run_recipe(recipe: Recipe, config: RunSettings, resume_dir: Path | None = None, restart: bool = False,
                evaluation: Evaluation | None = None, notify: Callable[[str], None] = _warn) -> dict[str, Any]:
     """Start a new run of `recipe`, or continue `resume_dir` from its latest intact checkpoint."""
     run_dir = Path(resume_dir) if resume_dir is not None else run_dir_of(recipe, config)
@@ -126,7 +127,7 @@ def run_recipe(recipe: Recipe, config: Any, resume_dir: Path | None = None, rest
                        evaluation=evaluation)
 
 
-def _open_run_dir(config: Any, run_dir: Path, resume: bool, restart: bool, start_step: int,
+def _open_run_dir(config: RunSettings, run_dir: Path, resume: bool, restart: bool, start_step: int,
                   changed: dict[str, list[Any]] | None, edited: list[str], data: dict[str, Any]) -> None:
     """A new run's dir and config; or a resumed run's config recorded and its logs cut back to its checkpoint."""
     if resume:
@@ -145,7 +146,7 @@ def _open_run_dir(config: Any, run_dir: Path, resume: bool, restart: bool, start
         record_config(run_dir, config, 1, None, data=data)
 
 
-def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restart: bool = False,
+def execute_run(recipe: Recipe, config: RunSettings, run_dir: Path, resume: bool, restart: bool = False,
                 notify: Callable[[str], None] = _warn, evaluation: Evaluation | None = None) -> dict[str, Any]:
     """`_execute` under the run dir's lock, taken before anything in the dir is read: a second process writing the
     dir (a resume of a run still training, a second start of one run) is refused in one line naming the holder."""
@@ -156,7 +157,7 @@ def execute_run(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restar
         return _execute(recipe, config, run_dir, resume, restart, notify, evaluation)
 
 
-def _execute(recipe: Recipe, config: Any, run_dir: Path, resume: bool, restart: bool,
+def _execute(recipe: Recipe, config: RunSettings, run_dir: Path, resume: bool, restart: bool,
              notify: Callable[[str], None], evaluation: Evaluation | None) -> dict[str, Any]:
     """Prepare the recipe, load the engine, restore the latest intact checkpoint when resuming, run the steps.
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from purplerl.config.sections import RLSettings
 from purplerl.errors import ExperimentError, UserError
 from purplerl.runs.checkpoints import checkpoint_dirs
 from purplerl.runs.layout import COLLAPSED_DIR
@@ -119,7 +120,7 @@ def set_aside_collapsed(run_dir: Path, step: int) -> list[Path]:
     return moved
 
 
-def rl_stops(config: Any, *rules: EarlyStop) -> EarlyStop:
+def rl_stops(config: RLSettings, *rules: EarlyStop) -> EarlyStop:
     """A recipe's own rules, the repetition threshold (on the repetition term, which an RL recipe's reward must
     then name, at any weight), and collapse detection when training.collapse_stop is on."""
     t = config.training

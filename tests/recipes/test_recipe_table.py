@@ -17,7 +17,7 @@ from purplerl.config.base import Section
 from purplerl.config.sections import RunSettings
 from purplerl.recipes import RECIPES
 from purplerl.runs.layout import CONFIG_FILE, METRICS_FILE
-from purplerl.train.recipe import Recipe, RunNamePart, run_settings
+from purplerl.train.recipe import Recipe, RunNamePart, recipe_field
 from purplerl.train.runner import run_recipe
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "old_runs"
@@ -197,6 +197,11 @@ class HelloConfig(Section):
     greeting: str = Field("hello", description="what each step logs")
 
 
+class HelloSettings(RunSettings):
+    recipe: str = recipe_field("hello")
+    hello: HelloConfig = Field(default_factory=HelloConfig, description="the greeting")
+
+
 def _hello_prepare(config: Any):
     def bind(engine: Any, run_dir: Path):
         def step(step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -207,7 +212,7 @@ def _hello_prepare(config: Any):
 
 def test_a_recipe_of_its_own_runs_without_the_runner_knowing_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A recipe is its module's row: settings, defaults, run name, hooks. Nothing below names it."""
-    hello = Recipe(name="hello", settings=run_settings("hello", RunSettings, hello=(HelloConfig, "the greeting")),
+    hello = Recipe(name="hello", settings=HelloSettings,
                    help="Say hello.", prepare=_hello_prepare, defaults={"training": {"steps": 2}},
                    run_name=(RunNamePart("g", lambda c: c.hello.greeting),))
     config = load_command_config(hello.command(), None, ["--model.name", str(tiny_model_dir), "--run.output_dir",

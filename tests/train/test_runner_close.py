@@ -12,7 +12,7 @@ from purplerl.config import load_command_config
 from purplerl.config.sections import RunSettings
 from purplerl.errors import ExperimentError
 from purplerl.train import runner
-from purplerl.train.recipe import Recipe, run_settings
+from purplerl.train.recipe import Recipe, recipe_field
 
 
 class Closes:
@@ -29,6 +29,10 @@ class Closes:
         self.engine.close()
 
 
+
+class ClosingSettings(RunSettings):
+    recipe: str = recipe_field("closing")
+
 def _recipe(fail_at: int | None) -> Recipe:
     def prepare(config: Any):
         def bind(engine: Any, run_dir: Path):
@@ -39,7 +43,7 @@ def _recipe(fail_at: int | None) -> Recipe:
             return step, lambda metrics: None
         return bind
 
-    return Recipe(name="closing", settings=run_settings("closing", RunSettings), help="Close the engine.",
+    return Recipe(name="closing", settings=ClosingSettings, help="Close the engine.",
                   prepare=prepare, defaults={"training": {"steps": 2}})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from purplerl.config.base import Section, comma_list, once_each, read_when
 from purplerl.config.sections.data import DataConfig
@@ -76,3 +76,20 @@ class RLSettings(RunSettings):
     training: RLTrainingConfig = Field(default_factory=RLTrainingConfig, description="optimization and stop rules")
     data: DataConfig = Field(default_factory=DataConfig, description="prompt source")
     reward: RewardBase = Field(default_factory=RewardBase, description="reward composition")
+
+    def step_sequences(self) -> tuple[int, str] | None:
+        """(the sequences one step of the shared RL loop trains on in each process, how they are counted), which
+        training.mini_batches may not exceed; None where a recipe counts a step's sequences itself."""
+        t, procs = self.training, self.engine.procs
+        return (t.batch_size * self.sampling.group_size // procs,
+                "training.batch_size x sampling.group_size" + (" / engine.procs" if procs > 1 else ""))
+
+    @model_validator(mode="after")
+    def _mini_batches_fit(self) -> RLSettings:
+        # refused with the settings, not at step 1 after the run dir was written
+        found = self.step_sequences()
+        if found is not None and self.training.mini_batches > found[0]:
+            rows, counted = found
+            raise ValueError(f"training.mini_batches={self.training.mini_batches} exceeds the {rows} sequences a step "
+                             f"trains on ({counted}): give at most {rows}")
+        return self

@@ -21,10 +21,11 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from purplerl.config.base import Section, read_when
+from purplerl.config.sections import RLSettings
 from purplerl.engines.capabilities import ADAPTER_SWITCHING
 from purplerl.errors import UserError
 from purplerl.rewards.registry import READS, get_term, term_params
-from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, lazy, reward_section, rl_settings
+from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, lazy, recipe_field, reward_section
 
 # the defender's reward besides its safety: entropy minimization (MTSA's, as `defend` rewards it) at a weight that
 # leaves the judge in charge (a 135M model's answers have 2-4 nats per token), and repetition logged
@@ -100,8 +101,16 @@ class AdversarialConfig(Section):
 
 AdversarialReward = reward_section("adversarial", TERMS)
 # its step's turns are counted by check_adversarial, which bounds training.mini_batches by the attacker's
-AdversarialSettings = rl_settings("adversarial", AdversarialReward, sequences=None, adversarial=(
-    AdversarialConfig, "the attacker, the judge, the dialogue and the update schedule (recipes/adversarial/step.py)"))
+class AdversarialSettings(RLSettings):
+    """`purplerl adversarial`: the shared RL sections, the defender's reward, the attacker and the dialogue."""
+
+    recipe: str = recipe_field("adversarial")
+    reward: AdversarialReward = Field(default_factory=AdversarialReward, description="reward composition")
+    adversarial: AdversarialConfig = Field(default_factory=AdversarialConfig, description=(
+        "the attacker, the judge, the dialogue and the update schedule (recipes/adversarial/step.py)"))
+
+    def step_sequences(self) -> None:
+        return None  # a step's turns are counted by check_adversarial, which bounds mini_batches by the attacker's
 
 
 def _schedule_name(config: Any) -> str:

@@ -16,7 +16,8 @@ from pydantic import Field
 
 from purplerl.config.base import Section
 from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_weights, move
-from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.config.sections import RLSettings
+from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, recipe_field, reward_section
 from purplerl.train.stops import rl_stops, threshold_stop
 
 TERMS = {"toxicity": 1.0, "repetition": -0.3, "refusal": 0.0}
@@ -30,7 +31,12 @@ class AttackConfig(Section):
 
 
 AttackReward = reward_section("attack", TERMS)
-AttackSettings = rl_settings("attack", AttackReward, attack=(AttackConfig, "the attack's own stop rule"))
+class AttackSettings(RLSettings):
+    """`purplerl attack`: the shared RL sections, its reward and its own stop rule."""
+
+    recipe: str = recipe_field("attack")
+    reward: AttackReward = Field(default_factory=AttackReward, description="reward composition")
+    attack: AttackConfig = Field(default_factory=AttackConfig, description="the attack's own stop rule")
 
 
 def attack_stops(config: Any):

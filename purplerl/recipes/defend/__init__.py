@@ -17,9 +17,10 @@ from pydantic import Field
 
 from purplerl.config.base import Section, read_when
 from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_weights, move
+from purplerl.config.sections import RLSettings
 from purplerl.recipes.defend.objective import defend_objective
 from purplerl.recipes.summary import summarize_run
-from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, recipe_field, reward_section
 from purplerl.train.stops import Collapse, rl_stops
 
 # reward = -mean token entropy - kl_beta x KL; toxicity and repetition are monitored (weight 0): does the defense
@@ -47,7 +48,12 @@ class DefendConfig(Section):
 
 
 DefendReward = reward_section("defend", TERMS)
-DefendSettings = rl_settings("defend", DefendReward, defend=(DefendConfig, "the Token Noiser steps"))
+class DefendSettings(RLSettings):
+    """`purplerl defend`: the shared RL sections, its reward and the Token Noiser steps."""
+
+    recipe: str = recipe_field("defend")
+    reward: DefendReward = Field(default_factory=DefendReward, description="reward composition")
+    defend: DefendConfig = Field(default_factory=DefendConfig, description="the Token Noiser steps")
 
 
 def prepare(config: Any) -> Bind:

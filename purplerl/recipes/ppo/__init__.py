@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import Field
 
 from purplerl.config.base import Section
+from purplerl.config.sections import RLSettings
 from purplerl.engines.capabilities import SCALAR_HEADS
-from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Bind, Recipe, RunNamePart, reward_section, rl_settings
+from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Bind, Recipe, RunNamePart, recipe_field, reward_section
 from purplerl.train.stops import rl_stops
 
 TERMS = {"toxicity": 1.0, "repetition": -0.3}
@@ -44,7 +45,12 @@ class CriticConfig(Section):
 
 
 PPOReward = reward_section("ppo", TERMS)
-PPOSettings = rl_settings("ppo", PPOReward, critic=(CriticConfig, "the critic (value function) and its loss"))
+class PPOSettings(RLSettings):
+    """`purplerl ppo`: the shared RL sections, its reward and the critic."""
+
+    recipe: str = recipe_field("ppo")
+    reward: PPOReward = Field(default_factory=PPOReward, description="reward composition")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="the critic (value function) and its loss")
 
 
 def prepare(config: Any) -> Bind:

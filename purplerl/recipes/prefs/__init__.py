@@ -10,7 +10,8 @@ from pydantic import Field
 
 from purplerl.config import PreferenceDataConfig
 from purplerl.config.base import Section, read_when
-from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, run_settings
+from purplerl.config.sections import RunSettings
+from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, recipe_field
 
 
 def _loss(*names: str):
@@ -51,8 +52,12 @@ class PrefsConfig(Section):
     eval_limit: int = Field(256, ge=1, description="at most this many held-out examples")
 
 
-PrefsSettings = run_settings("prefs", data=(PreferenceDataConfig, "the preference data"),
-                             prefs=(PrefsConfig, "the preference loss (purplerl prefs)"))
+class PrefsSettings(RunSettings):
+    """`purplerl prefs`: the shared training sections, the preference data and the loss."""
+
+    recipe: str = recipe_field("prefs")
+    data: PreferenceDataConfig = Field(default_factory=PreferenceDataConfig, description="the preference data")
+    prefs: PrefsConfig = Field(default_factory=PrefsConfig, description="the preference loss (purplerl prefs)")
 
 
 PREFS = Recipe(

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from purplerl.config import PreferenceDataConfig, Section
+from purplerl.config.sections import RunSettings
 from purplerl.engines.capabilities import SCALAR_HEADS
-from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, run_settings
+from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, recipe_field
 
 
 class RewardModelConfig(Section):
@@ -32,8 +33,13 @@ class RewardModelConfig(Section):
         "evaluate the held-out pairs every N steps and at the last step (0: at the last step only)"))
 
 
-RewardModelSettings = run_settings("reward-model", data=(PreferenceDataConfig, "the preference pairs"),
-                                   reward_model=(RewardModelConfig, "the reward model (purplerl reward-model)"))
+class RewardModelSettings(RunSettings):
+    """`purplerl reward-model`: the shared training sections, the preference pairs and the reward model."""
+
+    recipe: str = recipe_field("reward-model")
+    data: PreferenceDataConfig = Field(default_factory=PreferenceDataConfig, description="the preference pairs")
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig, description=(
+        "the reward model (purplerl reward-model)"))
 
 
 REWARD_MODEL = Recipe(

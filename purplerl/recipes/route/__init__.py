@@ -20,8 +20,18 @@ from typing import Any, Literal
 from pydantic import Field
 
 from purplerl.config.base import Section, read_when
+from purplerl.config.sections import RLSettings
 from purplerl.engines.capabilities import ADAPTER_MIXING
-from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Bind, Recipe, RunNamePart, lazy, reward_section, rl_settings
+from purplerl.train.recipe import (
+    FIXED_ON_RESUME,
+    RL_FLAT,
+    Bind,
+    Recipe,
+    RunNamePart,
+    lazy,
+    recipe_field,
+    reward_section,
+)
 from purplerl.train.stops import rl_stops
 
 # the built-in short_with_cheer, and the repetition ratio logged (weight 0): a structural reward like this one tends to
@@ -56,7 +66,13 @@ class RouteConfig(Section):
 
 
 RouteReward = reward_section("route", TERMS)
-RouteSettings = rl_settings("route", RouteReward, route=(RouteConfig, "gradient routing (purplerl.recipes.route.step)"))
+class RouteSettings(RLSettings):
+    """`purplerl route`: the shared RL sections, its reward and gradient routing."""
+
+    recipe: str = recipe_field("route")
+    reward: RouteReward = Field(default_factory=RouteReward, description="reward composition")
+    route: RouteConfig = Field(default_factory=RouteConfig, description=(
+        "gradient routing (purplerl.recipes.route.step)"))
 
 
 def prepare(config: Any) -> Bind:

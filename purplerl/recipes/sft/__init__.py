@@ -5,12 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from purplerl.config import SFTConfig, SFTDataConfig
 from purplerl.config.migrate import RL_TRAINING_FIELDS, pop_path
-from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, run_settings
+from purplerl.config.sections import RunSettings
+from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, recipe_field
 
-SFTSettings = run_settings("sft", data=(SFTDataConfig, "the conversations"),
-                           sft=(SFTConfig, "supervised fine-tuning (purplerl sft)"))
+
+class SFTSettings(RunSettings):
+    """`purplerl sft`: the shared training sections, the conversations and supervised fine-tuning."""
+
+    recipe: str = recipe_field("sft")
+    data: SFTDataConfig = Field(default_factory=SFTDataConfig, description="the conversations")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="supervised fine-tuning (purplerl sft)")
 
 
 def migrate(data: dict[str, Any], saved: bool) -> dict[str, Any]:
