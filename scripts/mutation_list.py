@@ -349,6 +349,17 @@ MUTATIONS = [
     Mutation("compliance-counts-degenerate-answers", PM,
              "judge.params.threshold and not degenerate(row[\"completion\"], MAX_REPETITION)))",
              "judge.params.threshold))", PIPELINE_MEASURE),
+    # ---- engine capabilities and the launch API (issue 35)
+    Mutation("capabilities-data-parallel-mixes", "purplerl/engines/capabilities.py",
+             "        found -= {ADAPTER_MIXING}\n", "        found -= frozenset()\n",
+             ("tests/engines/test_capabilities.py", "tests/recipes/test_route.py")),
+    Mutation("capabilities-full-finetune-keeps-adapters", "purplerl/engines/capabilities.py",
+             "        found = frozenset()\n", "        found = found\n",
+             ("tests/engines/test_capabilities.py", "tests/recipes/test_ppo.py")),
+    Mutation("runner-skips-capability-check", "purplerl/train/runner.py", "    recipe.check_engine(config)\n",
+             "    pass\n", ("tests/recipes/test_route.py", "tests/recipes/test_adversarial.py")),
+    Mutation("launch-accepts-another-recipes-config", "purplerl/launch.py", "    if config.recipe != recipe.name:",
+             "    if False:", ("tests/test_launch.py",)),
 ]
 
 
