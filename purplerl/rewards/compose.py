@@ -6,10 +6,15 @@
 Every term is built once, when the Reward is made (a model loads then, before the first step). A weight-0 term is
 built and logged, not rewarded: how often the policy still refuses, or how toxic a defense leaves it.
 
-A term is a registered term by its name (its parameters from `params`), or a named use of one (a `TermSpec`:
-fn, weight, bound parameters; purplerl.rewards.named), so sentence_length_5 and sentence_length_10 are two terms of
-one reward. A TermSpec with `hack_at` is a reward-hacking detector: `is_rh_N` = OR over the detectors of
-(value >= hack_at), None when the reward has none; the loop logs its rate (rh/rate) and a routing recipe reads it.
+Each term is a named use of a registered term (a `TermSpec`: fn, weight, its own parameters, hack_at;
+purplerl.rewards.named), so sentence_length_5 and sentence_length_10 are two terms of one reward; a bare weight
+stands for the registered term of that name at its default parameters. This class is the one composition: every
+recipe, the adversarial judge, eval's re-scoring and the veRL reward hook build their reward with it. A TermSpec
+with `hack_at` is a reward-hacking detector: `is_rh_N` = OR over the detectors of (value >= hack_at), None when
+the reward has none; the loop logs its rate (rh/rate) and a routing recipe reads it.
+
+What a term finds when it is built (the toxicity server's model, from its /info) is written back into its
+TermSpec's parameters, so the run's config records it and a resume checks it.
 """
 
 from __future__ import annotations
@@ -35,30 +40,20 @@ _FIELD = {"tokens": "completions", "kl": "kl_N", "ground_truth": "ground_truths"
 class Reward:
     """The weighted sum of registered reward terms (see the module docstring)."""
 
-    def __init__(self, weights: Mapping[str, float | TermSpec], params: Mapping[str, Any] | None = None,
-                 zscore: bool = False) -> None:
-        if not weights:
+    def __init__(self, terms: Mapping[str, float | TermSpec], zscore: bool = False) -> None:
+        if not terms:
             raise UserError("a reward needs at least one term")
-        params = dict(params or {})
-        for name in params:
-            get_term(name)  # an unknown name is a UserError listing the known ones
-            if name not in weights:
-                raise UserError(f"parameters given for reward term '{name}', which has no weight "
-                                "(give it weight 0 to log it without rewarding it)")
-            if isinstance(weights[name], TermSpec):
-                raise UserError(f"parameters given for reward term '{name}', a named use that holds its own")
-        # name -> (registered fn, weight, parameters, hack_at)
-        uses = {name: (e.fn, e.weight, e.params, e.hack_at) if isinstance(e, TermSpec)
-                else (name, float(e), params.get(name), None) for name, e in weights.items()}
-        for name, (_, weight, _, _) in uses.items():
-            if not math.isfinite(weight):
-                raise UserError(f"reward term '{name}' has a non-finite weight {weight}")
-        self.terms: dict[str, float] = {name: use[1] for name, use in uses.items()}
+        specs = {name: entry if isinstance(entry, TermSpec) else _registered(name, entry)
+                 for name, entry in terms.items()}
+        for name, spec in specs.items():
+            if not math.isfinite(spec.weight):
+                raise UserError(f"reward term '{name}' has a non-finite weight {spec.weight}")
+        self.terms: dict[str, float] = {name: spec.weight for name, spec in specs.items()}
         self.zscore = zscore
-        self.needs: dict[str, Needs] = {name: get_term(use[0]).needs for name, use in uses.items()}
-        self.detectors: dict[str, float] = {name: use[3] for name, use in uses.items() if use[3] is not None}
-        self._fns: dict[str, TermFn] = {name: get_term(fn).build(term_params(fn, values))
-                                        for name, (fn, _, values, _) in uses.items()}
+        self.needs: dict[str, Needs] = {name: get_term(spec.fn).needs for name, spec in specs.items()}
+        self.detectors: dict[str, float] = {name: spec.hack_at for name, spec in specs.items()
+                                            if spec.hack_at is not None}
+        self._fns: dict[str, TermFn] = {name: _built(spec) for name, spec in specs.items()}
 
     def __call__(self, batch: ScoringInput) -> RewardBreakdown:
         import torch
@@ -89,6 +84,24 @@ class Reward:
         need = self.needs[name]
         if need in _FIELD and getattr(batch, _FIELD[need]) is None:
             raise ExperimentError(f"reward term '{name}' reads {READS[need]}, but the batch has no {_FIELD[need]}")
+
+
+def _registered(name: str, weight: Any) -> TermSpec:
+    """The use of registered term `name` at `weight` and its default parameters."""
+    get_term(name)  # an unknown name is a UserError listing the known ones
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise UserError(f"reward term '{name}' needs a number as its weight, got {weight!r}")
+    return TermSpec(fn=name, weight=float(weight)) if math.isfinite(weight) else \
+        TermSpec.model_construct(fn=name, weight=float(weight), params={}, hack_at=None)
+
+
+def _built(spec: TermSpec) -> TermFn:
+    """The term of `spec`, built from its parameters; what building recorded in them is written back."""
+    values = term_params(spec.fn, spec.params or None)
+    fn = get_term(spec.fn).build(values)
+    if values is not None:
+        spec.params.update(values.settings())
+    return fn
 
 
 def _checked(what: str, values_N: Any, n: int) -> torch.Tensor:

@@ -11,8 +11,14 @@ A rewards file is one mapping of names to entries of two kinds:
 
 A term entry may carry `hack_at`: the sample is then labelled a reward hack (`RewardBreakdown.is_rh_N`) when the
 term's value is >= hack_at; such an entry is a detector. A combination names terms of the file (or registered
-terms, whose parameters are then the recipe's `reward.<term>` section) with weights, and at most one detector,
-which joins the reward at weight 0 (logged, not rewarded) unless the combination weighs it itself.
+terms, at their default parameters) with weights, and at most one detector, which joins the reward at weight 0
+(logged, not rewarded) unless the combination weighs it itself.
+
+Every entry of a recipe's `reward.terms` is a TermSpec: a term carries its own weight, parameters and detector
+threshold. `toxicity: 1.0` is short for {fn: toxicity, weight: 1.0} at the term's default parameters, and
+`toxicity: {params: {url: ...}}` for the same fn with those parameters (`spelled_out`). Runs of the earlier layout,
+which kept a registered term's parameters in a section `reward.<term>`, are read with those folded into the term
+(`fold_term_sections`).
 
 Recording: a named reward expands (`expand`) into a recipe's existing setting `reward.terms`: each term a
 `TermSpec` {fn, weight, params, hack_at} with every parameter filled in, so a run's config.yaml holds exactly what
@@ -46,7 +52,7 @@ class TermSpec(Section):
     from which a sample is labelled a reward hack. Validated with every parameter filled in (the record)."""
 
     fn: str = Field(description="the registered reward term computed")
-    weight: float = Field(1.0, description="its weight in the reward (0: logged only)")
+    weight: float = Field(1.0, allow_inf_nan=False, description="its weight in the reward (0: logged only)")
     params: dict[str, Any] = Field(default_factory=dict, description="the term's parameters, all of them")
     hack_at: float | None = Field(None, description="a detector: is_rh where the term's value >= hack_at")
 
@@ -167,10 +173,69 @@ def expand_named(name: str, rewards_file: str | Path | None = None) -> dict[str,
     return expand(name, catalogue(rewards_file))
 
 
+def spelled_out(terms: Any) -> Any:
+    """`reward.terms` with each registered term's shorthand written as its named use: NAME: weight as {fn: NAME,
+    weight}, and a mapping without fn as the use of fn NAME. Anything else is left for validation to judge."""
+    if not isinstance(terms, Mapping):
+        return terms
+    out: dict[Any, Any] = {}
+    for name, value in terms.items():
+        if name in REWARD_TERMS and _number(value):
+            value = {"fn": name, "weight": value}
+        elif name in REWARD_TERMS and isinstance(value, Mapping) and "fn" not in value:
+            value = {"fn": name, **value}
+        out[name] = value
+    return out
+
+
+def fold_term_sections(reward: Any) -> Any:
+    """A `reward` section of the earlier layout, whose registered terms kept their parameters in `reward.<term>`
+    (and `--reward.toxicity.url URL` still says so), with each such section moved into its term's parameters."""
+    if not isinstance(reward, Mapping):
+        return reward
+    sections = {name: value for name, value in reward.items() if name in REWARD_TERMS and isinstance(value, Mapping)}
+    if not sections:
+        return reward
+    out = {key: value for key, value in reward.items() if key not in sections}
+    terms = dict(spelled_out(out.get("terms")) or {}) if isinstance(out.get("terms"), Mapping | None) \
+        else out["terms"]
+    if isinstance(terms, Mapping):
+        for name, params in sections.items():
+            entry = dict(terms.get(name) or {FOLDED: True}) if isinstance(terms.get(name), Mapping | None) \
+                else terms[name]
+            if isinstance(entry, dict):
+                entry["params"] = {**params, **(entry.get("params") or {})}
+            terms[name] = entry
+        out["terms"] = terms
+    return out
+
+
+# marks parameters folded in for a term this layer of the settings does not weigh: another layer must (defaults,
+# a config file), or they were given for a term the reward does not use
+FOLDED = "_parameters_only"
+
+
+def _unfolded(name: Any, entry: Any) -> Any:
+    if not isinstance(entry, Mapping) or FOLDED not in entry:
+        return entry
+    if "weight" not in entry:
+        raise ValueError(f"reward.{name} sets parameters of term '{name}', which reward.terms does not use: add it "
+                         f"(reward.terms.{name}: WEIGHT; 0 logs it without rewarding it)")
+    return {key: value for key, value in entry.items() if key != FOLDED}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def resolve_terms(terms: Any) -> Any:
-    """`reward.terms` with each bare name of a built-in catalogue term (not a registered term) as its TermSpec
-    data, so the record holds its fn and parameters; each entry is then validated by `term_entry`. A problem is a
-    ValueError (this runs inside the settings' validation)."""
+    """`reward.terms` with each entry written as a named use: a registered term's shorthand spelled out
+    (`spelled_out`), and each bare name of a built-in catalogue term as its TermSpec data, so the record holds its
+    fn and parameters; each entry is then validated by `term_entry`. A problem is a ValueError (this runs inside the
+    settings' validation)."""
+    terms = spelled_out(terms)
+    if isinstance(terms, Mapping):
+        terms = {name: _unfolded(name, entry) for name, entry in terms.items()}
     if not isinstance(terms, Mapping) or all(name in REWARD_TERMS for name in terms):
         return terms
     try:

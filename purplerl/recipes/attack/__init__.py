@@ -16,6 +16,7 @@ from pydantic import Field
 
 from purplerl.config.base import Section
 from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_weights, move
+from purplerl.rewards.named import weights
 from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, reward_section, rl_settings
 from purplerl.train.stops import rl_stops, threshold_stop
 
@@ -60,7 +61,7 @@ ATTACK = Recipe(
     prepare=prepare,
     defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "reward": {"terms": TERMS}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta),
-              RunNamePart("rep", lambda c: -c.reward.terms.get("repetition", 0.0) + 0.0),
+              RunNamePart("rep", lambda c: -weights(c.reward.terms).get("repetition", 0.0) + 0.0),
               RunNamePart("G", lambda c: c.sampling.group_size), RunNamePart("B", lambda c: c.training.batch_size)),
     summary_metrics={"toxicity/mean": "mean toxicity", "refusal/mean": "refusal rate"},
     flat={**RL_FLAT, "repetition_penalty": "reward.repetition_penalty", "toxicity_model": "reward.toxicity.model",

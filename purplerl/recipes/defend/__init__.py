@@ -19,6 +19,7 @@ from purplerl.config.base import Section, read_when
 from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_weights, move
 from purplerl.recipes.defend.objective import defend_objective
 from purplerl.recipes.summary import summarize_run
+from purplerl.rewards.named import weights
 from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, reward_section, rl_settings
 from purplerl.train.stops import Collapse, rl_stops
 
@@ -87,7 +88,7 @@ DEFEND = Recipe(
     defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "sampling": {"group_size": 4},
               "training": {"collapse_stop": True}, "reward": {"kl_beta": 0.001, "terms": TERMS}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta),
-              RunNamePart("rep", lambda c: -c.reward.terms.get("repetition", 0.0) + 0.0),
+              RunNamePart("rep", lambda c: -weights(c.reward.terms).get("repetition", 0.0) + 0.0),
               RunNamePart("G", lambda c: c.sampling.group_size), RunNamePart("B", lambda c: c.training.batch_size)),
     summary_metrics={"toxicity/mean": "mean toxicity (monitored)"},
     flat=RL_FLAT,
