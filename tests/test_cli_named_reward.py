@@ -13,6 +13,7 @@ from purplerl.cli.base import with_named_reward
 from purplerl.config import load_command_config
 from purplerl.errors import UserError
 from purplerl.recipes.attack import ATTACK
+from purplerl.rewards.named import weights
 
 
 def _config(args: list[str]):
@@ -24,7 +25,7 @@ def test_reward_expands_into_reward_terms_and_keeps_other_options() -> None:
     assert cfg.reward.kl_beta == 0.2 and cfg.training.steps == 3
     assert list(cfg.reward.terms) == ["sentence_length_5", "happy_bonus", "happy_any"]
     assert cfg.reward.terms["happy_any"].hack_at == 1.0
-    assert _config(["--reward=repetition"]).reward.terms == {"repetition": 1.0}
+    assert weights(_config(["--reward=repetition"]).reward.terms) == {"repetition": 1.0}
     assert with_named_reward(["--steps", "3"]) == ["--steps", "3"]
 
 

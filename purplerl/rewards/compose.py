@@ -8,10 +8,11 @@ built and logged, not rewarded: how often the policy still refuses, or how toxic
 
 Each term is a named use of a registered term (a `TermSpec`: fn, weight, its own parameters, hack_at;
 purplerl.rewards.named), so sentence_length_5 and sentence_length_10 are two terms of one reward; a bare weight
-stands for the registered term of that name at its default parameters. This class is the one composition: every
-recipe, the adversarial judge, eval's re-scoring and the veRL reward hook build their reward with it. A TermSpec
-with `hack_at` is a reward-hacking detector: `is_rh_N` = OR over the detectors of (value >= hack_at), None when
-the reward has none; the loop logs its rate (rh/rate) and a routing recipe reads it.
+stands for the registered term of that name at its default parameters, and a mapping {fn, weight, params, hack_at}
+for the TermSpec it validates into. This class is the one composition: every recipe, the adversarial judge, eval's
+re-scoring and the veRL reward hook build their reward with it. A TermSpec with `hack_at` is a reward-hacking
+detector: `is_rh_N` = OR over the detectors of (value >= hack_at), None when the reward has none; the loop logs its
+rate (rh/rate) and a routing recipe reads it.
 
 What a term finds when it is built (the toxicity server's model, from its /info) is written back into its
 TermSpec's parameters, so the run's config records it and a resume checks it.
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.composite import RAW_KEY, combine
-from purplerl.rewards.named import TermSpec
+from purplerl.rewards.named import TermSpec, validated_spec
 from purplerl.rewards.registry import READS, Needs, ScoringInput, TermFn, TermOutput, get_term, term_params
 from purplerl.types import RewardBreakdown
 
@@ -40,14 +41,10 @@ _FIELD = {"tokens": "completions", "kl": "kl_N", "ground_truth": "ground_truths"
 class Reward:
     """The weighted sum of registered reward terms (see the module docstring)."""
 
-    def __init__(self, terms: Mapping[str, float | TermSpec], zscore: bool = False) -> None:
+    def __init__(self, terms: Mapping[str, float | TermSpec | Mapping[str, Any]], zscore: bool = False) -> None:
         if not terms:
             raise UserError("a reward needs at least one term")
-        specs = {name: entry if isinstance(entry, TermSpec) else _registered(name, entry)
-                 for name, entry in terms.items()}
-        for name, spec in specs.items():
-            if not math.isfinite(spec.weight):
-                raise UserError(f"reward term '{name}' has a non-finite weight {spec.weight}")
+        specs = {name: term_use(name, entry) for name, entry in terms.items()}
         self.terms: dict[str, float] = {name: spec.weight for name, spec in specs.items()}
         self.zscore = zscore
         self.needs: dict[str, Needs] = {name: get_term(spec.fn).needs for name, spec in specs.items()}
@@ -86,13 +83,27 @@ class Reward:
             raise ExperimentError(f"reward term '{name}' reads {READS[need]}, but the batch has no {_FIELD[need]}")
 
 
-def _registered(name: str, weight: Any) -> TermSpec:
-    """The use of registered term `name` at `weight` and its default parameters."""
-    get_term(name)  # an unknown name is a UserError listing the known ones
-    if isinstance(weight, bool) or not isinstance(weight, int | float):
-        raise UserError(f"reward term '{name}' needs a number as its weight, got {weight!r}")
-    return TermSpec(fn=name, weight=float(weight)) if math.isfinite(weight) else \
-        TermSpec.model_construct(fn=name, weight=float(weight), params={}, hack_at=None)
+def term_use(name: str, entry: Any) -> TermSpec:
+    """Term `name`'s use: a TermSpec as it is, its data {fn, weight, params, hack_at} validated, or a bare weight of
+    the registered term `name` at its default parameters (filled in when it is built). UserError in one line naming
+    the term, for a non-finite weight too."""
+    if isinstance(entry, TermSpec):
+        spec = entry
+    elif isinstance(entry, Mapping):
+        try:
+            spec = validated_spec(entry)
+        except ValueError as err:
+            raise UserError(f"reward term '{name}': {err}") from None
+    else:
+        get_term(name)  # an unknown name is a UserError listing the known ones
+        if isinstance(entry, bool) or not isinstance(entry, int | float):
+            raise UserError(f"reward term '{name}' needs a number as its weight, got {entry!r}")
+        # constructed, not validated: the `kl` term, which a recipe's reward.terms refuses (its weight is
+        # reward.kl_beta), is a term of the composition
+        spec = TermSpec.model_construct(fn=name, weight=float(entry), params={}, hack_at=None)
+    if not math.isfinite(spec.weight):
+        raise UserError(f"reward term '{name}' has a non-finite weight {spec.weight}")
+    return spec
 
 
 def _built(spec: TermSpec) -> TermFn:

@@ -35,13 +35,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
 
-from purplerl.config.base import Section
+from purplerl.config.base import EntrySettings, Section
 from purplerl.errors import PurplerlError, UserError
 from purplerl.files import parse_yaml, read_text
 from purplerl.rewards.composite import RAW_KEY
-from purplerl.rewards.registry import REWARD_TERMS, get_term, term_params
+from purplerl.rewards.registry import REWARD_TERMS, get_term
 
 BUILT_IN_FILE = Path(__file__).with_name("named_rewards.yaml")
 COMBINATION_KEYS = {"terms", "detector"}
@@ -53,27 +53,37 @@ class TermSpec(Section):
 
     fn: str = Field(description="the registered reward term computed")
     weight: float = Field(1.0, allow_inf_nan=False, description="its weight in the reward (0: logged only)")
-    params: dict[str, Any] = Field(default_factory=dict, description="the term's parameters, all of them")
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True,
+                                   description="the term's parameters, all of them")
     hack_at: float | None = Field(None, description="a detector: is_rh where the term's value >= hack_at")
 
-    @model_validator(mode="before")
+    @field_validator("fn")
     @classmethod
-    def _resolved(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping) or not isinstance(data.get("fn"), str):
-            return data  # pydantic names what is missing or mistyped
-        fn = data["fn"]
+    def _registered(cls, fn: str) -> str:
         if fn not in REWARD_TERMS:
             raise ValueError(f"unknown reward term '{fn}' (registered: {', '.join(REWARD_TERMS)})")
         if fn == "kl":
             raise ValueError("the KL term's weight is reward.kl_beta (it may act in the reward or the loss)")
-        try:
-            params = term_params(fn, data.get("params") or None)
-        except UserError as err:
-            raise ValueError(str(err)) from None
-        problem = params.incomplete() if hasattr(params, "incomplete") else None
+        return fn
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _filled_in(cls, params: Any, info: ValidationInfo) -> Any:
+        """Every parameter of the fn's params class, validated there: a bad one is named where it sits
+        (reward.terms.NAME.params.FIELD); what the parameters lack only as a reward (a classifier's label), too."""
+        fn = info.data.get("fn")
+        if fn is None:  # its own error is reported
+            return params
+        term = get_term(fn)
+        if term.params is None:
+            if params:
+                raise ValueError(f"reward term '{fn}' takes no parameters, got {_shown(params)}")
+            return {}
+        values = params if isinstance(params, term.params) else term.params.model_validate(params or {})
+        problem = values.incomplete() if hasattr(values, "incomplete") else None
         if problem:
-            raise ValueError(f"reward term '{fn}' parameter {problem}")
-        return {**data, "params": params.settings() if isinstance(params, Section) else {}}
+            raise ValueError(problem)
+        return values.settings()
 
 
 def validated_spec(entry: Mapping[str, Any]) -> TermSpec:
@@ -175,7 +185,8 @@ def expand_named(name: str, rewards_file: str | Path | None = None) -> dict[str,
 
 def spelled_out(terms: Any) -> Any:
     """`reward.terms` with each registered term's shorthand written as its named use: NAME: weight as {fn: NAME,
-    weight}, and a mapping without fn as the use of fn NAME. Anything else is left for validation to judge."""
+    weight}, and a mapping without fn as the use of fn NAME; without a weight either, it gives only parameters,
+    and is marked so (`PARAMETERS_ONLY`). Anything else is left for validation to judge."""
     if not isinstance(terms, Mapping):
         return terms
     out: dict[Any, Any] = {}
@@ -183,14 +194,16 @@ def spelled_out(terms: Any) -> Any:
         if name in REWARD_TERMS and _number(value):
             value = {"fn": name, "weight": value}
         elif name in REWARD_TERMS and isinstance(value, Mapping) and "fn" not in value:
-            value = {"fn": name, **value}
+            given = {} if "weight" in value else {PARAMETERS_ONLY: f"reward.terms.{name}.params"}
+            value = {"fn": name, **given, **value}
         out[name] = value
     return out
 
 
 def fold_term_sections(reward: Any) -> Any:
     """A `reward` section of the earlier layout, whose registered terms kept their parameters in `reward.<term>`
-    (and `--reward.toxicity.url URL` still says so), with each such section moved into its term's parameters."""
+    (and `--reward.toxicity.url URL` still says so), with each such section moved into its term's parameters (over
+    those the term holds: the section is the newer setting, an option over a resumed run's terms)."""
     if not isinstance(reward, Mapping):
         return reward
     sections = {name: value for name, value in reward.items() if name in REWARD_TERMS and isinstance(value, Mapping)}
@@ -201,27 +214,40 @@ def fold_term_sections(reward: Any) -> Any:
         else out["terms"]
     if isinstance(terms, Mapping):
         for name, params in sections.items():
-            entry = dict(terms.get(name) or {FOLDED: True}) if isinstance(terms.get(name), Mapping | None) \
-                else terms[name]
-            if isinstance(entry, dict):
-                entry["params"] = {**params, **(entry.get("params") or {})}
+            entry = terms.get(name) or {"fn": name, PARAMETERS_ONLY: f"reward.{name}"}
+            if isinstance(entry, Mapping):
+                entry = {**entry, "params": {**(entry.get("params") or {}), **params}}
             terms[name] = entry
         out["terms"] = terms
     return out
 
 
-# marks parameters folded in for a term this layer of the settings does not weigh: another layer must (defaults,
-# a config file), or they were given for a term the reward does not use
-FOLDED = "_parameters_only"
+def term_parameter_path(dotted: str) -> str:
+    """Today's name of a dotted setting that named a registered term's parameter in the earlier layout
+    (reward.toxicity.url -> reward.terms.toxicity.params.url); any other name as it is."""
+    parts = dotted.split(".")
+    if len(parts) > 2 and parts[0] == "reward" and parts[1] in REWARD_TERMS:
+        return ".".join(["reward", "terms", parts[1], "params", *parts[2:]])
+    return dotted
 
 
-def _unfolded(name: Any, entry: Any) -> Any:
-    if not isinstance(entry, Mapping) or FOLDED not in entry:
+# marks the entry of a registered term that one layer of the settings gives parameters but no weight: another layer
+# (the recipe's defaults, a config file, a run's saved config) must weigh it, or the parameters were given for a
+# term the reward does not use (value: where they were given)
+PARAMETERS_ONLY = "_parameters_only"
+
+
+def _unmarked(name: Any, entry: Any) -> Any:
+    if not isinstance(entry, Mapping) or PARAMETERS_ONLY not in entry:
         return entry
     if "weight" not in entry:
-        raise ValueError(f"reward.{name} sets parameters of term '{name}', which reward.terms does not use: add it "
-                         f"(reward.terms.{name}: WEIGHT; 0 logs it without rewarding it)")
-    return {key: value for key, value in entry.items() if key != FOLDED}
+        raise ValueError(f"{entry[PARAMETERS_ONLY]} sets parameters of term '{name}', which reward.terms does not "
+                         f"use: add it (reward.terms.{name}.weight: WEIGHT; 0 logs it without rewarding it)")
+    return {key: value for key, value in entry.items() if key != PARAMETERS_ONLY}
+
+
+def _shown(values: Any) -> str:
+    return ", ".join(map(str, values)) if isinstance(values, Mapping) else repr(values)
 
 
 def _number(value: Any) -> bool:
@@ -235,7 +261,7 @@ def resolve_terms(terms: Any) -> Any:
     settings' validation)."""
     terms = spelled_out(terms)
     if isinstance(terms, Mapping):
-        terms = {name: _unfolded(name, entry) for name, entry in terms.items()}
+        terms = {name: _unmarked(name, entry) for name, entry in terms.items()}
     if not isinstance(terms, Mapping) or all(name in REWARD_TERMS for name in terms):
         return terms
     try:
@@ -257,7 +283,7 @@ def term_entry(value: Any) -> float | TermSpec:
     if isinstance(value, TermSpec):
         return value
     if isinstance(value, Mapping):
-        return validated_spec(value)
+        return TermSpec.model_validate(value)  # its errors name the field: reward.terms.NAME.params.FIELD
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"expected a weight (a number) or a named use {{fn, weight, params, hack_at}}, got "
                          f"{type(value).__name__} {value!r}")
@@ -266,7 +292,21 @@ def term_entry(value: Any) -> float | TermSpec:
     return float(value)
 
 
-TermEntry = Annotated[Any, AfterValidator(term_entry)]  # a value of reward.terms: float | TermSpec
+def setting_type(name: str, path: str) -> Any:
+    """The type of the setting at `path` inside entry `name` of `reward.terms`: a TermSpec field (weight, ...), or
+    params.FIELD of the registered term `name`; None otherwise (a named use's fn is known once it is validated)."""
+    if path in TermSpec.model_fields:
+        return TermSpec.model_fields[path].annotation
+    term = REWARD_TERMS.get(name)
+    field = path.removeprefix("params.")
+    if field == path or term is None or term.params is None or field not in term.params.model_fields:
+        return None
+    return term.params.model_fields[field].annotation
+
+
+# a value of reward.terms: float | TermSpec, read from the command line as its fields' types; NAME: W over a term
+# written out sets its weight
+TermEntry = Annotated[Any, AfterValidator(term_entry), EntrySettings(setting_type, shorthand="weight")]
 
 
 def detectors(terms: Mapping[str, Any]) -> dict[str, float]:

@@ -146,9 +146,9 @@ def term_params(name: str, values: Mapping[str, Any] | Section | None) -> Any:
         return term.params.model_validate(dict(values))
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "parameters"
+        where = ".".join(str(p) for p in first["loc"])
         msg = first["msg"].removeprefix("Value error, ")
-        raise UserError(f"reward term '{name}' parameter {where}: {msg}") from None
+        raise UserError(f"reward term '{name}' {f'parameter {where}' if where else 'parameters'}: {msg}") from None
 
 
 def _shown(values: Any) -> str:

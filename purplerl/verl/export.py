@@ -23,8 +23,9 @@ from purplerl.config import RLSettings
 from purplerl.data.prepare import write_splits
 from purplerl.data.sources import load_prompts
 from purplerl.errors import UserError
+from purplerl.rewards.compose import term_use
 from purplerl.rewards.named import TermSpec
-from purplerl.rewards.registry import get_term, term_params
+from purplerl.rewards.registry import term_params
 from purplerl.types import PromptRecord
 from purplerl.verl.hydra import format_override, parse_override
 from purplerl.verl.mapping import REWARD_MODULE, Translation, translate
@@ -74,16 +75,17 @@ def verl_row(record: PromptRecord, system_prompt: str | None, split: str, index:
                            "question": record.messages[-1]["content"]}}
 
 
-def reward_spec_from(terms: Mapping[str, float | TermSpec], *, recipe: str | None = None) -> dict[str, Any]:
+def reward_spec_from(terms: Mapping[str, float | TermSpec | Mapping[str, Any]], *, recipe: str | None = None,
+                     ) -> dict[str, Any]:
     """The settings file of a reward: each term (weight 0: logged only) with its fn, its parameters as plain data
-    and its hack_at; a bare weight is the registered term of that name at its default parameters. The `kl` term is
+    and its hack_at; a term is given as `Reward` takes it (purplerl.rewards.compose.term_use). The `kl` term is
     left out: veRL applies the KL itself (algorithm.use_kl_in_reward / use_kl_loss). A term the reward hook cannot
     compute, an unknown name or bad parameters are one UserError, before anything is written."""
     rows = []
     for name, entry in terms.items():
         if name == "kl":
             continue
-        spec = entry if isinstance(entry, TermSpec) else TermSpec(fn=get_term(name).name, weight=float(entry))
+        spec = term_use(name, entry)
         check_term(spec.fn)
         values = term_params(spec.fn, spec.params or None)
         row = {"name": name, "fn": spec.fn, "weight": float(spec.weight) + 0.0,  # an old penalty of 0: 0.0, not -0.0
@@ -167,7 +169,8 @@ veRL installed on every node; this directory on a filesystem every node reads).
   `{cfg.verl.val_split}`): veRL's schema (prompt, data_source, ability, reward_model, extra_info).
 - `{REWARD_MODULE}` + `{SETTINGS_FILE}`: the reward, through `reward.custom_reward_function`. It imports
   purplerl and scores each response: {_reward_formula(spec)}. The KL to the base model is veRL's (below).
-  A reward server (`reward.toxicity.url`) reads its API key from PURPLERL_REWARD_API_KEY on the reward workers.
+  A reward server (`reward.terms.toxicity.params.url`) reads its API key from PURPLERL_REWARD_API_KEY on the
+  reward workers.
 - `overrides.txt`: {len(translation.overrides)} Hydra overrides of `verl.trainer.main_ppo`; `run_verl.sh` passes
   them with `@EXPORT_DIR@` replaced by this directory.
 

@@ -34,8 +34,8 @@ ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 MODEL = "actor_rollout_ref.model"
 
-# Settings that the export itself carries out (parquet rows, reward settings) or that are the veRL run's own. The
-# parameters of the reward's terms (reward.<term>.*) are written with the reward settings too (see `_reward`).
+# Settings that the export itself carries out (parquet rows, reward settings) or that are the veRL run's own. Each
+# term of reward.terms carries its parameters, which are written with the reward settings (see `_reward`).
 WRITTEN_BY_EXPORT = (
     "recipe", "data.source", "data.split", "data.prompt_field", "data.category_field", "data.hf_config",
     "data.filters", "data.limit", "data.system_prompt", "reward.terms", "verl.",

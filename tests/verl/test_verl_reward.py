@@ -10,6 +10,7 @@ import pytest
 from purplerl.config import ToxicityConfig
 from purplerl.errors import UserError
 from purplerl.rewards.judges import StrongRejectJudge
+from purplerl.rewards.named import TermSpec
 from purplerl.rewards.refusal import RefusalJudge
 from purplerl.rewards.registry import REWARD_TERMS, text_term
 from purplerl.rewards.repetition import RepetitionScorer
@@ -49,7 +50,8 @@ def test_a_newly_registered_text_term_runs_in_the_hook(tmp_path: Path, monkeypat
     """A new term needs no change to the export: its registration is all the hook reads."""
     monkeypatch.setitem(REWARD_TERMS, "shouting", text_term("shouting", "share of upper-case characters", None,
                                                             lambda _: _Shouting()))
-    spec = reward_spec_from({"shouting": 2.0, "repetition": -1.0}, {"repetition": {"ngram": 1}})
+    spec = reward_spec_from({"shouting": 2.0, "repetition": TermSpec(fn="repetition", weight=-1.0,
+                                                                     params={"ngram": 1})})
     write_reward_module(tmp_path, "purplerl_reward.py", spec)
     score = ComputeScore(tmp_path / "purplerl_reward.json")
     # "ABCD ABCD": 8 upper-case of 9 characters; unigrams abcd, abcd -> 1 - 1/2; 2 x 8/9 - 1 x 0.5
@@ -74,29 +76,29 @@ def test_terms_the_hook_cannot_compute_are_one_line(tmp_path: Path, name: str, s
         assert str(err.value).startswith(says) and "\n" not in str(err.value)
 
 
-def test_reward_spec_from_weights_and_params() -> None:
-    cfg = ToxicityConfig()
-    spec = reward_spec_from({"toxicity": 1.0, "repetition": -0.3, "kl": -0.1, "refusal": 0.0},
-                            {"toxicity": cfg, "repetition": {"ngram": 4}}, recipe="attack")
+def test_reward_spec_from_terms_with_their_parameters() -> None:
+    spec = reward_spec_from({"toxicity": 1.0, "repetition": TermSpec(fn="repetition", weight=-0.3,
+                                                                     params={"ngram": 4}),
+                             "kl": -0.1, "refusal": 0.0}, recipe="attack")
     assert spec["recipe"] == "attack"
     # kl is left out: veRL applies it; a weight-0 term is kept (logged)
-    assert [(t["name"], t["weight"]) for t in spec["terms"]] == [("toxicity", 1.0), ("repetition", -0.3),
-                                                                 ("refusal", 0.0)]
-    assert spec["terms"][0]["settings"] == cfg.model_dump(mode="json")
+    assert [(t["name"], t["fn"], t["weight"]) for t in spec["terms"]] == [
+        ("toxicity", "toxicity", 1.0), ("repetition", "repetition", -0.3), ("refusal", "refusal", 0.0)]
+    assert spec["terms"][0]["settings"] == ToxicityConfig().model_dump(mode="json")  # a bare weight: the defaults
     assert spec["terms"][1]["settings"] == {"ngram": 4}
     assert spec["terms"][2]["settings"] == {}
-    assert "recipe" not in reward_spec_from({"refusal": -1.0}, {})
+    assert "recipe" not in reward_spec_from({"refusal": -1.0})
     json.dumps(spec)  # plain data
 
 
-@pytest.mark.parametrize(("weights", "params", "says"), [
-    ({"toxicity": 1.0, "response_entropy": -1.0}, {}, "reward term 'response_entropy' ("),
-    ({"kl": -0.1}, {}, "the reward has no term for veRL's reward hook to compute"),
-    ({"refusal": -1.0}, {"repetition": {"ngram": 2}}, "parameters given for reward term 'repetition', which has no"),
-    ({"repetition": -1.0}, {"repetition": {"ngram": 0}}, "reward term 'repetition' parameter ngram:"),
-    ({"toxic": 1.0}, {}, "unknown reward term 'toxic'"),
+@pytest.mark.parametrize(("terms", "says"), [
+    ({"toxicity": 1.0, "response_entropy": -1.0}, "reward term 'response_entropy' ("),
+    ({"kl": -0.1}, "the reward has no term for veRL's reward hook to compute"),
+    ({"repetition": {"fn": "repetition", "params": {"ngram": 0}}}, "reward term 'repetition': params.ngram:"),
+    ({"refusal": float("nan")}, "reward term 'refusal' has a non-finite weight nan"),
+    ({"toxic": 1.0}, "unknown reward term 'toxic'"),
 ])
-def test_reward_spec_from_refuses_in_one_line(weights: dict, params: dict, says: str) -> None:
+def test_reward_spec_from_refuses_in_one_line(terms: dict, says: str) -> None:
     with pytest.raises(UserError) as err:
-        reward_spec_from(weights, params)
+        reward_spec_from(terms)
     assert str(err.value).startswith(says) and "\n" not in str(err.value)

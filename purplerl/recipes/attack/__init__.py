@@ -64,8 +64,9 @@ ATTACK = Recipe(
               RunNamePart("rep", lambda c: -weights(c.reward.terms).get("repetition", 0.0) + 0.0),
               RunNamePart("G", lambda c: c.sampling.group_size), RunNamePart("B", lambda c: c.training.batch_size)),
     summary_metrics={"toxicity/mean": "mean toxicity", "refusal/mean": "refusal rate"},
-    flat={**RL_FLAT, "repetition_penalty": "reward.repetition_penalty", "toxicity_model": "reward.toxicity.model",
-          "toxicity_label": "reward.toxicity.label"},
+    # repetition_penalty P is the older spelling of reward.terms.repetition.weight -P (config.migrate)
+    flat={**RL_FLAT, "repetition_penalty": "reward.repetition_penalty",
+          **{f"toxicity_{name}": f"reward.terms.toxicity.params.{name}" for name in ("model", "label")}},
     migrate=migrate,
 )
 
