@@ -171,14 +171,6 @@ def test_dotted_overrides():
     assert cfg.reward.terms["toxicity"].params["batch_size"] == 4
 
 
-def test_the_older_spelling_of_a_terms_parameters_still_works():
-    # reward.TERM.FIELD was the place of a registered term's parameters: it still reaches them
-    old = run_settings("attack", options=["--reward.toxicity.model=org/clf", "--reward.toxicity.label=toxic",
-                                          "--reward.repetition.ngram=4"])
-    new = run_settings("attack", options=["--reward.terms.toxicity.params.model=org/clf", "--toxicity_label=toxic",
-                                          "--reward.terms.repetition.params.ngram=4"])
-    assert old == new and new.reward.terms["repetition"].params == {"ngram": 4}
-
 
 def test_dashes_in_option_names():
     cfg = run_settings("attack", options=["--kl-beta", "0.25", "--training.batch-size", "3"])

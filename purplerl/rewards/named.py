@@ -254,22 +254,28 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def resolve_terms(terms: Any) -> Any:
-    """`reward.terms` with each entry written as a named use: a registered term's shorthand spelled out
-    (`spelled_out`), and each bare name of a built-in catalogue term as its TermSpec data, so the record holds its
-    fn and parameters; each entry is then validated by `term_entry`. A problem is a ValueError (this runs inside the
-    settings' validation)."""
+def written_out(terms: Any) -> Any:
+    """`reward.terms` with each shorthand written as a named use: a registered term's (`spelled_out`), and a bare
+    weight of a built-in catalogue term as its TermSpec data at that weight, so the record holds its fn and
+    parameters, and --reward.terms.NAME.params.FIELD reaches into either. PurplerlError for a broken catalogue."""
     terms = spelled_out(terms)
-    if isinstance(terms, Mapping):
-        terms = {name: _unmarked(name, entry) for name, entry in terms.items()}
     if not isinstance(terms, Mapping) or all(name in REWARD_TERMS for name in terms):
         return terms
-    try:
-        known = catalogue()
-    except PurplerlError as err:  # the package's own file is broken: said in one line
-        raise ValueError(str(err)) from None
+    known = catalogue()
     return {name: {**known[name], "weight": value} if _bare_catalogue_term(name, value, known) else value
             for name, value in terms.items()}
+
+
+def resolve_terms(terms: Any) -> Any:
+    """`reward.terms` written out (`written_out`), with every entry weighed (`PARAMETERS_ONLY`); each entry is then
+    validated by `term_entry`. A problem is a ValueError (this runs inside the settings' validation)."""
+    try:
+        terms = written_out(terms)
+    except PurplerlError as err:  # the package's own file is broken: said in one line
+        raise ValueError(str(err)) from None
+    if isinstance(terms, Mapping):
+        terms = {name: _unmarked(name, entry) for name, entry in terms.items()}
+    return terms
 
 
 def _bare_catalogue_term(name: Any, value: Any, known: Mapping[str, Mapping[str, Any]]) -> bool:

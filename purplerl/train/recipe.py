@@ -25,7 +25,7 @@ from purplerl.config.commands import Command
 from purplerl.config.loader import build
 from purplerl.config.migrate import migrate_shared
 from purplerl.config.sections import RewardBase, RLSettings, RunSettings
-from purplerl.rewards.named import TermEntry, TermSpec, fold_term_sections, resolve_terms, spelled_out
+from purplerl.rewards.named import TermEntry, TermSpec, fold_term_sections, resolve_terms, spelled_out, written_out
 from purplerl.rewards.registry import REWARD_TERMS
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 from purplerl.train.context import prompt_and_answer
@@ -131,12 +131,12 @@ class Recipe:
     def migrated(self, data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
         """`data` (a config file, overrides, or a run's saved config.yaml) with older names moved to today's: a
         registered term's parameters of the earlier `reward.<term>` section folded into the term, and the terms
-        spelled out, so that `--reward.terms.NAME.params.FIELD` reaches into them (purplerl.rewards.named)."""
+        written out, so that `--reward.terms.NAME.params.FIELD` reaches into them (purplerl.rewards.named)."""
         data = migrate_shared(data, saved)
         data = self.migrate(data, saved) if self.migrate is not None else data
         if isinstance(data.get("reward"), dict):
             reward = fold_term_sections(data["reward"])
-            data = {**data, "reward": {**reward, "terms": spelled_out(reward["terms"])} if "terms" in reward
+            data = {**data, "reward": {**reward, "terms": written_out(reward["terms"])} if "terms" in reward
                     else reward}
         return data
 
