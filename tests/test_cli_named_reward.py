@@ -57,5 +57,9 @@ def test_help_shows_the_expanded_terms_and_no_new_dotted_setting() -> None:
                          capture_output=True, text=True, check=True).stdout
     assert "--reward NAME: a named reward" in out
     assert '"happy_binary": {"fn": "keyword_count", "weight": 1.0' in out
-    dotted = [line for line in out.splitlines() if line.startswith("  --") and "." in line.split()[0]]
-    assert len(dotted) <= 60
+    dotted = [line.split()[0] for line in out.splitlines() if line.startswith("  --") and "." in line.split()[0]]
+    # the term's parameters are listed as its own, apart from the recipe's settings
+    parameters = [name for name in dotted if name.startswith("--reward.terms.")]
+    assert parameters == [f"--reward.terms.happy_binary.params.{field}"
+                          for field in ("words", "whole_word", "case_sensitive", "max_count")]
+    assert len(dotted) - len(parameters) <= 60

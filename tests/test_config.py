@@ -455,6 +455,16 @@ def _term_parameters(wanted: type) -> list[str]:
                       for name in _typed_leaves(term.params, wanted, f"reward.terms.{term.name}.params.")]
 
 
+def _saved(dotted: str, value: object) -> dict:
+    """A saved config holding `value` at `dotted`; a reward term's parameter or threshold sits in a term that has a
+    weight, as every term of a saved config has."""
+    parts = dotted.split(".")
+    if parts[:2] == ["reward", "terms"] and len(parts) > 3:
+        entry = {"weight": 1.0, **_nested(".".join(parts[3:]), value)}
+        return {"reward": {"terms": {parts[2]: entry}}}
+    return _nested(dotted, value)
+
+
 def test_every_float_field_refuses_nan_and_inf():
     # reward.terms holds the terms (purplerl.rewards.named.TermSpec): their weights, thresholds and parameters are
     # floats too
@@ -468,7 +478,7 @@ def test_every_float_field_refuses_nan_and_inf():
         for bad in (float("nan"), float("inf"), float("-inf")):
             where, value = _holding(dotted, bad)
             with pytest.raises(UserError) as err:
-                run_settings("attack", saved=_nested(dotted, value))
+                run_settings("attack", saved=_saved(dotted, value))
             assert str(err.value).startswith(f"config field '{where}': Input should be a finite number"), err.value
             assert "\n" not in str(err.value)
 
@@ -481,7 +491,7 @@ def test_every_int_field_refuses_booleans():
         for flag in (True, False):
             with pytest.raises(UserError, match=f"config field '{dotted}': expected (an integer|text or a number), "
                                                 "got a boolean"):
-                run_settings("attack", saved=_nested(dotted, flag))
+                run_settings("attack", saved=_saved(dotted, flag))
 
 
 def test_reward_server_settings_refuse_nan_inf_and_booleans():
@@ -606,10 +616,12 @@ def test_leaf_field_counts_per_command():
     # adversarial (issue 23): attack's tree less attack's own section (1) plus its adversarial section (12, gamma
     # read only with more than one turn). prefs.one_label (+1 for prefs: KTO data of one label is refused without it)
     # and sweep's max_runs (+1: a grid is counted against it before any run is planned), issue 34.
+    # A reward term carries its parameters (issue 35): the 12 registered terms' parameter sections (49 fields) left
+    # every RL recipe's tree; they are each term's own settings, in reward.terms.NAME.params.
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 127, "defend": 131, "tamper-test": 155, "sft": 55, "eval": 44, "sample": 16,
-                      "data prepare": 12, "align": 3, "verl export": 136,
-                      "prefs": 64, "reward-model": 55, "ppo": 130, "sweep": 21, "route": 133, "adversarial": 138}
+    assert counts == {"attack": 78, "defend": 82, "tamper-test": 106, "sft": 55, "eval": 44, "sample": 16,
+                      "data prepare": 12, "align": 3, "verl export": 87,
+                      "prefs": 64, "reward-model": 55, "ppo": 81, "sweep": 21, "route": 84, "adversarial": 89}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

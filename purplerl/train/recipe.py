@@ -25,7 +25,7 @@ from purplerl.config.commands import Command
 from purplerl.config.loader import build
 from purplerl.config.migrate import migrate_shared
 from purplerl.config.sections import RewardBase, RLSettings, RunSettings
-from purplerl.rewards.named import TermEntry, TermSpec, fold_term_sections, resolve_terms, spelled_out, written_out
+from purplerl.rewards.named import TermEntry, TermSpec, fold_term_sections, resolve_terms, written_out
 from purplerl.rewards.registry import REWARD_TERMS
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 from purplerl.train.context import prompt_and_answer
@@ -160,7 +160,7 @@ def reward_section(name: str, terms: Mapping[str, float]) -> type[RewardBase]:
     adds no setting to any recipe. So the run's config.yaml says every fn, parameter, weight and detector it was
     rewarded with."""
     fields: dict[str, Any] = {
-        "terms": (dict[str, TermEntry], Field(default_factory=lambda: spelled_out(dict(terms)), description=(
+        "terms": (dict[str, TermEntry], Field(default_factory=lambda: dict(terms), validate_default=True, description=(
             "reward terms: reward = sum of weight x term, minus kl_beta x KL when kl_in is reward; a weight-0 term "
             "is logged only. NAME: weight (a registered term at its default parameters) or NAME: {fn, weight, "
             "params, hack_at} (hack_at: a detector); e.g. --reward.terms.toxicity.params.url URL; --reward NAME "
