@@ -135,7 +135,11 @@ class Recipe:
         data = migrate_shared(data, saved)
         data = self.migrate(data, saved) if self.migrate is not None else data
         if isinstance(data.get("reward"), dict):
-            reward = fold_term_sections(data["reward"])
+            reward = data["reward"]
+            if saved and "terms" not in reward and "terms" in self.defaults.get("reward", {}):
+                # a run's config of the earliest layout (defend's, whose terms were fixed) ran the default terms
+                reward = {**reward, "terms": self.defaults["reward"]["terms"]}
+            reward = fold_term_sections(reward)
             data = {**data, "reward": {**reward, "terms": written_out(reward["terms"])} if "terms" in reward
                     else reward}
         return data
