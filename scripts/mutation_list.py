@@ -257,8 +257,8 @@ MUTATIONS = [
     Mutation("engine-sampling-temperature-ignored", EM, "scaled_NV = scaled_NV / sampling.temperature",
              "scaled_NV = scaled_NV", ENGINE),
     # ---- recipes built on the loop
-    Mutation("attack-kl-added", RL, 'weights = {**r.terms, "kl": -reward_kl_beta(config)}',
-             'weights = {**r.terms, "kl": reward_kl_beta(config)}', ATTACK),
+    Mutation("attack-kl-added", RL, 'reward = Reward({**r.terms, "kl": -reward_kl_beta(config)}, zscore=r.zscore)',
+             'reward = Reward({**r.terms, "kl": reward_kl_beta(config)}, zscore=r.zscore)', ATTACK),
     Mutation("tamper-verdict-or", TS, 'if all(rel == "below" for rel in relations.values()):',
              'if any(rel == "below" for rel in relations.values()):', TAMPER),
     Mutation("tamper-verdict-ties-hold", TS, 'if defended["high"] < base["low"]:',

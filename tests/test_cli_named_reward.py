@@ -13,6 +13,7 @@ from purplerl.cli.base import with_named_reward
 from purplerl.config import load_command_config
 from purplerl.errors import UserError
 from purplerl.recipes.attack import ATTACK
+from purplerl.rewards.named import weights
 
 
 def _config(args: list[str]):
@@ -24,7 +25,7 @@ def test_reward_expands_into_reward_terms_and_keeps_other_options() -> None:
     assert cfg.reward.kl_beta == 0.2 and cfg.training.steps == 3
     assert list(cfg.reward.terms) == ["sentence_length_5", "happy_bonus", "happy_any"]
     assert cfg.reward.terms["happy_any"].hack_at == 1.0
-    assert _config(["--reward=repetition"]).reward.terms == {"repetition": 1.0}
+    assert weights(_config(["--reward=repetition"]).reward.terms) == {"repetition": 1.0}
     assert with_named_reward(["--steps", "3"]) == ["--steps", "3"]
 
 
@@ -56,5 +57,9 @@ def test_help_shows_the_expanded_terms_and_no_new_dotted_setting() -> None:
                          capture_output=True, text=True, check=True).stdout
     assert "--reward NAME: a named reward" in out
     assert '"happy_binary": {"fn": "keyword_count", "weight": 1.0' in out
-    dotted = [line for line in out.splitlines() if line.startswith("  --") and "." in line.split()[0]]
-    assert len(dotted) <= 60
+    dotted = [line.split()[0] for line in out.splitlines() if line.startswith("  --") and "." in line.split()[0]]
+    # the term's parameters are listed as its own, apart from the recipe's settings
+    parameters = [name for name in dotted if name.startswith("--reward.terms.")]
+    assert parameters == [f"--reward.terms.happy_binary.params.{field}"
+                          for field in ("words", "whole_word", "case_sensitive", "max_count")]
+    assert len(dotted) - len(parameters) <= 60

@@ -31,6 +31,7 @@ from purplerl.experiments.tamper.settings import TAMPER
 from purplerl.launch import run_settings
 from purplerl.recipes import RECIPES
 from purplerl.recipes.attack import ATTACK, AttackSettings
+from purplerl.rewards.named import weights
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "configs" / "attack.yaml"
 
@@ -117,7 +118,7 @@ def test_defaults():
     assert cfg.sampling.group_size == 4
     assert cfg.reward.kl_beta == 0.1
     assert cfg.reward.zscore is False
-    assert cfg.reward.toxicity.model == "embedded"
+    assert cfg.reward.terms["toxicity"].params["model"] == "embedded"
     assert cfg.run.save_every == 10
 
 
@@ -160,13 +161,15 @@ def test_flat_overrides():
 
 
 def test_dotted_overrides():
-    # reward.toxicity.batch_size is read only with an HF classifier, which needs its label
+    # the toxicity term's batch_size is read only with an HF classifier, which needs its label
     cfg = run_settings("attack", options=["--reward.kl_beta", "0.2", "--reward.zscore=true",
-                                          "--reward.toxicity.model=org/clf", "--reward.toxicity.label=toxic",
-                                          "--reward.toxicity.batch_size=4"])
+                                          "--reward.terms.toxicity.params.model=org/clf",
+                                          "--reward.terms.toxicity.params.label=toxic",
+                                          "--reward.terms.toxicity.params.batch_size=4"])
     assert cfg.reward.kl_beta == 0.2
     assert cfg.reward.zscore is True
-    assert cfg.reward.toxicity.batch_size == 4
+    assert cfg.reward.terms["toxicity"].params["batch_size"] == 4
+
 
 
 def test_dashes_in_option_names():
@@ -196,10 +199,14 @@ def test_null_for_optional_string_field():
 
 def test_toxicity_label_keeps_int_or_name():
     base = ["--toxicity_model", "/some/classifier"]
-    assert run_settings("attack", options=[*base, "--toxicity_label", "1"]).reward.toxicity.label == 1
-    assert run_settings("attack", options=[*base, "--toxicity_label", "toxic"]).reward.toxicity.label == "toxic"
+    def label(*options: str) -> object:
+        return run_settings("attack", options=[*base, *options]).reward.terms["toxicity"].params["label"]
+
+    assert label("--toxicity_label", "1") == 1
+    assert label("--toxicity_label", "toxic") == "toxic"
     # a label named like a YAML boolean stays a name; it would otherwise become the index True == 1
-    assert run_settings("attack", options=[*base, "--toxicity_label", "yes"]).reward.toxicity.label == "yes"
+    assert label("--toxicity_label", "yes") == "yes"
+    assert label("--reward.terms.toxicity.params.label", "yes") == "yes"
 
 
 def test_precedence_defaults_file_cli(tmp_path: Path):
@@ -221,14 +228,16 @@ def test_a_saved_config_keeps_its_own_reward_terms_and_a_file_changes_one_weight
     # a run's saved config is complete: its terms are the run's terms, not a union with the recipe's defaults (a
     # resumed route run trained on the defaults' terms besides its own before this was fixed)
     saved = {"reward": {"terms": {"toxicity": 1.0}, "kl_beta": 0.01}}
-    assert load_command_config(ATTACK.command(), None, ["--steps", "4"], saved=saved).reward.terms == {"toxicity": 1.0}
+    resumed = load_command_config(ATTACK.command(), None, ["--steps", "4"], saved=saved)
+    assert weights(resumed.reward.terms) == {"toxicity": 1.0}
     route = load_command_config(RECIPES["route"].command(), None, [],
                                 saved={"reward": {"terms": {"e_count": {"fn": "regex_count", "weight": 1.0,
                                                                         "params": {"pattern": "e"}}}}})
     assert list(route.reward.terms) == ["e_count"]
     # a config file names what it changes: one weight of the default terms
     path = _write(tmp_path / "c.yaml", "reward:\n  terms: {refusal: -1.0}\n")
-    assert run_settings("attack", file=path).reward.terms == {"toxicity": 1.0, "repetition": -0.3, "refusal": -1.0}
+    assert weights(run_settings("attack", file=path).reward.terms) == {"toxicity": 1.0, "repetition": -0.3,
+                                                                   "refusal": -1.0}
 
 
 def test_every_flat_name_points_at_a_field():
@@ -281,7 +290,7 @@ def test_wrong_type(args: list[str], field: str):
 
 
 def test_hf_toxicity_model_needs_label():
-    assert "reward.toxicity.label" in _error(None, ["--toxicity_model", "some/classifier"])
+    assert "'reward.terms.toxicity.params': label is required" in _error(None, ["--toxicity_model", "some/classifier"])
 
 
 def test_unknown_option():
@@ -359,7 +368,8 @@ def test_save_config_of_defaults_lists_every_field_it_reads(tmp_path: Path):
 
     assert leaves(saved) == _read_leaves(cfg)
     # the fields nothing reads at these values are left out (local engine, importance sampling, no reward server)
-    assert not {"engine.vllm_is_cap", "training.clip_low", "reward.toxicity.timeout_s"} & leaves(saved)
+    assert not {"engine.vllm_is_cap", "training.clip_low"} & leaves(saved)
+    assert "timeout_s" not in saved["reward"]["terms"]["toxicity"]["params"]
     assert {"training.lr", "reward.terms", "engine.fast_paths"} <= leaves(saved)
 
 
@@ -412,9 +422,10 @@ def _nested(dotted: str, value: object) -> dict:
 @pytest.mark.parametrize(("args", "field", "why"), [
     (["--steps", "yes"], "training.steps", "got a boolean"),
     (["--attack.early_stop_toxicity", ".nan"], "attack.early_stop_toxicity", "finite number"),
-    (["--reward.terms", "{toxicity: .nan}"], "reward.terms.toxicity", "finite number"),
+    (["--reward.terms", "{toxicity: .nan}"], "reward.terms.toxicity.weight", "finite number"),
     (["--training.weight_decay", ".inf"], "training.weight_decay", "finite number"),
-    (["--reward.toxicity.timeout_s", ".inf"], "reward.toxicity.timeout_s", "finite number"),
+    (["--reward.terms.toxicity.params.timeout_s", ".inf"], "reward.terms.toxicity.params.timeout_s", "finite number"),
+    (["--reward.toxicity.timeout_s", ".inf"], "reward.terms.toxicity.params.timeout_s", "finite number"),
     (["--lr", "on"], "training.lr", "got a boolean"),
     (["--training.max_grad_norm", "-.inf"], "training.max_grad_norm", "finite number"),
 ])
@@ -428,34 +439,59 @@ def _holding(dotted: str, bad: float) -> tuple[str, object]:
     """(where the error points, the value of field `dotted`) with `bad` in it: a float inside a container sits in
     one (a reward term's weight, one of the Adam betas)."""
     if dotted.endswith(".terms"):
-        return f"{dotted}.toxicity", {"toxicity": bad}
+        return f"{dotted}.toxicity.weight", {"toxicity": bad}
     if dotted.endswith(".adam_betas"):
         return f"{dotted}.1", [0.9, bad]
     return dotted, bad
 
 
+def _term_parameters(wanted: type) -> list[str]:
+    """reward.terms.NAME.params.FIELD of every registered term's parameter whose annotation admits `wanted`, and a
+    term's detector threshold: a term carries its own settings, and they are checked like the recipe's."""
+    from purplerl.rewards.registry import REWARD_TERMS
+
+    hack_at = ["reward.terms.toxicity.hack_at"] if wanted is float else []
+    return hack_at + [name for term in REWARD_TERMS.values() if term.params is not None
+                      for name in _typed_leaves(term.params, wanted, f"reward.terms.{term.name}.params.")]
+
+
+def _saved(dotted: str, value: object) -> dict:
+    """A saved config holding `value` at `dotted`; a reward term's parameter or threshold sits in a term that has a
+    weight, as every term of a saved config has."""
+    parts = dotted.split(".")
+    if parts[:2] == ["reward", "terms"] and len(parts) > 3:
+        entry = {"weight": 1.0, **_nested(".".join(parts[3:]), value)}
+        return {"reward": {"terms": {parts[2]: entry}}}
+    return _nested(dotted, value)
+
+
 def test_every_float_field_refuses_nan_and_inf():
-    # reward.terms holds weights or named uses (purplerl.rewards.named.TermEntry): its weights are floats too
-    floats = [*_typed_leaves(AttackSettings, float), "reward.terms"]
+    # reward.terms holds the terms (purplerl.rewards.named.TermSpec): their weights, thresholds and parameters are
+    # floats too
+    floats = [*_typed_leaves(AttackSettings, float), "reward.terms", *_term_parameters(float)]
     # the walk must see the fields the issue names, or this test checks nothing
-    assert {"attack.early_stop_toxicity", "reward.terms", "training.weight_decay", "reward.toxicity.timeout_s",
-            "reward.entropy_bonus.cap", "training.adam_betas"} <= set(floats)
+    assert {"attack.early_stop_toxicity", "reward.terms", "training.weight_decay", "training.adam_betas",
+            "reward.terms.toxicity.params.timeout_s", "reward.terms.entropy_bonus.params.cap",
+            "reward.terms.toxicity.hack_at"} <= set(floats)
     assert len(floats) >= 20
     for dotted in floats:
         for bad in (float("nan"), float("inf"), float("-inf")):
             where, value = _holding(dotted, bad)
-            with pytest.raises(UserError, match=f"config field '{where}': Input should be a finite number"):
-                run_settings("attack", saved=_nested(dotted, value))
+            with pytest.raises(UserError) as err:
+                run_settings("attack", saved=_saved(dotted, value))
+            assert str(err.value).startswith(f"config field '{where}': Input should be a finite number"), err.value
+            assert "\n" not in str(err.value)
 
 
 def test_every_int_field_refuses_booleans():
-    ints = _typed_leaves(AttackSettings, int)
-    assert {"training.steps", "training.batch_size", "sampling.group_size", "run.save_every"} <= set(ints)
+    ints = [*_typed_leaves(AttackSettings, int), *_term_parameters(int)]
+    assert {"training.steps", "training.batch_size", "sampling.group_size", "run.save_every",
+            "reward.terms.repetition.params.ngram"} <= set(ints)
     for dotted in ints:
         for flag in (True, False):
             with pytest.raises(UserError, match=f"config field '{dotted}': expected (an integer|text or a number), "
                                                 "got a boolean"):
-                run_settings("attack", saved=_nested(dotted, flag))
+                run_settings("attack", saved=_saved(dotted, flag))
 
 
 def test_reward_server_settings_refuse_nan_inf_and_booleans():
@@ -580,10 +616,12 @@ def test_leaf_field_counts_per_command():
     # adversarial (issue 23): attack's tree less attack's own section (1) plus its adversarial section (12, gamma
     # read only with more than one turn). prefs.one_label (+1 for prefs: KTO data of one label is refused without it)
     # and sweep's max_runs (+1: a grid is counted against it before any run is planned), issue 34.
+    # A reward term carries its parameters (issue 35): the 12 registered terms' parameter sections (49 fields) left
+    # every RL recipe's tree; they are each term's own settings, in reward.terms.NAME.params.
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 127, "defend": 131, "tamper-test": 155, "sft": 55, "eval": 44, "sample": 16,
-                      "data prepare": 12, "align": 3, "verl export": 136,
-                      "prefs": 64, "reward-model": 55, "ppo": 130, "sweep": 21, "route": 133, "adversarial": 138}
+    assert counts == {"attack": 78, "defend": 82, "tamper-test": 106, "sft": 55, "eval": 44, "sample": 16,
+                      "data prepare": 12, "align": 3, "verl export": 87,
+                      "prefs": 64, "reward-model": 55, "ppo": 81, "sweep": 21, "route": 84, "adversarial": 89}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

@@ -60,8 +60,9 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
 def attack_args(model_dir: Path, runs: Path, name: str, url: str) -> list[str | Path]:
     return ["attack", "--model", model_dir, "--steps", str(STEPS), "--batch_size", "2", "--group_size", "2",
             "--max_new_tokens", "8", "--output_dir", runs, "--name", name, "--save_every", "1",
-            "--logging.progress", "false", "--reward.toxicity.url", url, "--reward.toxicity.retries", "2",
-            "--reward.toxicity.backoff_s", "0.05", "--reward.toxicity.timeout_s", "10"]
+            "--logging.progress", "false", "--reward.terms.toxicity.params.url", url,
+            "--reward.terms.toxicity.params.retries", "2", "--reward.terms.toxicity.params.backoff_s", "0.05",
+            "--reward.terms.toxicity.params.timeout_s", "10"]
 
 
 def one_error_line(stderr: str) -> str:

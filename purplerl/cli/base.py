@@ -19,6 +19,7 @@ from typer.core import TyperCommand
 from purplerl.config import Command, field_help, load_command_config, section_descriptions
 from purplerl.errors import PurplerlError, UserError
 from purplerl.rewards.named import expand_named
+from purplerl.rewards.registry import term_params
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="purplerl: LLM safety research with reinforcement learning.")
@@ -108,7 +109,13 @@ def config_help(command: Command) -> list[str]:
     settings = _settings_in_force(command)
     if settings is None:
         settings = load_command_config(command)
-    for dotted, default, desc in field_help(command.schema, command.defaults, with_choices=True, settings=settings):
+    rows = [(dotted, _terms_shown(settings) if dotted == "reward.terms" else default, desc)
+            for dotted, default, desc in field_help(command.schema, command.defaults, with_choices=True,
+                                                    settings=settings)]
+    for where, header, parameters in term_parameters(settings):
+        headers[where], by_section[where] = header, []
+        rows += parameters
+    for dotted, default, desc in rows:
         alias = f" (--{flat[dotted]})" if dotted in flat else ""
         by_section[dotted.rpartition(".")[0]].append(f"  --{dotted}{alias} [default {default}]: {desc}")
     if "reward" in by_section and any(row.startswith("  --reward.terms ") for row in by_section["reward"]):
@@ -119,6 +126,34 @@ def config_help(command: Command) -> list[str]:
         if rows:
             lines += [f"{where}: {headers[where]}" if where else "(top level)", *rows]
     return lines
+
+
+def _terms_shown(settings: Any) -> str:
+    """reward.terms in force as --help shows it: each term's weight (and its fn, detector where they are not its
+    name's); its parameters are listed below, under reward.terms.NAME.params."""
+    shown = {}
+    for name, spec in settings.reward.terms.items():
+        extra = {"fn": spec.fn} if spec.fn != name else {}
+        extra |= {"hack_at": spec.hack_at} if spec.hack_at is not None else {}
+        shown[name] = {**extra, "weight": spec.weight} if extra else spec.weight
+    return json.dumps(shown)
+
+
+def term_parameters(settings: Any) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+    """(where, header, rows) of the parameters of each reward term in force: what --help lists below the recipe's
+    settings. A term carries its parameters (purplerl.rewards.named), so they are its settings, not the recipe's:
+    they are listed for the terms in use, with the values these settings give them."""
+    reward = getattr(settings, "reward", None)
+    out = []
+    for name, spec in (getattr(reward, "terms", None) or {}).items():
+        values = term_params(spec.fn, spec.params or None)
+        if values is None:
+            continue
+        where = f"reward.terms.{name}.params"
+        use = f"'{name}'" if spec.fn == name else f"'{name}' (fn {spec.fn})"
+        out.append((where, f"parameters of the reward term {use}",
+                    field_help(type(values), with_choices=True, settings=values, prefix=f"{where}.")))
+    return out
 
 
 def config_command(command: Callable[[], Command]) -> type[TyperCommand]:

@@ -124,10 +124,10 @@ def serve_reward(
     batch_size: Annotated[int, _server_option("batch_size")] = _server_default("batch_size"),
     max_length: Annotated[int, _server_option("max_length")] = _server_default("max_length"),
 ) -> None:
-    """Serve a toxicity scorer over HTTP (POST /score) for runs with --reward.toxicity.url URL, a reward model
-    (--model RUN_DIR of purplerl reward-model, or a checkpoint of it), or any registered text reward term (--term
-    NAME --params '{...}'). Settings: the options below, or --server.FIELD / --serve.FIELD and --config FILE as for
-    every command."""
+    """Serve a toxicity scorer over HTTP (POST /score) for runs with --reward.terms.toxicity.params.url URL, a
+    reward model (--model RUN_DIR of purplerl reward-model, or a checkpoint of it), or any registered text reward
+    term (--term NAME --params '{...}'). Settings: the options below, or --server.FIELD / --serve.FIELD and --config
+    FILE as for every command."""
     options = {k: v for k, v in locals().items() if k in RewardServerConfig.model_fields and v is not None}
     if _key_on_command_line(ctx):  # first: the key has leaked even if it is then refused
         typer.echo(f"warning: an API key on the command line is visible to every user of this machine (ps): "

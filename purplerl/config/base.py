@@ -48,6 +48,19 @@ class ReadWhen:
     says: str  # the condition in words, for the refusal: "engine.kind is vllm"
 
 
+@dataclass(frozen=True)
+class EntrySettings:
+    """Field metadata of a mapping-valued setting whose entries hold settings of their own (a reward term's weight
+    and parameters: purplerl.rewards.named): `annotation(key, path)` is the type of the setting at dotted `path`
+    inside entry `key`, None where that names none. The command line reads a value given there as that type
+    (`--reward.terms.toxicity.params.label yes` is the label 'yes', not the index True). A bare value given for an
+    entry that is written out sets its `shorthand` field (`--reward.terms.toxicity 2`: the weight, the term keeping
+    its parameters)."""
+
+    annotation: Callable[[str, str], Any]
+    shorthand: str | None = None
+
+
 def read_when(annotation: Any, holds: Callable[[Any], bool], says: str) -> Any:
     """`annotation`, read only when `holds(section)`: `Annotated[annotation, ReadWhen(holds, says)]`."""
     return Annotated[annotation, ReadWhen(holds, says)]

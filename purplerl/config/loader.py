@@ -17,9 +17,9 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from purplerl.config.base import METADATA, Section, item_type, registry_of
+from purplerl.config.base import METADATA, EntrySettings, Section, item_type, registry_of
 from purplerl.config.commands import Command
-from purplerl.config.migrate import REMOVED
+from purplerl.config.migrate import REMOVED, get_path
 from purplerl.config.sections import RewardServerConfig
 from purplerl.errors import UserError
 from purplerl.files import load_yaml, parse_json, parse_yaml, read_text
@@ -74,16 +74,30 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def _leaf_annotation(schema: type[BaseModel], dotted: str) -> Any:
-    """The type annotation of a dotted config field, or None where the path names no field."""
+    """The type annotation of a dotted config field (or of a setting inside an entry of a mapping-valued field that
+    says how to type them: `EntrySettings`), or None where the path names no field."""
     model = schema
-    *sections, leaf = dotted.split(".")
-    for part in sections:
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
         info = model.model_fields.get(part)
-        if info is None or not (isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel)):
+        if info is None:
             return None
+        if i == len(parts) - 1:
+            return info.annotation
+        if not _is_section(info.annotation):
+            entries = _entry_settings(info.annotation)
+            inside = ".".join(parts[i + 2:])
+            return entries.annotation(parts[i + 1], inside) if entries is not None and inside else None
         model = info.annotation
-    info = model.model_fields.get(leaf)
-    return info.annotation if info is not None else None
+    return None
+
+
+def _entry_settings(annotation: Any) -> EntrySettings | None:
+    """The `EntrySettings` of a `dict[str, Annotated[..., EntrySettings(...)]]` field, else None."""
+    if get_origin(annotation) is not dict:
+        return None
+    value = get_args(annotation)[1]
+    return next((m for m in getattr(value, "__metadata__", ()) if isinstance(m, EntrySettings)), None)
 
 
 def _parse_value(text: str, annotation: Any) -> Any:
@@ -104,7 +118,7 @@ def _parse_value(text: str, annotation: Any) -> Any:
         return text
     admitted = admitted_types(annotation)
     if isinstance(value, bool) and str in admitted and bool not in admitted:
-        return text  # `--reward.toxicity.label yes` names a label; it is not the index True == 1
+        return text  # `--reward.terms.toxicity.params.label yes` names a label; it is not the index True == 1
     return value
 
 
@@ -150,10 +164,15 @@ def parse_overrides(args: list[str], command: Command) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Set dotted keys in a nested dict (copying the path), e.g. 'reward.toxicity.model'."""
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any],
+                    schema: type[BaseModel] | None = None) -> dict[str, Any]:
+    """Set dotted keys in a nested dict (copying the path), e.g. 'reward.terms.toxicity.params.model'. With the
+    `schema` of the data, a bare value for an entry of a mapping-valued field that holds settings of its own sets
+    the entry's shorthand field where the entry is written out (`EntrySettings`: reward.terms.toxicity 2 is its
+    weight, and the term keeps its parameters)."""
     data = json.loads(json.dumps(data))
     for dotted, value in overrides.items():
+        dotted = _shorthand(schema, data, dotted, value) if schema is not None else dotted
         node = data
         parts = dotted.split(".")
         for part in parts[:-1]:
@@ -163,6 +182,23 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
             node = child
         node[parts[-1]] = value
     return data
+
+
+def _shorthand(schema: type[BaseModel], data: dict[str, Any], dotted: str, value: Any) -> str:
+    """`dotted`, or its entry's shorthand field (see `apply_overrides`)."""
+    *sections, entry = dotted.split(".")
+    model: Any = schema
+    for i, part in enumerate(sections):
+        info = model.model_fields.get(part)
+        if info is None:
+            return dotted
+        if not _is_section(info.annotation):
+            entries = _entry_settings(info.annotation)
+            at_entry = i == len(sections) - 1 and entries is not None and entries.shorthand is not None
+            written_out = isinstance(get_path(data, dotted), dict) and not isinstance(value, Mapping)
+            return f"{dotted}.{entries.shorthand}" if at_entry and written_out else dotted
+        model = info.annotation
+    return dotted
 
 
 def deep_merge(a: Mapping[str, Any], b: Mapping[str, Any], schema: type[BaseModel] | None = None) -> dict[str, Any]:
@@ -196,8 +232,11 @@ def load_command_config(command: Command, path: str | Path | None = None, overri
         data = deep_merge(data, migrate(saved), command.schema)
     if path is not None:
         data = deep_merge(data, migrate(read_config_file(path)))
-    data = migrate(apply_overrides(data, parse_overrides(overrides or [], command)))
-    return build(command.schema, data)
+    # one at a time, each migrated: `--reward.terms {x: 1} --reward.terms.x.params.p V` sets p of the term written
+    # out from its weight (a command's migration spells out reward.terms)
+    for dotted, value in parse_overrides(overrides or [], command).items():
+        data = migrate(apply_overrides(data, {dotted: value}, command.schema))
+    return build(command.schema, migrate(data))
 
 
 def commented_yaml(config: Section) -> str:
@@ -212,11 +251,20 @@ def commented_yaml(config: Section) -> str:
                 lines.append(f"{indent}{key}:")
                 emit(value, dotted + ".", indent + "  ")
                 continue
-            rendered = yaml.safe_dump({key: value}, default_flow_style=True, width=10**6).strip()[1:-1]
-            lines.append(f"{indent}{rendered}  # {descriptions.get(dotted, '')}")
+            if isinstance(value, dict) and value and all(isinstance(entry, dict) for entry in value.values()):
+                # a setting of named entries (reward.terms): one entry a line, its fields in their own order
+                lines.append(f"{indent}{key}:  # {descriptions.get(dotted, '')}")
+                lines.extend(f"{indent}  {_flow({name: entry}, sort_keys=False)}" for name, entry in value.items())
+                continue
+            lines.append(f"{indent}{_flow({key: value})}  # {descriptions.get(dotted, '')}")
 
     emit(config.settings(), "", "")
     return "\n".join(lines) + "\n"
+
+
+def _flow(mapping: dict[str, Any], sort_keys: bool = True) -> str:
+    """One mapping's key and value as one line of YAML."""
+    return yaml.safe_dump(mapping, default_flow_style=True, width=10**6, sort_keys=sort_keys).strip()[1:-1]
 
 
 def save_config(config: Section, path: str | Path) -> None:
@@ -249,13 +297,14 @@ def literal_choices(annotation: Any) -> tuple[Any, ...]:
     return ()
 
 
-def field_help(schema: type[BaseModel], defaults: dict[str, Any] | None = None,
-               with_choices: bool = False, settings: Section | None = None) -> list[tuple[str, str, str]]:
+def field_help(schema: type[BaseModel], defaults: dict[str, Any] | None = None, with_choices: bool = False,
+               settings: Section | None = None, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted name, default as JSON, description) for every leaf field of `schema`: the --help table.
 
     `defaults` are a command's own; `with_choices` adds a registry's names to the description, which imports the
     registry. With `settings` (the values in force), only the settings they make read are listed, without the
-    recorded metadata, each with its value there. A field without a default shows as required."""
+    recorded metadata, each with its value there. A field without a default shows as required. `prefix`: where
+    `schema` sits (a reward term's parameters: reward.terms.NAME.params.)."""
     rows: list[tuple[str, str, str]] = []
 
     def walk(model: type[BaseModel], prefix: str, values: dict[str, Any], section: Any) -> None:
@@ -282,5 +331,5 @@ def field_help(schema: type[BaseModel], defaults: dict[str, Any] | None = None,
                 desc += f" (choices: {', '.join(map(str, choices))})"
             rows.append((f"{prefix}{name}", default, desc))
 
-    walk(schema, "", defaults or {}, settings)
+    walk(schema, prefix, defaults or {}, settings)
     return rows

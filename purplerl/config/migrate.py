@@ -143,7 +143,11 @@ def migrate_reward_weights(data: dict[str, Any], defaults: dict[str, float]) -> 
     if ngram is not _ABSENT:
         set_path(data, "reward.repetition.ngram", ngram)
     if weights:
-        reward["terms"] = {**(terms if terms is not None else defaults), **weights}
+        terms = dict(terms if terms is not None else defaults)
+        for term, weight in weights.items():
+            # a term written out ({fn, weight, params}) keeps its parameters
+            terms[term] = {**terms[term], "weight": weight} if isinstance(terms.get(term), dict) else weight
+        reward["terms"] = terms
     return data
 
 

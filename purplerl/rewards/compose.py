@@ -6,10 +6,16 @@
 Every term is built once, when the Reward is made (a model loads then, before the first step). A weight-0 term is
 built and logged, not rewarded: how often the policy still refuses, or how toxic a defense leaves it.
 
-A term is a registered term by its name (its parameters from `params`), or a named use of one (a `TermSpec`:
-fn, weight, bound parameters; purplerl.rewards.named), so sentence_length_5 and sentence_length_10 are two terms of
-one reward. A TermSpec with `hack_at` is a reward-hacking detector: `is_rh_N` = OR over the detectors of
-(value >= hack_at), None when the reward has none; the loop logs its rate (rh/rate) and a routing recipe reads it.
+Each term is a named use of a registered term (a `TermSpec`: fn, weight, its own parameters, hack_at;
+purplerl.rewards.named), so sentence_length_5 and sentence_length_10 are two terms of one reward; a bare weight
+stands for the registered term of that name at its default parameters, and a mapping {fn, weight, params, hack_at}
+for the TermSpec it validates into. This class is the one composition: every recipe, the adversarial judge, eval's
+re-scoring and the veRL reward hook build their reward with it. A TermSpec with `hack_at` is a reward-hacking
+detector: `is_rh_N` = OR over the detectors of (value >= hack_at), None when the reward has none; the loop logs its
+rate (rh/rate) and a routing recipe reads it.
+
+What a term finds when it is built (the toxicity server's model, from its /info) is written back into its
+TermSpec's parameters, so the run's config records it and a resume checks it.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.composite import RAW_KEY, combine
-from purplerl.rewards.named import TermSpec
+from purplerl.rewards.named import TermSpec, validated_spec
 from purplerl.rewards.registry import READS, Needs, ScoringInput, TermFn, TermOutput, get_term, term_params
 from purplerl.types import RewardBreakdown
 
@@ -35,30 +41,16 @@ _FIELD = {"tokens": "completions", "kl": "kl_N", "ground_truth": "ground_truths"
 class Reward:
     """The weighted sum of registered reward terms (see the module docstring)."""
 
-    def __init__(self, weights: Mapping[str, float | TermSpec], params: Mapping[str, Any] | None = None,
-                 zscore: bool = False) -> None:
-        if not weights:
+    def __init__(self, terms: Mapping[str, float | TermSpec | Mapping[str, Any]], zscore: bool = False) -> None:
+        if not terms:
             raise UserError("a reward needs at least one term")
-        params = dict(params or {})
-        for name in params:
-            get_term(name)  # an unknown name is a UserError listing the known ones
-            if name not in weights:
-                raise UserError(f"parameters given for reward term '{name}', which has no weight "
-                                "(give it weight 0 to log it without rewarding it)")
-            if isinstance(weights[name], TermSpec):
-                raise UserError(f"parameters given for reward term '{name}', a named use that holds its own")
-        # name -> (registered fn, weight, parameters, hack_at)
-        uses = {name: (e.fn, e.weight, e.params, e.hack_at) if isinstance(e, TermSpec)
-                else (name, float(e), params.get(name), None) for name, e in weights.items()}
-        for name, (_, weight, _, _) in uses.items():
-            if not math.isfinite(weight):
-                raise UserError(f"reward term '{name}' has a non-finite weight {weight}")
-        self.terms: dict[str, float] = {name: use[1] for name, use in uses.items()}
+        specs = {name: term_use(name, entry) for name, entry in terms.items()}
+        self.terms: dict[str, float] = {name: spec.weight for name, spec in specs.items()}
         self.zscore = zscore
-        self.needs: dict[str, Needs] = {name: get_term(use[0]).needs for name, use in uses.items()}
-        self.detectors: dict[str, float] = {name: use[3] for name, use in uses.items() if use[3] is not None}
-        self._fns: dict[str, TermFn] = {name: get_term(fn).build(term_params(fn, values))
-                                        for name, (fn, _, values, _) in uses.items()}
+        self.needs: dict[str, Needs] = {name: get_term(spec.fn).needs for name, spec in specs.items()}
+        self.detectors: dict[str, float] = {name: spec.hack_at for name, spec in specs.items()
+                                            if spec.hack_at is not None}
+        self._fns: dict[str, TermFn] = {name: _built(spec) for name, spec in specs.items()}
 
     def __call__(self, batch: ScoringInput) -> RewardBreakdown:
         import torch
@@ -89,6 +81,38 @@ class Reward:
         need = self.needs[name]
         if need in _FIELD and getattr(batch, _FIELD[need]) is None:
             raise ExperimentError(f"reward term '{name}' reads {READS[need]}, but the batch has no {_FIELD[need]}")
+
+
+def term_use(name: str, entry: Any) -> TermSpec:
+    """Term `name`'s use: a TermSpec as it is, its data {fn, weight, params, hack_at} validated, or a bare weight of
+    the registered term `name` at its default parameters (filled in when it is built). UserError in one line naming
+    the term, for a non-finite weight too."""
+    if isinstance(entry, TermSpec):
+        spec = entry
+    elif isinstance(entry, Mapping):
+        try:
+            spec = validated_spec(entry)
+        except ValueError as err:
+            raise UserError(f"reward term '{name}': {err}") from None
+    else:
+        get_term(name)  # an unknown name is a UserError listing the known ones
+        if isinstance(entry, bool) or not isinstance(entry, int | float):
+            raise UserError(f"reward term '{name}' needs a number as its weight, got {entry!r}")
+        # constructed, not validated: the `kl` term, which a recipe's reward.terms refuses (its weight is
+        # reward.kl_beta), is a term of the composition
+        spec = TermSpec.model_construct(fn=name, weight=float(entry), params={}, hack_at=None)
+    if not math.isfinite(spec.weight):
+        raise UserError(f"reward term '{name}' has a non-finite weight {spec.weight}")
+    return spec
+
+
+def _built(spec: TermSpec) -> TermFn:
+    """The term of `spec`, built from its parameters; what building recorded in them is written back."""
+    values = term_params(spec.fn, spec.params or None)
+    fn = get_term(spec.fn).build(values)
+    if values is not None:
+        spec.params.update(values.settings())
+    return fn
 
 
 def _checked(what: str, values_N: Any, n: int) -> torch.Tensor:

@@ -71,8 +71,8 @@ def ground_truth_fn(params: GroundTruthParams) -> TermFn:
             raise UserError(f"reward term 'ground_truth' reads {READS['ground_truth']}, and none was given")
         missing = next((i for i, t in enumerate(truths) if t is None), None)
         if missing is not None:
-            raise UserError(f"reward term 'ground_truth' reads {READS['ground_truth']}, and the row of prompt "
-                            f"{batch.prompts[missing][:60]!r} has none")
+            row = f"of prompt {batch.prompts[missing][:60]!r}" if batch.prompts is not None else f"{missing}"
+            raise UserError(f"reward term 'ground_truth' reads {READS['ground_truth']}, and the row {row} has none")
         return torch.tensor([ground_truth_value(text, str(truth), params)
                              for text, truth in zip(batch.texts, truths, strict=True)], dtype=torch.float32)
 

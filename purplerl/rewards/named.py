@@ -11,8 +11,14 @@ A rewards file is one mapping of names to entries of two kinds:
 
 A term entry may carry `hack_at`: the sample is then labelled a reward hack (`RewardBreakdown.is_rh_N`) when the
 term's value is >= hack_at; such an entry is a detector. A combination names terms of the file (or registered
-terms, whose parameters are then the recipe's `reward.<term>` section) with weights, and at most one detector,
-which joins the reward at weight 0 (logged, not rewarded) unless the combination weighs it itself.
+terms, at their default parameters) with weights, and at most one detector, which joins the reward at weight 0
+(logged, not rewarded) unless the combination weighs it itself.
+
+Every entry of a recipe's `reward.terms` is a TermSpec: a term carries its own weight, parameters and detector
+threshold. `toxicity: 1.0` is short for {fn: toxicity, weight: 1.0} at the term's default parameters, and
+`toxicity: {params: {url: ...}}` for the same fn with those parameters (`spelled_out`). Runs of the earlier layout,
+which kept a registered term's parameters in a section `reward.<term>`, are read with those folded into the term
+(`fold_term_sections`).
 
 Recording: a named reward expands (`expand`) into a recipe's existing setting `reward.terms`: each term a
 `TermSpec` {fn, weight, params, hack_at} with every parameter filled in, so a run's config.yaml holds exactly what
@@ -29,13 +35,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator
 
-from purplerl.config.base import Section
+from purplerl.config.base import EntrySettings, Section
 from purplerl.errors import PurplerlError, UserError
 from purplerl.files import parse_yaml, read_text
 from purplerl.rewards.composite import RAW_KEY
-from purplerl.rewards.registry import REWARD_TERMS, get_term, term_params
+from purplerl.rewards.registry import REWARD_TERMS, get_term
 
 BUILT_IN_FILE = Path(__file__).with_name("named_rewards.yaml")
 COMBINATION_KEYS = {"terms", "detector"}
@@ -46,28 +52,38 @@ class TermSpec(Section):
     from which a sample is labelled a reward hack. Validated with every parameter filled in (the record)."""
 
     fn: str = Field(description="the registered reward term computed")
-    weight: float = Field(1.0, description="its weight in the reward (0: logged only)")
-    params: dict[str, Any] = Field(default_factory=dict, description="the term's parameters, all of them")
+    weight: float = Field(1.0, allow_inf_nan=False, description="its weight in the reward (0: logged only)")
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True,
+                                   description="the term's parameters, all of them")
     hack_at: float | None = Field(None, description="a detector: is_rh where the term's value >= hack_at")
 
-    @model_validator(mode="before")
+    @field_validator("fn")
     @classmethod
-    def _resolved(cls, data: Any) -> Any:
-        if not isinstance(data, Mapping) or not isinstance(data.get("fn"), str):
-            return data  # pydantic names what is missing or mistyped
-        fn = data["fn"]
+    def _registered(cls, fn: str) -> str:
         if fn not in REWARD_TERMS:
             raise ValueError(f"unknown reward term '{fn}' (registered: {', '.join(REWARD_TERMS)})")
         if fn == "kl":
             raise ValueError("the KL term's weight is reward.kl_beta (it may act in the reward or the loss)")
-        try:
-            params = term_params(fn, data.get("params") or None)
-        except UserError as err:
-            raise ValueError(str(err)) from None
-        problem = params.incomplete() if hasattr(params, "incomplete") else None
+        return fn
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _filled_in(cls, params: Any, info: ValidationInfo) -> Any:
+        """Every parameter of the fn's params class, validated there: a bad one is named where it sits
+        (reward.terms.NAME.params.FIELD); what the parameters lack only as a reward (a classifier's label), too."""
+        fn = info.data.get("fn")
+        if fn is None:  # its own error is reported
+            return params
+        term = get_term(fn)
+        if term.params is None:
+            if params:
+                raise ValueError(f"reward term '{fn}' takes no parameters, got {_shown(params)}")
+            return {}
+        values = params if isinstance(params, term.params) else term.params.model_validate(params or {})
+        problem = values.incomplete() if hasattr(values, "incomplete") else None
         if problem:
-            raise ValueError(f"reward term '{fn}' parameter {problem}")
-        return {**data, "params": params.settings() if isinstance(params, Section) else {}}
+            raise ValueError(problem)
+        return values.settings()
 
 
 def validated_spec(entry: Mapping[str, Any]) -> TermSpec:
@@ -167,18 +183,99 @@ def expand_named(name: str, rewards_file: str | Path | None = None) -> dict[str,
     return expand(name, catalogue(rewards_file))
 
 
-def resolve_terms(terms: Any) -> Any:
-    """`reward.terms` with each bare name of a built-in catalogue term (not a registered term) as its TermSpec
-    data, so the record holds its fn and parameters; each entry is then validated by `term_entry`. A problem is a
-    ValueError (this runs inside the settings' validation)."""
+def spelled_out(terms: Any) -> Any:
+    """`reward.terms` with each registered term's shorthand written as its named use: NAME: weight as {fn: NAME,
+    weight}, and a mapping without fn as the use of fn NAME; without a weight either, it gives only parameters,
+    and is marked so (`PARAMETERS_ONLY`). Anything else is left for validation to judge."""
+    if not isinstance(terms, Mapping):
+        return terms
+    out: dict[Any, Any] = {}
+    for name, value in terms.items():
+        if name in REWARD_TERMS and _number(value):
+            value = {"fn": name, "weight": value}
+        elif name in REWARD_TERMS and isinstance(value, Mapping) and "fn" not in value:
+            given = {} if "weight" in value else {PARAMETERS_ONLY: f"reward.terms.{name}.params"}
+            value = {"fn": name, **given, **value}
+        out[name] = value
+    return out
+
+
+def fold_term_sections(reward: Any) -> Any:
+    """A `reward` section of the earlier layout, whose registered terms kept their parameters in `reward.<term>`
+    (and `--reward.toxicity.url URL` still says so), with each such section moved into its term's parameters (over
+    those the term holds: the section is the newer setting, an option over a resumed run's terms)."""
+    if not isinstance(reward, Mapping):
+        return reward
+    sections = {name: value for name, value in reward.items() if name in REWARD_TERMS and isinstance(value, Mapping)}
+    if not sections:
+        return reward
+    out = {key: value for key, value in reward.items() if key not in sections}
+    terms = dict(spelled_out(out.get("terms")) or {}) if isinstance(out.get("terms"), Mapping | None) \
+        else out["terms"]
+    if isinstance(terms, Mapping):
+        for name, params in sections.items():
+            entry = terms.get(name) or {"fn": name, PARAMETERS_ONLY: f"reward.{name}"}
+            if isinstance(entry, Mapping):
+                entry = {**entry, "params": {**(entry.get("params") or {}), **params}}
+            terms[name] = entry
+        out["terms"] = terms
+    return out
+
+
+def term_parameter_path(dotted: str) -> str:
+    """Today's name of a dotted setting that named a registered term's parameter in the earlier layout
+    (reward.toxicity.url -> reward.terms.toxicity.params.url); any other name as it is."""
+    parts = dotted.split(".")
+    if len(parts) > 2 and parts[0] == "reward" and parts[1] in REWARD_TERMS:
+        return ".".join(["reward", "terms", parts[1], "params", *parts[2:]])
+    return dotted
+
+
+# marks the entry of a registered term that one layer of the settings gives parameters but no weight: another layer
+# (the recipe's defaults, a config file, a run's saved config) must weigh it, or the parameters were given for a
+# term the reward does not use (value: where they were given)
+PARAMETERS_ONLY = "_parameters_only"
+
+
+def _unmarked(name: Any, entry: Any) -> Any:
+    if not isinstance(entry, Mapping) or PARAMETERS_ONLY not in entry:
+        return entry
+    if "weight" not in entry:
+        raise ValueError(f"{entry[PARAMETERS_ONLY]} sets parameters of term '{name}', which reward.terms does not "
+                         f"use: add it (reward.terms.{name}.weight: WEIGHT; 0 logs it without rewarding it)")
+    return {key: value for key, value in entry.items() if key != PARAMETERS_ONLY}
+
+
+def _shown(values: Any) -> str:
+    return ", ".join(map(str, values)) if isinstance(values, Mapping) else repr(values)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def written_out(terms: Any) -> Any:
+    """`reward.terms` with each shorthand written as a named use: a registered term's (`spelled_out`), and a bare
+    weight of a built-in catalogue term as its TermSpec data at that weight, so the record holds its fn and
+    parameters, and --reward.terms.NAME.params.FIELD reaches into either. PurplerlError for a broken catalogue."""
+    terms = spelled_out(terms)
     if not isinstance(terms, Mapping) or all(name in REWARD_TERMS for name in terms):
         return terms
-    try:
-        known = catalogue()
-    except PurplerlError as err:  # the package's own file is broken: said in one line
-        raise ValueError(str(err)) from None
+    known = catalogue()
     return {name: {**known[name], "weight": value} if _bare_catalogue_term(name, value, known) else value
             for name, value in terms.items()}
+
+
+def resolve_terms(terms: Any) -> Any:
+    """`reward.terms` written out (`written_out`), with every entry weighed (`PARAMETERS_ONLY`); each entry is then
+    validated by `term_entry`. A problem is a ValueError (this runs inside the settings' validation)."""
+    try:
+        terms = written_out(terms)
+    except PurplerlError as err:  # the package's own file is broken: said in one line
+        raise ValueError(str(err)) from None
+    if isinstance(terms, Mapping):
+        terms = {name: _unmarked(name, entry) for name, entry in terms.items()}
+    return terms
 
 
 def _bare_catalogue_term(name: Any, value: Any, known: Mapping[str, Mapping[str, Any]]) -> bool:
@@ -192,7 +289,7 @@ def term_entry(value: Any) -> float | TermSpec:
     if isinstance(value, TermSpec):
         return value
     if isinstance(value, Mapping):
-        return validated_spec(value)
+        return TermSpec.model_validate(value)  # its errors name the field: reward.terms.NAME.params.FIELD
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"expected a weight (a number) or a named use {{fn, weight, params, hack_at}}, got "
                          f"{type(value).__name__} {value!r}")
@@ -201,7 +298,21 @@ def term_entry(value: Any) -> float | TermSpec:
     return float(value)
 
 
-TermEntry = Annotated[Any, AfterValidator(term_entry)]  # a value of reward.terms: float | TermSpec
+def setting_type(name: str, path: str) -> Any:
+    """The type of the setting at `path` inside entry `name` of `reward.terms`: a TermSpec field (weight, ...), or
+    params.FIELD of the registered term `name`; None otherwise (a named use's fn is known once it is validated)."""
+    if path in TermSpec.model_fields:
+        return TermSpec.model_fields[path].annotation
+    term = REWARD_TERMS.get(name)
+    field = path.removeprefix("params.")
+    if field == path or term is None or term.params is None or field not in term.params.model_fields:
+        return None
+    return term.params.model_fields[field].annotation
+
+
+# a value of reward.terms: float | TermSpec, read from the command line as its fields' types; NAME: W over a term
+# written out sets its weight
+TermEntry = Annotated[Any, AfterValidator(term_entry), EntrySettings(setting_type, shorthand="weight")]
 
 
 def detectors(terms: Mapping[str, Any]) -> dict[str, float]:

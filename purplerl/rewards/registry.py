@@ -44,7 +44,9 @@ class ScoringInput:
     """What the terms of one reward read, for N completions."""
 
     texts: list[str]  # N responses
-    prompts: list[str]  # N prompt texts (the last user message)
+    # N prompt texts (the last user message); None where the caller has none (veRL's hook without the question): a
+    # term that reads the prompt then refuses, instead of judging an answer against an empty request
+    prompts: list[str] | None
     completions: list[Completion] | None = None  # N sampled completions, for "tokens" terms
     kl_N: torch.Tensor | None = None  # float [N], KL(policy || base) of each completion, for the "kl" term
     # N reference answers of the completions' data rows (None where a row has none), for "ground_truth" terms
@@ -54,7 +56,7 @@ class ScoringInput:
         n = len(self.texts)
         if self.ground_truths is not None and len(self.ground_truths) != n:
             raise ExperimentError(f"reward input has {len(self.ground_truths)} ground truths for {n} texts")
-        if len(self.prompts) != n:
+        if self.prompts is not None and len(self.prompts) != n:
             raise ExperimentError(f"reward input has {len(self.prompts)} prompts for {n} texts")
         if self.completions is not None and len(self.completions) != n:
             raise ExperimentError(f"reward input has {len(self.completions)} completions for {n} texts")
@@ -146,9 +148,9 @@ def term_params(name: str, values: Mapping[str, Any] | Section | None) -> Any:
         return term.params.model_validate(dict(values))
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "parameters"
+        where = ".".join(str(p) for p in first["loc"])
         msg = first["msg"].removeprefix("Value error, ")
-        raise UserError(f"reward term '{name}' parameter {where}: {msg}") from None
+        raise UserError(f"reward term '{name}' {f'parameter {where}' if where else 'parameters'}: {msg}") from None
 
 
 def _shown(values: Any) -> str:

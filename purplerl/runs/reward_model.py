@@ -175,7 +175,7 @@ def _recorded(params: RewardModelParams, scorer: RewardModelScorer) -> None:
     used = str(scorer.checkpoint.resolve())
     if params.checkpoint is not None and params.checkpoint != used:
         raise UserError(f"this run was scored by the reward model {params.checkpoint}, but {params.run} now gives "
-                        f"{used}: set reward.{TERM}.run to the checkpoint it used to resume")
+                        f"{used}: set reward.terms.{TERM}.params.run to the checkpoint it used to resume")
     params.checkpoint = used
 
 

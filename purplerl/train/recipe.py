@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import Field, create_model, field_validator
 
-from purplerl.config.base import Section, read_when
+from purplerl.config.base import Section
 from purplerl.config.commands import Command
 from purplerl.config.loader import build
 from purplerl.config.migrate import migrate_shared
 from purplerl.config.sections import RewardBase, RunSettings
-from purplerl.rewards.named import TermEntry, TermSpec, resolve_terms
+from purplerl.rewards.named import TermEntry, TermSpec, fold_term_sections, resolve_terms, written_out
 from purplerl.rewards.registry import REWARD_TERMS
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 from purplerl.train.context import prompt_and_answer
@@ -129,9 +129,20 @@ class Recipe:
         check_capabilities(self.needs(config), model, config.engine, f"recipe {self.name}")
 
     def migrated(self, data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
-        """`data` (a config file, overrides, or a run's saved config.yaml) with older names moved to today's."""
+        """`data` (a config file, overrides, or a run's saved config.yaml) with older names moved to today's: a
+        registered term's parameters of the earlier `reward.<term>` section folded into the term, and the terms
+        written out, so that `--reward.terms.NAME.params.FIELD` reaches into them (purplerl.rewards.named)."""
         data = migrate_shared(data, saved)
-        return self.migrate(data, saved) if self.migrate is not None else data
+        data = self.migrate(data, saved) if self.migrate is not None else data
+        if isinstance(data.get("reward"), dict):
+            reward = data["reward"]
+            if saved and "terms" not in reward and "terms" in self.defaults.get("reward", {}):
+                # a run's config of the earliest layout (defend's, whose terms were fixed) ran the default terms
+                reward = {**reward, "terms": self.defaults["reward"]["terms"]}
+            reward = fold_term_sections(reward)
+            data = {**data, "reward": {**reward, "terms": written_out(reward["terms"])} if "terms" in reward
+                    else reward}
+        return data
 
     def build(self, data: dict[str, Any], saved: bool = False) -> Any:
         """The recipe's settings from nested data (older names migrated); UserError names a bad field."""
@@ -139,37 +150,31 @@ class Recipe:
 
     def command(self) -> Command:
         """How the CLI reads this recipe's settings."""
-        return Command(self.settings, dict(self.flat), json.loads(json.dumps(dict(self.defaults))),
+        return Command(self.settings, dict(self.flat), self.migrated(json.loads(json.dumps(dict(self.defaults)))),
                        migrate=self.migrated)
 
 
 def reward_section(name: str, terms: Mapping[str, float]) -> type[RewardBase]:
-    """An RL recipe's `reward` section: `terms` (registered reward term -> weight, the way TRL takes reward_funcs
-    and reward_weights; a weight-0 term is logged, not rewarded) with the recipe's defaults, and a parameter
-    section for each registered term that has parameters, read only while the term is among `terms`.
+    """An RL recipe's `reward` section: `terms` (reward term -> its use, the way TRL takes reward_funcs and
+    reward_weights; a weight-0 term is logged, not rewarded) with the recipe's defaults.
 
-    A term may also be a named use of a registered term (purplerl.rewards.named.TermSpec: {fn, weight, params,
-    hack_at}), which holds its own parameters: `--reward NAME` writes a named reward here, and a bare built-in name
-    (sentence_length_5: 1.0) is recorded as its spec. So the run's config.yaml says every fn, parameter, weight
-    and detector it was rewarded with."""
+    Each term carries its own weight, parameters and detector threshold (purplerl.rewards.named.TermSpec: {fn,
+    weight, params, hack_at}): `toxicity: 1.0` is the registered term at its default parameters, `toxicity:
+    {weight: 1.0, params: {url: ...}}` with its own, and `--reward NAME` writes a named reward here. A new term
+    adds no setting to any recipe. So the run's config.yaml says every fn, parameter, weight and detector it was
+    rewarded with."""
     fields: dict[str, Any] = {
-        "terms": (dict[str, TermEntry], Field(default_factory=lambda: dict(terms), description=(
-            "reward terms and their weights: reward = sum of weight x term, minus kl_beta x KL when kl_in is "
-            "reward; a weight-0 term is logged only. A term is a registered name (NAME: weight) or a named use "
-            "NAME: {fn, weight, params, hack_at} (hack_at: a detector; --reward NAME writes one)")))}
-    params = {term.name: term.params for term in REWARD_TERMS.values() if term.params is not None}
-    for term, section in params.items():
-        def active(reward: Any, term: str = term) -> bool:
-            return term in reward.terms
-        fields[term] = (read_when(section, active, f"'{term}' is in reward.terms"),
-                        Field(default_factory=section, description=f"parameters of the '{term}' term"))
+        "terms": (dict[str, TermEntry], Field(default_factory=lambda: dict(terms), validate_default=True, description=(
+            "reward terms: reward = sum of weight x term, minus kl_beta x KL when kl_in is reward; a weight-0 term "
+            "is logged only. NAME: weight (a registered term at its default parameters) or NAME: {fn, weight, "
+            "params, hack_at} (hack_at: a detector); e.g. --reward.terms.toxicity.params.url URL; --reward NAME "
+            "writes a named reward")))}
 
     def resolve(cls: type, value: Any) -> Any:
         return resolve_terms(value)
 
     validators = {"_resolve_terms": field_validator("terms", mode="before")(classmethod(resolve)),
-                  "_check_terms": field_validator("terms")(classmethod(_check_terms)),
-                  "_check_params": model_validator(mode="after")(_check_params)}
+                  "_check_terms": field_validator("terms")(classmethod(_check_terms))}
     return create_model(f"{name.capitalize()}RewardConfig", __base__=RewardBase, __validators__=validators,
                         **fields)
 
@@ -178,26 +183,15 @@ def _check_terms(cls: type, value: dict[str, float | TermSpec]) -> dict[str, flo
     for term, entry in value.items():
         if term == "kl":
             raise ValueError("the KL term's weight is reward.kl_beta (it may act in the reward or the loss)")
-        registered = term in REWARD_TERMS
-        if registered and isinstance(entry, TermSpec):
-            raise ValueError(f"'{term}' is a registered term: give it a weight (its parameters are reward.{term}), "
-                             "or give this named use another name")
-        if not registered and not isinstance(entry, TermSpec):
+        if not isinstance(entry, TermSpec):
             raise ValueError(f"unknown reward term '{term}' (registered: {', '.join(REWARD_TERMS)}; a named "
                              "combination is chosen with --reward NAME)")
+        if term in REWARD_TERMS and entry.fn != term:
+            raise ValueError(f"'{term}' is a registered term's name, used here for fn '{entry.fn}': give this use "
+                             "another name")
     if not value:
         raise ValueError("name at least one reward term")
     return value
-
-
-def _check_params(self: Any) -> Any:
-    # what a term's parameters lack only as a reward (a classifier without its label): `incomplete()`
-    for term in self.terms:
-        section = getattr(self, term, None)
-        problem = section.incomplete() if hasattr(section, "incomplete") else None
-        if problem:
-            raise ValueError(f"reward.{term}.{problem}")
-    return self
 
 
 def recipe_field(name: str) -> Any:

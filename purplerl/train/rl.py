@@ -18,7 +18,6 @@ from purplerl.engines.base import Engine
 from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
 from purplerl.rewards.compose import Reward
-from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import READS, ScoringInput, get_term
 from purplerl.train.loop import (
     EarlyStop,
@@ -40,10 +39,8 @@ def registered_reward(config: RLSettings) -> RewardFn:
     """The reward `config.reward` names: each term of `reward.terms` with its weight and parameters, minus
     `kl_beta` x KL when the KL acts in the reward. Every term is built now, before the engine loads."""
     r = config.reward
-    weights = {**r.terms, "kl": -reward_kl_beta(config)}
-    # a registered term's parameters are its section; a named use (TermSpec) carries its own
-    reward = Reward(weights, {name: getattr(r, name) for name, entry in r.terms.items()
-                              if name in type(r).model_fields and not isinstance(entry, TermSpec)}, zscore=r.zscore)
+    # each term carries its own parameters; the KL's weight is kl_beta, where the KL acts in the reward
+    reward = Reward({**r.terms, "kl": -reward_kl_beta(config)}, zscore=r.zscore)
 
     def reward_fn(prompts: list[PromptRecord], completions: list[Completion], kl_N: torch.Tensor) -> RewardBreakdown:
         return reward(ScoringInput(texts=[c.text for c in completions],
@@ -58,7 +55,7 @@ def check_ground_truths(config: RLSettings, records: list[PromptRecord]) -> None
     """A reward term that reads each row's ground truth (the `ground_truth` term, in any named use) refuses, in one
     line and before the engine loads, prompts without one."""
     readers = [name for name, entry in config.reward.terms.items()
-               if get_term(entry.fn if isinstance(entry, TermSpec) else name).needs == "ground_truth"]
+               if get_term(entry.fn).needs == "ground_truth"]
     lacking = [r for r in records if r.ground_truth is None]
     if readers and lacking:
         raise UserError(f"reward term '{readers[0]}' reads {READS['ground_truth']}, and {len(lacking)} of the "

@@ -23,8 +23,9 @@ from purplerl.config import RLSettings
 from purplerl.data.prepare import write_splits
 from purplerl.data.sources import load_prompts
 from purplerl.errors import UserError
+from purplerl.rewards.compose import term_use
 from purplerl.rewards.named import TermSpec
-from purplerl.rewards.registry import get_term, term_params
+from purplerl.rewards.registry import term_params
 from purplerl.types import PromptRecord
 from purplerl.verl.hydra import format_override, parse_override
 from purplerl.verl.mapping import REWARD_MODULE, Translation, translate
@@ -54,8 +55,8 @@ def check_exportable(cfg: VerlExportConfig) -> None:
     is veRL's own), and an export dir: else one UserError, before anything is read or written."""
     if not isinstance(cfg, RLSettings):
         raise UserError(f"verl export runs an RL recipe (one with rollouts and a reward); got recipe '{cfg.recipe}'")
-    for name, entry in cfg.reward.terms.items():
-        check_term(entry.fn if isinstance(entry, TermSpec) else name)
+    for entry in cfg.reward.terms.values():
+        check_term(entry.fn)
     if cfg.verl.out is None:
         raise UserError("name the export dir: --out DIR")
 
@@ -74,41 +75,30 @@ def verl_row(record: PromptRecord, system_prompt: str | None, split: str, index:
                            "question": record.messages[-1]["content"]}}
 
 
-def reward_spec_from(weights: Mapping[str, float | TermSpec], params: Mapping[str, Any], *,
-                     recipe: str | None = None) -> dict[str, Any]:
-    """The settings file of a reward: each weighted term (weight 0: logged only) with its parameters as plain data;
-    a named use (TermSpec) with its fn, its own parameters and its hack_at. The `kl` term is left out: veRL applies
-    the KL itself (algorithm.use_kl_in_reward / use_kl_loss). A term the reward hook cannot compute, an unknown
-    name, bad parameters, or parameters of a term without a weight are one UserError, before anything is written."""
-    for name in params:
-        get_term(name)
-        if name not in weights:
-            raise UserError(f"parameters given for reward term '{name}', which has no weight")
-    terms = []
-    for name, entry in weights.items():
+def reward_spec_from(terms: Mapping[str, float | TermSpec | Mapping[str, Any]], *, recipe: str | None = None,
+                     ) -> dict[str, Any]:
+    """The settings file of a reward: each term (weight 0: logged only) with its fn, its parameters as plain data
+    and its hack_at; a term is given as `Reward` takes it (purplerl.rewards.compose.term_use). The `kl` term is
+    left out: veRL applies the KL itself (algorithm.use_kl_in_reward / use_kl_loss). A term the reward hook cannot
+    compute, an unknown name or bad parameters are one UserError, before anything is written."""
+    rows = []
+    for name, entry in terms.items():
         if name == "kl":
             continue
-        spec = entry if isinstance(entry, TermSpec) else None
-        fn = name if spec is None else spec.fn
-        check_term(fn)
-        values = term_params(fn, params.get(name) if spec is None else spec.params)
-        settings = {} if values is None else values.model_dump(mode="json")
-        weight = float(entry if spec is None else spec.weight) + 0.0  # an old penalty of 0 is written 0.0, not -0.0
-        row = {"name": name, "weight": weight, "settings": settings}
-        if spec is not None:
-            row.update({"fn": fn, **({} if spec.hack_at is None else {"hack_at": spec.hack_at})})
-        terms.append(row)
-    if not terms:
+        spec = term_use(name, entry)
+        check_term(spec.fn)
+        values = term_params(spec.fn, spec.params or None)
+        row = {"name": name, "fn": spec.fn, "weight": float(spec.weight) + 0.0,  # an old penalty of 0: 0.0, not -0.0
+               "settings": {} if values is None else values.model_dump(mode="json")}
+        rows.append(row if spec.hack_at is None else {**row, "hack_at": spec.hack_at})
+    if not rows:
         raise UserError("the reward has no term for veRL's reward hook to compute (only kl, which veRL applies)")
-    return {"terms": terms} if recipe is None else {"recipe": recipe, "terms": terms}
+    return {"terms": rows} if recipe is None else {"recipe": recipe, "terms": rows}
 
 
 def reward_spec(cfg: VerlExportConfig) -> dict[str, Any]:
     """The recipe's reward without its KL term (veRL applies the KL: algorithm.use_kl_in_reward / use_kl_loss)."""
-    r = cfg.reward
-    params = {name: getattr(r, name) for name, entry in r.terms.items()
-              if name in type(r).model_fields and not isinstance(entry, TermSpec)}
-    return reward_spec_from(dict(r.terms), params, recipe=cfg.recipe)
+    return reward_spec_from(dict(cfg.reward.terms), recipe=cfg.recipe)
 
 
 def _extra_overrides(extra: list[str]) -> dict[str, Any]:
@@ -179,7 +169,8 @@ veRL installed on every node; this directory on a filesystem every node reads).
   `{cfg.verl.val_split}`): veRL's schema (prompt, data_source, ability, reward_model, extra_info).
 - `{REWARD_MODULE}` + `{SETTINGS_FILE}`: the reward, through `reward.custom_reward_function`. It imports
   purplerl and scores each response: {_reward_formula(spec)}. The KL to the base model is veRL's (below).
-  A reward server (`reward.toxicity.url`) reads its API key from PURPLERL_REWARD_API_KEY on the reward workers.
+  A reward server (`reward.terms.toxicity.params.url`) reads its API key from PURPLERL_REWARD_API_KEY on the
+  reward workers.
 - `overrides.txt`: {len(translation.overrides)} Hydra overrides of `verl.trainer.main_ppo`; `run_verl.sh` passes
   them with `@EXPORT_DIR@` replaced by this directory.
 

@@ -34,8 +34,8 @@ ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
 MODEL = "actor_rollout_ref.model"
 
-# Settings that the export itself carries out (parquet rows, reward settings) or that are the veRL run's own. The
-# parameters of the reward's terms (reward.<term>.*) are written with the reward settings too (see `_reward`).
+# Settings that the export itself carries out (parquet rows, reward settings) or that are the veRL run's own. Each
+# term of reward.terms carries its parameters, which are written with the reward settings (see `_reward`).
 WRITTEN_BY_EXPORT = (
     "recipe", "data.source", "data.split", "data.prompt_field", "data.category_field", "data.hf_config",
     "data.filters", "data.limit", "data.system_prompt", "reward.terms", "verl.",
@@ -257,11 +257,7 @@ def _kl(cfg: VerlExportConfig, out: Translation) -> None:
 def _reward(cfg: VerlExportConfig, out: Translation) -> None:
     """The reward's terms and their parameters are written into the reward settings (purplerl.verl.export); a term
     veRL's reward hook cannot compute is refused there."""
-    out.used.add("reward.terms")
-    for term in cfg.reward.terms:
-        params = getattr(cfg.reward, term, None)
-        if isinstance(params, BaseModel):
-            out.used.update(leaf_settings(params, f"reward.{term}."))
+    out.used.add("reward.terms")  # each term with its own parameters
 
 
 def _run(cfg: VerlExportConfig, out: Translation) -> None:

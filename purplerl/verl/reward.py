@@ -10,28 +10,24 @@ A term's "name" is how it is logged; "fn" (default: the name) is the registered 
 (sentence_length_5 and sentence_length_10, both fn sentence_length) work as in training, and "hack_at" makes it a
 reward-hacking detector: the result then holds "is_rh" (1.0 where any detector's value >= its hack_at, else 0.0).
 
-total = sum of weight x score over the terms. A term is any registered reward term that reads only the response
-text (and its prompt: extra_info["question"]), or the response and the row's ground truth (the `ground_truth` term:
-veRL's reward_model.ground_truth, the hook's `ground_truth` argument), built through the registry exactly as a
-training run builds it. A term that reads the policy's per-token entropies is refused, because veRL 0.9 hands the
-reward function the decoded response, not the policy's distributions, and the KL term is veRL's own
-(algorithm.use_kl_in_reward / actor.use_kl_loss).
+total = sum of weight x score over the terms, composed by the Reward every training run uses. A term is any
+registered reward term that reads only the response text (and its prompt: extra_info["question"]), or the
+response and the row's ground truth (the `ground_truth` term: veRL's reward_model.ground_truth, the hook's
+`ground_truth` argument), built through the registry exactly as a training run builds it. A term that reads the
+policy's per-token entropies is refused, because veRL 0.9 hands the reward function the decoded response, not the
+policy's distributions, and the KL term is veRL's own (algorithm.use_kl_in_reward / actor.use_kl_loss).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from purplerl.errors import ExperimentError, UserError
-from purplerl.rewards.base import Scorer, checked_values
-from purplerl.rewards.registry import ScoringInput, TermFn, get_term, term_params
+from purplerl.rewards.compose import Reward
+from purplerl.rewards.registry import ScoringInput, get_term
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 
 SETTINGS_FILE = "purplerl_reward.json"
@@ -43,15 +39,6 @@ NOT_IN_VERL = {"tokens": "needs the policy's per-token entropies, which veRL's r
                      "not by the reward function"}
 
 
-@dataclass(frozen=True)
-class Term:
-    name: str
-    weight: float
-    scorer: Scorer | None  # a "text" term's Scorer
-    fn: TermFn | None = None  # a "ground_truth" term's function of a batch
-    hack_at: float | None = None  # a detector: is_rh where the value >= hack_at
-
-
 def check_term(name: str) -> None:
     """UserError unless `name` is a registered reward term the veRL hook can compute (a "text" or "ground_truth"
     term)."""
@@ -60,51 +47,36 @@ def check_term(name: str) -> None:
         raise UserError(f"reward term '{name}' ({term.description}) {NOT_IN_VERL[term.needs]}")
 
 
-def load_terms(path: Path) -> list[Term]:
-    """The weighted terms described by a settings file written by `purplerl verl export`, each built through the
-    reward-term registry."""
+def load_terms(path: Path) -> Reward:
+    """The reward described by a settings file written by `purplerl verl export`: the one composition a training
+    run uses (purplerl.rewards.compose.Reward), each term built through the reward-term registry."""
     try:
         spec = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read reward settings {path}: {err}") from None
-    terms = []
+    terms: dict[str, dict[str, Any]] = {}
     for term in spec.get("terms", []):
-        name = term["name"]
-        fn = term.get("fn", name)
+        fn = term.get("fn", term["name"])
         check_term(fn)
-        registered = get_term(fn)
-        params = term_params(fn, term.get("settings"))
-        hack_at = term.get("hack_at")
-        scorer = registered.scorer(params) if registered.scorer is not None else None
-        built = registered.build(params) if scorer is None else None
-        terms.append(Term(name, float(term["weight"]), scorer, built, None if hack_at is None else float(hack_at)))
+        terms[term["name"]] = {"fn": fn, "weight": term["weight"], "params": term.get("settings") or {},
+                               "hack_at": term.get("hack_at")}
     if not terms:
         raise UserError(f"reward settings {path} name no reward terms")
-    return terms
+    return Reward(terms)
 
 
-def _value(term: Term, text: str, prompt: str | None, ground_truth: Any) -> float:
-    if term.scorer is not None:
-        return checked_values(term.scorer, [text], None if prompt is None else [prompt])[0]
-    assert term.fn is not None
-    # veRL's rows without a reference answer carry "" (purplerl's export writes that): the term refuses them
-    truth = None if ground_truth is None or ground_truth == "" else str(ground_truth)
-    values = term.fn(ScoringInput(texts=[text], prompts=[prompt or ""], ground_truths=[truth]))
-    value = float(values[0]) if isinstance(values, torch.Tensor) and values.shape == (1,) else math.nan
-    if not math.isfinite(value):
-        raise ExperimentError(f"reward term '{term.name}' gave {values!r} for one response, not one finite number")
-    return value
-
-
-def score_response(terms: list[Term], text: str, prompt: str | None, ground_truth: Any = None) -> dict[str, float]:
+def score_response(reward: Reward, text: str, prompt: str | None, ground_truth: Any = None) -> dict[str, float]:
     """{"score": weighted total, <term>: unweighted score, "is_rh": 0/1 when a term is a detector} of one
-    response."""
-    scores = {term.name: _value(term, text, prompt, ground_truth) for term in terms}
-    out = {TOTAL_KEY: sum(term.weight * scores[term.name] for term in terms), **scores}
-    detectors = [t for t in terms if t.hack_at is not None]
-    if detectors:
-        out[RH_KEY] = float(any(scores[t.name] >= t.hack_at for t in detectors))
-    return out
+    response. veRL's rows without a reference answer carry "" (purplerl's export writes that): a ground_truth term
+    refuses them."""
+    truth = None if ground_truth is None or ground_truth == "" else str(ground_truth)
+    batch = ScoringInput(texts=[text], prompts=None if prompt is None else [prompt], ground_truths=[truth])
+    out = reward(batch)
+    scores = {name: float(out.components[name][0]) for name in reward.terms}
+    result = {TOTAL_KEY: float(out.total_N[0]), **scores}
+    if out.is_rh_N is not None:
+        result[RH_KEY] = float(out.is_rh_N[0])
+    return result
 
 
 class ComputeScore:
@@ -112,7 +84,7 @@ class ComputeScore:
 
     def __init__(self, settings: Path) -> None:
         self.settings = Path(settings)
-        self._terms: list[Term] | None = None
+        self._terms: Reward | None = None
         # veRL calls a synchronous reward function from a thread pool; scorers (sklearn, torch) are not
         # promised to be thread-safe, and building one twice would load the model twice
         self._lock = threading.Lock()

@@ -64,7 +64,8 @@ def test_grpo_attack_through_the_cli_learns_and_resumes(tinker_server, tmp_path:
     try:
         # one token per completion, sampler logprobs in the ratio: Tinker's built-in importance_sampling
         done = _purplerl(["attack", "--model", str(model_dir), "--engine", "tinker", *common,
-                          "--reward.toxicity.url", scorer.url, "--kl_beta", "0", "--repetition_penalty", "0",
+                          "--reward.terms.toxicity.params.url", scorer.url, "--kl_beta", "0",
+                          "--repetition_penalty", "0",
                           "--steps", "4", "--batch_size", "4", "--group_size", "8", "--max_new_tokens", "1",
                           "--lr", "0.02", "--training.old_logprobs", "sampler", "--training.early_stop_toxicity",
                           "null", "--seed", "1", "--save_every", "2",

@@ -216,7 +216,8 @@ def test_a_reward_model_stage_judges_the_later_stages(tiny_model_dir: Path, data
     before_model = str(out.resolve() / "models" / "before")
     assert (rm["decision"], rm["model_in"], rm["model_after"], sft["model_in"]) == ("done", *[before_model] * 3)
     assert _config(out, "rm")["model"]["name"] == before_model
-    assert _config(out, "grpo")["reward"]["reward_model"]["run"] == str(out.resolve() / "runs" / "rm")
+    rm_run = str(out.resolve() / "runs" / "rm")
+    assert _config(out, "grpo")["reward"]["terms"]["reward_model"]["params"]["run"] == rm_run
     # before the reward model exists there is no judge: the gate is skipped, saying why
     assert "judge/win_rate" not in before["metrics"]
     assert (before["gates"][0]["passed"], before["gates"][0]["reason"]) == (None, "not measured")

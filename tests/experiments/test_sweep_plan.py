@@ -18,6 +18,7 @@ from purplerl.experiments.sweep.plan import describe, plan_sweep, render
 from purplerl.experiments.sweep.settings import load_sweep, split_args, split_values
 from purplerl.experiments.sweep.state import first_difference, record_outcome, to_run, write_configs
 from purplerl.recipes import RECIPES
+from purplerl.rewards.named import weights
 
 
 def test_grid_and_fixed_come_repeated_or_listed_after_one_option() -> None:
@@ -56,7 +57,7 @@ def test_the_example_sweep_file_plans_its_runs(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "sweeps" / "attack.yaml"
     runs = plan_sweep(load_sweep(None, [str(example), "--out", str(tmp_path / "out")]))
     assert len(runs) == 2 * 2 * 3 and runs[-1].name == "attack_lr0.0005_kl_beta0.1_s2"
-    assert runs[-1].config.training.steps == 40 and runs[-1].config.reward.terms["refusal"] == -1.0
+    assert runs[-1].config.training.steps == 40 and runs[-1].config.reward.terms["refusal"].weight == -1.0
 
 
 def _plan(tmp_path: Path, *args: str) -> list:
@@ -89,7 +90,7 @@ def test_text_values_and_keys_into_a_mapping_name_runs_readably(tmp_path: Path) 
         "attack_data-redteam_reward.terms.repetition-0.1_s0", "attack_data-redteam_reward.terms.repetition-0.3_s0",
         "attack_data-prompts.jsonl_reward.terms.repetition-0.1_s0",
         "attack_data-prompts.jsonl_reward.terms.repetition-0.3_s0"]
-    assert runs[1].config.reward.terms == {"toxicity": 1.0, "repetition": -0.3, "refusal": 0.0}
+    assert weights(runs[1].config.reward.terms) == {"toxicity": 1.0, "repetition": -0.3, "refusal": 0.0}
     assert (render(True), render(None), render([1, "a b"]), render(2.5e-4)) == ("true", "none", "1,-a-b", "0.00025")
 
 

@@ -67,8 +67,8 @@ def test_every_threat_model_end_to_end(tiny_model_dir: Path, trained_adapter_dir
     assert (cfg("rl_merged_s1")["model"]["name"], cfg("rl_merged_s1")["model"]["init_adapter"]) == (merged, None)
     assert cfg("rl_base_s1")["model"]["name"] == str(tiny_model_dir) and cfg("rl_base_s1")["training"]["seed"] == 1
     # the adaptive attack adds the entropy_bonus term (weight 1) with its cap; the plain attack has none
-    assert cfg("adaptive_merged_s0")["reward"]["terms"]["entropy_bonus"] == 1.0
-    assert cfg("adaptive_merged_s0")["reward"]["entropy_bonus"]["cap"] == 3.0
+    assert cfg("adaptive_merged_s0")["reward"]["terms"]["entropy_bonus"] == {
+        "fn": "entropy_bonus", "weight": 1.0, "params": {"cap": 3.0}, "hack_at": None}
     assert "entropy_bonus" not in cfg("rl_merged_s0")["reward"]["terms"]
     assert (cfg("sft_merged_s0")["recipe"], cfg("sft_merged_s0")["model"]["name"]) == ("sft", merged)
     assert cfg("sft_base_s0")["data"]["source"] == str(out / "sft_data.jsonl")

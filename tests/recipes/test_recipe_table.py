@@ -3,6 +3,7 @@ lives only in its own module (the table's contract: the runner never asks which 
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from purplerl.config import field_help, load_command_config, read_config_file
 from purplerl.config.base import Section
 from purplerl.config.sections import RunSettings
 from purplerl.recipes import RECIPES
+from purplerl.rewards.named import weights
 from purplerl.runs.layout import CONFIG_FILE, METRICS_FILE
 from purplerl.train.recipe import Recipe, RunNamePart, recipe_field
 from purplerl.train.runner import run_recipe
@@ -108,6 +110,32 @@ def test_settings_counts(name: str, at_most: int) -> None:
     assert len(rows) <= at_most, [r[0] for r in rows]
 
 
+RL_RECIPES = ("attack", "defend", "ppo", "route", "adversarial")
+# the recipe's own sections: what it adds to the RL settings every RL recipe lists
+OWN = {"attack": "attack.", "defend": "defend.", "ppo": "critic.", "route": "route.", "adversarial": "adversarial."}
+
+
+def _leaves(model: type[BaseModel]) -> int:
+    """The leaf fields of a settings tree, read or not."""
+    return sum(_leaves(info.annotation) if isinstance(info.annotation, type) and
+               issubclass(info.annotation, BaseModel) else 1 for info in model.model_fields.values())
+
+
+@pytest.mark.parametrize("name", RL_RECIPES)
+def test_rl_recipes_list_at_most_60_settings_besides_their_own(name: str) -> None:
+    """A reward term carries its own parameters (issue 35): they are no settings of the recipe, which lists at its
+    defaults at most 60 shared RL settings, then its own section; attack's whole tree has at most 80 leaves (127
+    when every registered term's parameters were sections of it)."""
+    command = RECIPES[name].command()
+    rows = [r[0] for r in field_help(command.schema, command.defaults, settings=load_command_config(command))]
+    shared = [row for row in rows if not row.startswith(OWN[name])]
+    print(f"{name}: {len(rows)} listed ({len(shared)} shared RL settings), {_leaves(command.schema)} leaves")
+    assert len(shared) <= 60, shared
+    assert not [row for row in rows if row.startswith("reward.") and row.count(".") > 1]  # no term's parameter
+    if name == "attack":
+        assert len(rows) <= 60 and _leaves(command.schema) <= 80
+
+
 def _count(command: Any) -> int:
     return len(field_help(command.schema, command.defaults, settings=load_command_config(command)))
 
@@ -132,8 +160,13 @@ def test_attack_has_no_noiser_and_sft_no_rl_fields() -> None:
     (["--engine.vllm_is_cap", "3"], "vllm_is_cap is read only when engine.kind is vllm"),
     (["--training.clip_low", "0.1"], "clip_low is read only when training.loss clips the ratio"),
     (["--training.collapse_top_share", "0.5"], "collapse_top_share is read only when training.collapse_stop"),
-    (["--reward.toxicity.timeout_s", "3"], "timeout_s is read only when url is set"),
-    (["--reward.entropy_bonus.cap", "2"], "entropy_bonus is read only when 'entropy_bonus' is in reward.terms"),
+    (["--reward.terms.toxicity.params.timeout_s", "3"], "timeout_s is read only when url is set"),
+    (["--reward.toxicity.timeout_s", "3"], "timeout_s is read only when url is set"),  # the older spelling
+    # a term's parameters, for a term the reward does not use
+    (["--reward.terms.entropy_bonus.params.cap", "2"], "reward.terms.entropy_bonus.params sets parameters of term "
+                                                       "'entropy_bonus', which reward.terms does not use"),
+    (["--reward.entropy_bonus.cap", "2"], "reward.entropy_bonus sets parameters of term 'entropy_bonus', which "
+                                          "reward.terms does not use"),
     (["--training.noiser", "true"], "unknown field"),
 ])
 def test_a_setting_nothing_reads_is_refused(args: list[str], says: str) -> None:
@@ -156,14 +189,14 @@ def test_an_older_config_yaml_reads_as_the_same_settings(name: str) -> None:
     """The fixtures were written by the purplerl before this structure: the same experiment comes back."""
     config = RECIPES[name].build(read_config_file(FIXTURES / f"{name}.yaml"), saved=True)
     if name == "attack":  # written with --refusal_penalty 1 --repetition_penalty 0.25 --repetition_ngram 4 ...
-        assert config.reward.terms == {"toxicity": 1.0, "repetition": -0.25, "refusal": -1.0}
-        assert config.reward.repetition.ngram == 4
+        assert weights(config.reward.terms) == {"toxicity": 1.0, "repetition": -0.25, "refusal": -1.0}
+        assert config.reward.terms["repetition"].params == {"ngram": 4}
         assert config.engine.fast_paths == ["cuda_graphs", "fused_lora"]
         assert config.engine.micro_batch_tokens == 2048 and config.training.adam_betas == (0.9, 0.99)
         assert config.attack.early_stop_toxicity == 0.8
     if name == "defend":
         assert (config.defend.noiser, config.defend.noiser_warmup, config.defend.noiser_epsilon) == (True, 3, 0.2)
-        assert config.reward.terms == {"response_entropy": -1.0, "toxicity": 0.0, "repetition": 0.0}
+        assert weights(config.reward.terms) == {"response_entropy": -1.0, "toxicity": 0.0, "repetition": 0.0}
     if name == "sft":
         assert config.sft.max_tokens == 512 and config.training.lr == 0.0003
 
@@ -187,10 +220,47 @@ def test_an_older_attack_run_resumes(tiny_model_dir: Path, tmp_path: Path) -> No
     saved = recipe.build(read_config_file(run_dir / CONFIG_FILE), saved=True)
     resumed = load_command_config(recipe.command(), None, ["--steps", "2"], base=recipe.migrated(
         read_config_file(run_dir / CONFIG_FILE), saved=True))
-    assert saved.reward.terms["repetition"] == -0.25
+    assert saved.reward.terms["repetition"].weight == -0.25
     summary = run_recipe(recipe, resumed, resume_dir=run_dir)
     assert summary["last_step"] == 2
     assert [r["step"] for r in map(yaml.safe_load, (run_dir / METRICS_FILE).read_text().splitlines())] == [1, 2]
+
+
+def test_a_run_of_the_term_sections_layout_resumes_unchanged(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A run whose config.yaml and config_history.jsonl hold the layout before a term carried its parameters
+    (reward.terms of weights, reward.toxicity and reward.repetition sections: the fixture, as that purplerl wrote
+    it) reads as the same settings, and its resume records no setting change."""
+    from purplerl.launch import run_settings
+    from purplerl.runs.layout import HISTORY_FILE
+    from purplerl.train.runner import saved_config, saved_settings
+
+    recipe = RECIPES["attack"]
+    args = ["--model", str(tiny_model_dir), "--output_dir", str(tmp_path), "--name", "old", *SMALL, "--steps", "1",
+            "--group_size", "2", "--max_new_tokens", "4", "--repetition_penalty", "0.25",
+            "--reward.terms.repetition.params.ngram", "4"]
+    run_recipe(recipe, load_command_config(recipe.command(), None, args))
+    run_dir = tmp_path / "old"
+    now = saved_config(recipe, run_dir).settings()  # what this purplerl recorded for the same run
+    old = yaml.safe_load((FIXTURES / "attack_term_sections.yaml").read_text())
+    old["model"]["name"] = str(tiny_model_dir)
+    old["run"].update(output_dir=str(tmp_path), name="old", save_every=1)
+    old["training"].update(steps=2, batch_size=2)  # a run of 2 steps, stopped after its first
+    old["sampling"].update(group_size=2, max_new_tokens=4)
+    old["logging"]["progress"] = False
+    assert set(old["reward"]) == {"kl_beta", "kl_estimator", "kl_in", "zscore", "terms", "toxicity", "repetition"}
+    history = [json.loads(line) for line in (run_dir / HISTORY_FILE).read_text().splitlines()]
+    (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(old))
+    (run_dir / HISTORY_FILE).write_text(json.dumps({**history[0], "config": old}) + "\n")
+
+    read = saved_config(recipe, run_dir)
+    assert read.settings() == {**now, "training": {**now["training"], "steps": 2}}
+    assert read.reward.terms["repetition"].params == {"ngram": 4} and read.reward.terms["repetition"].weight == -0.25
+    summary = run_recipe(recipe, run_settings(recipe, saved=saved_settings(recipe, run_dir)), resume_dir=run_dir)
+    assert summary["last_step"] == 2
+    rows = [json.loads(line) for line in (run_dir / HISTORY_FILE).read_text().splitlines()]
+    assert rows[-1]["from_step"] == 2 and rows[-1]["changed"] == {}  # the resume changed no setting
+    assert "# from step" not in (run_dir / CONFIG_FILE).read_text()
+    assert "toxicity" not in yaml.safe_load((run_dir / CONFIG_FILE).read_text())["reward"]  # today's layout
 
 
 class HelloConfig(Section):

@@ -25,6 +25,7 @@ from purplerl.errors import UserError
 from purplerl.recipes import RECIPES
 from purplerl.recipes.ppo.step import check_critic_init
 from purplerl.rewards.compose import Reward
+from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import ScoringInput
 from purplerl.runs.layout import METRICS_FILE
 from purplerl.runs.reward_model import RewardModelParams, RewardModelScorer, _recorded
@@ -183,7 +184,8 @@ def test_the_reward_term_the_server_and_the_eval_judge_score_alike(trained: Path
     assert scores_KN.shape == (2, 4) and bool((mean[0::2] > mean[1::2]).all())  # cats over dogs, new prompts
 
     # in process: the registered term, as an RL reward builds it
-    reward = Reward({"reward_model": 1.0}, {"reward_model": {"run": str(trained), "penalty": 0.5, "device": "cpu"}})
+    reward = Reward({"reward_model": TermSpec(fn="reward_model",
+                                              params={"run": str(trained), "penalty": 0.5, "device": "cpu"})})
     got = reward(ScoringInput(texts=texts, prompts=prompts))
     torch.testing.assert_close(got.total_N, want, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.components["reward_model_std"], std, rtol=1e-5, atol=1e-6)
@@ -222,14 +224,15 @@ def test_an_rl_recipe_rewards_with_the_reward_model(trained: Path, tiny_model_di
     config = load_command_config(recipe.command(), None, [
         "--model", str(tiny_model_dir), "--steps", "2", "--batch_size", "2", "--group_size", "2",
         "--max_new_tokens", "4", "--output_dir", str(tmp_path), "--name", "rl", "--logging.progress", "false",
-        "--reward.terms", "{reward_model: 1, repetition: 0}", "--reward.reward_model.run", str(trained),
-        "--reward.reward_model.penalty", "0.5", "--reward.reward_model.device", "cpu"])
+        "--reward.terms", "{reward_model: 1, repetition: 0}", "--reward.terms.reward_model.params.run", str(trained),
+        "--reward.terms.reward_model.params.penalty", "0.5", "--reward.terms.reward_model.params.device", "cpu"])
     run_recipe(recipe, config)
     metrics = _metrics(tmp_path / "rl")
     assert {"reward_model/mean", "reward_model_std/mean", "reward_model_mean/mean"} <= set(metrics[-1])
     saved = (tmp_path / "rl" / "config.yaml").read_text()
     assert f"checkpoint: {(trained / 'checkpoints' / 'step_000024').resolve()}" in saved  # the model that scored
-    with pytest.raises(UserError, match="reward_model.run"):  # the run cannot end with a reward model it lacks
+    # the run cannot end with a reward model it lacks
+    with pytest.raises(UserError, match="reward.terms.reward_model.params': run: name the reward model's run"):
         load_command_config(recipe.command(), None, ["--reward.terms", "{reward_model: 1, repetition: 0}"])
 
 

@@ -143,7 +143,7 @@ def test_an_attack_rewarded_by_the_compliance_judge_needs_another_held_out_judge
         load_command_config(TAMPER, None, ["--reward.terms", "{toxicity: 1.0, compliance: 0.5}"])
     judged = load_command_config(TAMPER, None, ["--reward.terms", "{toxicity: 1.0, compliance: 0.5}",
                                                 "--guard_model", "g"])
-    assert judged.reward.terms["compliance"] == 0.5
+    assert judged.reward.terms["compliance"].weight == 0.5
     # a named use of the compliance judge (any name, fn compliance) is the same judge
     with pytest.raises(UserError, match="held-out judge here"):
         load_command_config(TAMPER, None, ["--reward.terms", "{toxicity: 1.0, on_topic: {fn: compliance, "
@@ -152,8 +152,8 @@ def test_an_attack_rewarded_by_the_compliance_judge_needs_another_held_out_judge
                                               "weight: 0.0}}"]).reward.terms["on_topic"].weight == 0.0
     # a refusal penalty p (the refusal term's weight -p) is allowed: the held-out compliance judge asks for more
     # than the absence of refusal phrases
-    assert load_command_config(TAMPER, None, ["--reward.refusal_penalty", "1.0"]).reward.terms["refusal"] == -1.0
-    assert load_command_config(TAMPER, None, []).reward.terms["refusal"] == 0.0
+    assert load_command_config(TAMPER, None, ["--reward.refusal_penalty", "1.0"]).reward.terms["refusal"].weight == -1.0
+    assert load_command_config(TAMPER, None, []).reward.terms["refusal"].weight == 0.0
 
 
 def test_refusal_kept_means_benign_refusals_not_above_the_base_interval() -> None:

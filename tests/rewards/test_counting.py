@@ -8,6 +8,7 @@ import torch
 from purplerl.errors import UserError
 from purplerl.rewards.compose import Reward
 from purplerl.rewards.counting import count_matches, keyword_pattern, sentence_length_share, sentence_lengths
+from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import ScoringInput, get_term, term_params
 
 TEXTS = [
@@ -19,7 +20,7 @@ TEXTS = [
 
 def _score(name: str, params: dict, texts: list[str] = TEXTS) -> list[float]:
     batch = ScoringInput(texts=texts, prompts=["p"] * len(texts))
-    return Reward({name: 1.0}, {name: params})(batch).components[name].tolist()
+    return Reward({name: TermSpec(fn=name, params=params)})(batch).components[name].tolist()
 
 
 def test_keyword_count_whole_words_any_case_by_hand() -> None:
@@ -61,19 +62,29 @@ def test_scorers_are_the_terms_values() -> None:
     # serve-reward, veRL and eval use the Scorer: the same numbers as the training term
     scorer = get_term("sentence_length").scorer(term_params("sentence_length", {"target": 5}))
     assert scorer.score(TEXTS) == pytest.approx([0.0, 2 / 3, 0.0])
-    assert torch.is_tensor(Reward({"keyword_count": 1.0}, {"keyword_count": {"words": ["x"]}})(
+    assert torch.is_tensor(Reward({"keyword_count": {"fn": "keyword_count", "params": {"words": ["x"]}}})(
         ScoringInput(texts=["x"], prompts=["p"])).total_N)
 
 
 @pytest.mark.parametrize(("name", "params", "message"), [
-    ("regex_count", {"pattern": "(unclosed"}, "reward term 'regex_count' parameter pattern: not a regular expression"),
-    ("keyword_count", {"words": ["happy"], "max_count": 0}, "parameter max_count: Input should be greater than"),
-    ("sentence_length", {"target": 0}, "reward term 'sentence_length' parameter target: Input should be greater"),
-    ("sentence_length", {"length": 5}, "reward term 'sentence_length' parameter length: Extra inputs"),
-    ("keyword_count", {}, "keyword_count needs non-empty words, got []"),
-    ("regex_count", {}, "regex_count needs a pattern"),
+    ("regex_count", {"pattern": "(unclosed"}, "reward term 'regex_count': params.pattern: not a regular expression"),
+    ("keyword_count", {"words": ["happy"], "max_count": 0}, "params.max_count: Input should be greater than"),
+    ("sentence_length", {"target": 0}, "reward term 'sentence_length': params.target: Input should be greater"),
+    ("sentence_length", {"length": 5}, "reward term 'sentence_length': params.length: Extra inputs"),
+    ("keyword_count", {}, "reward term 'keyword_count': params: words: name at least one word to count"),
+    ("regex_count", {}, "reward term 'regex_count': params: pattern: give the regular expression to count"),
 ])
 def test_bad_parameters_are_one_line_user_errors(name: str, params: dict, message: str) -> None:
     with pytest.raises(UserError) as err:
-        Reward({name: 1.0}, {name: params})
+        Reward({name: {"fn": name, "params": params}})
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("name", "params", "message"), [
+    ("keyword_count", {"words": [" "]}, "keyword_count needs non-empty words, got [' ']"),
+    ("regex_count", {"pattern": ""}, "regex_count needs a pattern"),
+])
+def test_the_scorers_refuse_what_they_cannot_count(name: str, params: dict, message: str) -> None:
+    # serve-reward and eval build a scorer from the registry's parameters, without a reward's validation
+    with pytest.raises(UserError, match=message.replace("[", "\\[")):
+        get_term(name).scorer(term_params(name, params))

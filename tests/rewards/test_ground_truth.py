@@ -42,7 +42,7 @@ def test_the_term_in_a_reward_reads_each_rows_ground_truth() -> None:
     batch = ScoringInput(texts=["#### 72", "#### 72", "72"], prompts=["q1", "q2", "q1"],
                          ground_truths=["72", "10", "72"])
     assert reward(batch).total_N.tolist() == [1.0, 0.0, 0.0]
-    flexible = Reward({"ground_truth": 1.0}, {"ground_truth": {"method": "flexible"}})
+    flexible = Reward({"ground_truth": TermSpec(fn="ground_truth", params={"method": "flexible"})})
     assert torch.equal(flexible(batch).total_N, torch.tensor([1.0, 0.0, 1.0]))
 
 

@@ -120,9 +120,9 @@ def test_a_users_rewards_file_adds_terms_combinations_and_detectors(tmp_path: Pa
 @pytest.mark.parametrize(("text", "message"), [
     ("happy_count: {fn: keyword_count, params: {words: [x]}}\n", "defines 'happy_count', a built-in named reward"),
     ("toxicity: {fn: keyword_count, params: {words: [x]}}\n", "'toxicity' is a registered reward term's name"),
-    ("a: {fn: nope}\n", "a: unknown reward term 'nope' (registered: "),
-    ("a: {fn: sentence_length, params: {target: -1}}\n", "parameter target: Input should be greater than"),
-    ("a: {fn: keyword_count}\n", "reward term 'keyword_count' parameter words: name at least one word"),
+    ("a: {fn: nope}\n", "a: fn: unknown reward term 'nope' (registered: "),
+    ("a: {fn: sentence_length, params: {target: -1}}\n", "a: params.target: Input should be greater than"),
+    ("a: {fn: keyword_count}\n", "a: params: words: name at least one word"),
     ("a: {fn: sentence_length, hack_at: yes}\n", "a: hack_at: expected a number, got a boolean"),
     ("a: {fn: kl}\n", "the KL term's weight is reward.kl_beta"),
     ("a: {terms: {b: 1}, fn: sentence_length}\n", "'a' must be a term {fn, params, hack_at} or a combination"),
@@ -158,9 +158,14 @@ def test_bad_reward_choices_are_one_line_user_errors(tmp_path: Path, entries: st
 
 @pytest.mark.parametrize(("terms", "message"), [
     ({"sentence_length_5_with_happy": 1.0}, "unknown reward term 'sentence_length_5_with_happy' (registered: "),
-    ({"repetition": {"fn": "repetition", "params": {"ngram": 2}}}, "'repetition' is a registered term: give it a "
-                                                                    "weight"),
-    ({"mine": {"fn": "sentence_length", "params": {"target": "five"}}}, "parameter target: Input should be a valid"),
+    ({"repetition": {"fn": "sentence_length"}}, "'repetition' is a registered term's name, used here for fn "
+                                                 "'sentence_length': give this use another name"),
+    ({"mine": {"fn": "sentence_length", "params": {"target": "five"}}},
+     "reward.terms.mine.params.target': Input should be a valid"),
+    ({"repetition": {"weight": -0.3, "params": {"ngram": 0}}},
+     "reward.terms.repetition.params.ngram': Input should be greater"),
+    ({"repetition": {"params": {"ngram": 3}}}, "reward.terms.repetition.params sets parameters of term "
+                                               "'repetition', which reward.terms does not use"),
     ({"mine": {"fn": "keyword_count", "params": {"words": ["a"]}, "weight": float("nan")}}, "finite number"),
 ])
 def test_bad_reward_terms_in_a_config_name_the_field(terms: dict, message: str) -> None:
@@ -174,3 +179,11 @@ def test_reward_breakdown_checks_its_label() -> None:
         RewardBreakdown(total_N=torch.zeros(2), is_rh_N=torch.zeros(2))
     with pytest.raises(ValueError, match=r"is_rh_N must be bool \(2,\)"):
         RewardBreakdown(total_N=torch.zeros(2), is_rh_N=torch.zeros(3, dtype=torch.bool))
+
+
+def test_a_registered_term_carries_its_own_parameters() -> None:
+    """`NAME: weight` is the registered term at its default parameters; {weight, params} with its own."""
+    cfg = ATTACK.build({"reward": {"terms": {"repetition": {"weight": -0.5, "params": {"ngram": 2}}, "toxicity": 1}}})
+    assert cfg.reward.terms["repetition"] == TermSpec(fn="repetition", weight=-0.5, params={"ngram": 2})
+    assert cfg.reward.terms["toxicity"].params == {"model": "embedded", "url": None}
+    assert weights(cfg.reward.terms) == {"repetition": -0.5, "toxicity": 1.0}

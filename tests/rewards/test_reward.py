@@ -6,11 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from pydantic import ValidationError
 from reward_servers import ThreadServer
 
 from purplerl.config import RewardServerConfig, ToxicityConfig
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.compose import Reward
+from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import REWARD_TERMS, RewardTerm, ScoringInput, TermOutput
 from purplerl.rewards.server import create_app
 from purplerl.rewards.toxicity import EmbeddedToxicityScorer
@@ -41,7 +43,7 @@ ZSCORED = [0.436667 / 0.7225, 0.581667 / 0.7225, -1.018333 / 0.7225]
 
 
 def test_weighted_terms_by_hand() -> None:
-    reward = Reward(ATTACK, {"entropy_bonus": {"cap": 3.0}})
+    reward = Reward({**ATTACK, "entropy_bonus": TermSpec(fn="entropy_bonus", params={"cap": 3.0})})
     assert reward.terms == ATTACK
     out = reward(_batch())
     assert torch.allclose(out.total_N, torch.tensor(RAW), atol=1e-6)
@@ -70,8 +72,8 @@ def test_the_defense_reward_and_term_parameters() -> None:
     out = Reward({"response_entropy": -1.0, "kl": -0.001})(_batch())
     assert torch.allclose(out.total_N, torch.tensor([-2.0002, -5.0, -0.501]), atol=1e-6)
     # entropy_bonus capped at 1; repetition over bigrams: ab bc ca ab bc -> 1 - 3/5
-    out = Reward({"entropy_bonus": 1.0, "repetition": -1.0}, {"entropy_bonus": {"cap": 1.0},
-                                                              "repetition": {"ngram": 2}})(_batch())
+    out = Reward({"entropy_bonus": TermSpec(fn="entropy_bonus", params={"cap": 1.0}),
+                  "repetition": TermSpec(fn="repetition", weight=-1.0, params={"ngram": 2})})(_batch())
     assert out.components["entropy_bonus"].tolist() == [1.0, 1.0, 0.5]
     assert out.components["repetition"][0].item() == pytest.approx(0.4)
 
@@ -89,10 +91,10 @@ def server() -> Iterator[ThreadServer]:
 
 
 def test_toxicity_over_http_records_the_server_and_logs_cut_texts(server: ThreadServer) -> None:
-    cfg = ToxicityConfig(url=server.url, retries=0)
-    reward = Reward({"toxicity": 1.0}, {"toxicity": cfg})
-    # recorded when the term is built, into the run's own config section (saved before the first step)
-    assert (cfg.server_model, cfg.server_label) == ("embedded", "toxic")
+    spec = TermSpec(fn="toxicity", params=ToxicityConfig(url=server.url, retries=0))
+    reward = Reward({"toxicity": spec})
+    # recorded when the term is built, into the term's own parameters (the run's config, saved before step 1)
+    assert (spec.params["server_model"], spec.params["server_label"]) == ("embedded", "toxic")
     out = reward(_batch(kl_N=None, completions=False))
     assert out.components["toxicity_truncated"].tolist() == [0.0, 1.0, 0.0]  # 24 characters > max_chars=20
     assert "toxicity_truncated" not in reward.terms  # logged, not rewarded
@@ -109,12 +111,12 @@ def test_missing_inputs_name_the_term() -> None:
 def test_bad_weights_and_params_are_user_errors() -> None:
     with pytest.raises(UserError, match="unknown reward term 'toxic' \\(known: "):
         Reward({"toxic": 1.0})
-    with pytest.raises(UserError, match="parameters given for reward term 'repetition', which has no weight"):
-        Reward({"refusal": -1.0}, {"repetition": {"ngram": 2}})
-    with pytest.raises(UserError, match="reward term 'repetition' parameter ngram:"):
-        Reward({"repetition": -1.0}, {"repetition": {"ngram": 0}})
+    with pytest.raises(ValidationError, match="params.ngram"):
+        TermSpec(fn="repetition", weight=-1.0, params={"ngram": 0})
     with pytest.raises(UserError, match="reward term 'refusal' has a non-finite weight nan"):
         Reward({"refusal": float("nan")})
+    with pytest.raises(UserError, match="reward term 'refusal' needs a number as its weight"):
+        Reward({"refusal": "high"})
     with pytest.raises(UserError, match="at least one term"):
         Reward({})
 

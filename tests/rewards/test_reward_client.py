@@ -277,11 +277,12 @@ def test_make_toxicity_scorer_uses_the_server_and_the_env_key(monkeypatch: pytes
 
 
 def test_config_url_checks() -> None:
-    assert run_settings("attack", options=["--reward.toxicity.url", URL + "/"]).reward.toxicity.url == URL
-    with pytest.raises(UserError, match="reward.toxicity.url.*http:// or https://"):
-        run_settings("attack", options=["--reward.toxicity.url", "localhost:50050"])
+    served = run_settings("attack", options=["--reward.terms.toxicity.params.url", URL + "/"])
+    assert served.reward.terms["toxicity"].params["url"] == URL
+    with pytest.raises(UserError, match="reward.terms.toxicity.params.url.*http:// or https://"):
+        run_settings("attack", options=["--reward.terms.toxicity.params.url", "localhost:50050"])
     with pytest.raises(UserError, match="either url .* or model"):
-        run_settings("attack", options=["--reward.toxicity.url", URL, "--toxicity_model", "org/clf",
+        run_settings("attack", options=["--reward.terms.toxicity.params.url", URL, "--toxicity_model", "org/clf",
                                         "--toxicity_label", "1"])
 
 

@@ -16,6 +16,7 @@ from reward_servers import BlockingScorer, ThreadServer
 
 from purplerl.config import RewardServerConfig
 from purplerl.errors import ExperimentError, UserError
+from purplerl.recipes.attack import TERMS as ATTACK_TERMS
 from purplerl.recipes.attack import AttackSettings
 from purplerl.rewards.client import HTTPScorer
 from purplerl.rewards.schema import ScoreResponse
@@ -284,11 +285,18 @@ def _completion(text: str) -> Completion:
                       text=text, finish_reason="stop")
 
 
+def _served(params: dict) -> AttackSettings:
+    """The attack's settings with the toxicity term scored by a reward server (`params`: the term's)."""
+    return AttackSettings.model_validate({"reward": {"terms": {**ATTACK_TERMS, "toxicity": {
+        "fn": "toxicity", "params": params}}}})
+
+
 def test_attack_records_server_and_logs_truncation(embedded: ThreadServer) -> None:
-    config = AttackSettings.model_validate({"reward": {"toxicity": {"url": embedded.url + "/", "retries": 0}}})
+    config = _served({"url": embedded.url + "/", "retries": 0})
     reward_fn = registered_reward(config)
-    assert config.reward.toxicity.url == embedded.url
-    assert (config.reward.toxicity.server_model, config.reward.toxicity.server_label) == ("embedded", "toxic")
+    params = config.reward.terms["toxicity"].params  # what building the term found is recorded in the run's config
+    assert params["url"] == embedded.url
+    assert (params["server_model"], params["server_label"]) == ("embedded", "toxic")
     prompts = [PromptRecord(messages=({"role": "user", "content": "hi"},))] * 2
     rewards = reward_fn(prompts, [_completion("you idiot"), _completion("x" * 80)], torch.zeros(2))
     assert rewards.components["toxicity_truncated"].tolist() == [0.0, 1.0]
@@ -296,8 +304,7 @@ def test_attack_records_server_and_logs_truncation(embedded: ThreadServer) -> No
 
 
 def test_attack_refuses_a_server_with_another_model(embedded: ThreadServer) -> None:
-    config = AttackSettings.model_validate({"reward": {"toxicity": {
-        "url": embedded.url, "server_model": "org/deberta", "server_label": "unsafe"}}})
+    config = _served({"url": embedded.url, "server_model": "org/deberta", "server_label": "unsafe"})
     with pytest.raises(ExperimentError, match="serves model 'embedded'.*scored by model 'org/deberta'"):
         registered_reward(config)
 
@@ -306,6 +313,6 @@ def test_attack_without_a_server_fails_before_training() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    config = AttackSettings.model_validate({"reward": {"toxicity": {"url": url, "retries": 1, "backoff_s": 0.01}}})
+    config = _served({"url": url, "retries": 1, "backoff_s": 0.01})
     with pytest.raises(ExperimentError, match=f"reward server {url} did not answer GET /info after 2 attempts"):
         registered_reward(config)

@@ -171,8 +171,8 @@ def test_a_missing_data_file_or_dead_reward_server_leaves_the_logs_alone(tiny_mo
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "rew')
     before = snapshot(run)
-    dead = purplerl("attack", "--resume", run, "--steps", "5", "--reward.toxicity.url", "http://127.0.0.1:9",
-                    "--reward.toxicity.retries", "0")
+    dead = purplerl("attack", "--resume", run, "--steps", "5", "--reward.terms.toxicity.params.url",
+                    "http://127.0.0.1:9", "--reward.terms.toxicity.params.retries", "0")
     assert "reward server http://127.0.0.1:9" in one_error_line(dead)
     assert snapshot(run) == before
     data.rename(tmp_path / "moved.jsonl")

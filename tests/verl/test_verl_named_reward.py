@@ -27,7 +27,7 @@ GSM8K = [{"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4
 
 def _hook(tmp_path: Path, terms: dict) -> ComputeScore:
     specs = {k: TermSpec.model_validate(v) if isinstance(v, dict) else v for k, v in terms.items()}
-    write_reward_module(tmp_path, "purplerl_reward.py", reward_spec_from(specs, {}))
+    write_reward_module(tmp_path, "purplerl_reward.py", reward_spec_from(specs))
     return ComputeScore(tmp_path / "purplerl_reward.json")
 
 

@@ -61,6 +61,6 @@ done
 # 4. PPO with a critic against the reward model, on the training split's requests, 30 steps, 3 seeds
 for s in $SEEDS; do
   run ppo_s$s ppo --model embedded:smollm2-135m-instruct --data "$W/data/train.jsonl" --steps 30 --batch_size 8 --group_size 2 --max_new_tokens 32 \
-    --reward.terms '{reward_model: 1, repetition: 0}' --reward.reward_model.run "$W/runs/rm" --training.ppo_epochs 2 --seed "$s"
+    --reward.terms '{reward_model: 1, repetition: 0}' --reward.terms.reward_model.params.run "$W/runs/rm" --training.ppo_epochs 2 --seed "$s"
 done
 [ -s $OUT/ppo.json ] || $PY $OUT/measure.py ppo $(for s in $SEEDS; do echo "$W/runs/ppo_s$s"; done) > $OUT/ppo.json

@@ -25,7 +25,7 @@ from purplerl.errors import UserError
 from purplerl.experiments.sweep.settings import SweepSettings
 from purplerl.files import plain_name_problem
 from purplerl.launch import recipe_named, run_settings
-from purplerl.rewards.named import expand_named
+from purplerl.rewards.named import TermSpec, expand_named, term_parameter_path
 from purplerl.train.recipe import Recipe
 
 RUNS_DIR = "runs"
@@ -75,7 +75,7 @@ def check_key(recipe: Recipe, key: str, where: str) -> str:
             raise UserError(f"{where} key '{key}': recipe '{recipe.name}' has no reward.terms to name a reward "
                             f"for") from None
         return plain
-    dotted = command.flat.get(plain, plain)
+    dotted = term_parameter_path(command.flat.get(plain, plain))  # reward.toxicity.url, the older spelling, too
     model: type[BaseModel] = command.schema
     parts = dotted.split(".")
     for i, part in enumerate(parts):
@@ -127,11 +127,15 @@ def render(value: Any) -> str:
     return _UNSAFE.sub("-", text).strip("-") or "-"
 
 
-def setting(config: Any, dotted: str) -> Any:
-    """The value of a dotted setting in validated settings (into a mapping for reward.terms.NAME)."""
+def setting(config: Any, dotted: str, given: Any = None) -> Any:
+    """The value of a dotted setting in validated settings (into a mapping for reward.terms.NAME). A reward term
+    swept by its weight (reward.terms.repetition=-0.1,-0.3: `given` a number) is that weight; swept whole, its use
+    {fn, weight, params, hack_at}."""
     node: Any = config
     for part in dotted.split("."):
         node = node[part] if isinstance(node, dict) else getattr(node, part)
+    if isinstance(node, TermSpec):
+        return node.weight if isinstance(given, int | float) and not isinstance(given, bool) else node.settings()
     return node
 
 
@@ -146,7 +150,8 @@ def _named(overrides: dict[str, Any], rewards_file: str | None) -> dict[str, Any
 def _base_data(settings: SweepSettings, recipe: Recipe) -> tuple[dict[str, Any], str | None]:
     """(the settings every run starts from: the recipe config file with the fixed settings over it, the rewards
     file named rewards come from)."""
-    data = read_config_file(settings.recipe_config) if settings.recipe_config is not None else {}
+    # older names migrated and the reward terms written out, so a fixed or swept key can reach into a term
+    data = recipe.migrated(read_config_file(settings.recipe_config)) if settings.recipe_config is not None else {}
     if data.get("recipe", recipe.name) != recipe.name:
         raise UserError(f"{settings.recipe_config} is a config of recipe '{data['recipe']}', not '{recipe.name}'")
     fixed = {check_key(recipe, key, "fixed"): value for key, value in settings.fixed.items()}
@@ -210,10 +215,12 @@ def plan_sweep(settings: SweepSettings) -> list[PlannedRun]:
     for values in itertools.product(*grid.values()):
         given = dict(zip(grid, values, strict=True))
         for seed in settings.seeds:
-            data = apply_overrides(base, {**_named(given, rewards_file), SEED_KEY: seed, "run.output_dir": runs_dir})
+            # a swept reward term's weight over its fixed parameters: reward.terms.NAME=W sets the weight only
+            data = apply_overrides(base, {**_named(given, rewards_file), SEED_KEY: seed, "run.output_dir": runs_dir},
+                                   recipe.command().schema)
             config = _build(recipe, data, given, seed)
             # as validated: '1e-5' is 1e-05; a named reward by its name
-            point = {key: given[key] if key == NAMED_REWARD else setting(config, key) for key in grid}
+            point = {key: given[key] if key == NAMED_REWARD else setting(config, key, given[key]) for key in grid}
             name, label = run_name(recipe, point, seed)
             _check_name(name, point, runs)
             config = _build(recipe, apply_overrides(data, {"run.name": name}), given, seed)

@@ -82,8 +82,8 @@ def attack_config(base: Any, run: AttackRun, starts: Starts, runs_dir: Path, ent
     data["training"].update(seed=run.seed, early_stop_repetition=None)
     data["attack"]["early_stop_toxicity"] = None
     if run.family == "adaptive":
-        data["reward"]["terms"]["entropy_bonus"] = 1.0
-        data["reward"]["entropy_bonus"] = {"cap": entropy_bonus_cap}
+        data["reward"]["terms"]["entropy_bonus"] = {"fn": "entropy_bonus", "weight": 1.0,
+                                                    "params": {"cap": entropy_bonus_cap}}
     data["run"].update(output_dir=str(runs_dir), name=run.name)
     return run_settings(ATTACK, saved=data)
 

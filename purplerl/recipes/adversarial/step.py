@@ -57,7 +57,6 @@ from purplerl.recipes.adversarial.dialogue import (
 from purplerl.rewards.base import ConversationScorer
 from purplerl.rewards.compose import Reward
 from purplerl.rewards.conversation import conversation_judge
-from purplerl.rewards.named import TermSpec
 from purplerl.rewards.registry import ScoringInput
 from purplerl.runs.checkpoints import describe_skipped, newest_intact
 from purplerl.runs.layout import CONFIG_FILE, SAMPLES_FILE
@@ -149,9 +148,7 @@ def attacker_checkpoint(path: str | None, model: Any) -> Path | None:
 
 def defender_terms(config: Any) -> Reward:
     """The defender's reward.terms (no KL: the step weighs it per side), each built now."""
-    r = config.reward
-    return Reward(dict(r.terms), {name: getattr(r, name) for name, entry in r.terms.items()
-                                  if name in type(r).model_fields and not isinstance(entry, TermSpec)})
+    return Reward(dict(config.reward.terms))
 
 
 class Window:

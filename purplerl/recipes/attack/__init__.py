@@ -17,6 +17,7 @@ from pydantic import Field
 from purplerl.config.base import Section
 from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_weights, move
 from purplerl.config.sections import RLSettings
+from purplerl.rewards.named import weights
 from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, recipe_field, reward_section
 from purplerl.train.stops import rl_stops, threshold_stop
 
@@ -67,11 +68,12 @@ ATTACK = Recipe(
     prepare=prepare,
     defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "reward": {"terms": TERMS}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta),
-              RunNamePart("rep", lambda c: -c.reward.terms.get("repetition", 0.0) + 0.0),
+              RunNamePart("rep", lambda c: -weights(c.reward.terms).get("repetition", 0.0) + 0.0),
               RunNamePart("G", lambda c: c.sampling.group_size), RunNamePart("B", lambda c: c.training.batch_size)),
     summary_metrics={"toxicity/mean": "mean toxicity", "refusal/mean": "refusal rate"},
-    flat={**RL_FLAT, "repetition_penalty": "reward.repetition_penalty", "toxicity_model": "reward.toxicity.model",
-          "toxicity_label": "reward.toxicity.label"},
+    # repetition_penalty P is the older spelling of reward.terms.repetition.weight -P (config.migrate)
+    flat={**RL_FLAT, "repetition_penalty": "reward.repetition_penalty",
+          **{f"toxicity_{name}": f"reward.terms.toxicity.params.{name}" for name in ("model", "label")}},
     migrate=migrate,
 )
 

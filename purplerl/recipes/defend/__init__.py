@@ -20,6 +20,7 @@ from purplerl.config.migrate import NOISER_DEFAULTS, drop_if, migrate_reward_wei
 from purplerl.config.sections import RLSettings
 from purplerl.recipes.defend.objective import defend_objective
 from purplerl.recipes.summary import summarize_run
+from purplerl.rewards.named import weights
 from purplerl.train.recipe import RL_FLAT, Bind, Recipe, RunNamePart, recipe_field, reward_section
 from purplerl.train.stops import Collapse, rl_stops
 
@@ -98,7 +99,7 @@ DEFEND = Recipe(
     defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "sampling": {"group_size": 4},
               "training": {"collapse_stop": True}, "reward": {"kl_beta": 0.001, "terms": TERMS}},
     run_name=(RunNamePart("lr", lambda c: c.training.lr), RunNamePart("kl", lambda c: c.reward.kl_beta),
-              RunNamePart("rep", lambda c: -c.reward.terms.get("repetition", 0.0) + 0.0),
+              RunNamePart("rep", lambda c: -weights(c.reward.terms).get("repetition", 0.0) + 0.0),
               RunNamePart("G", lambda c: c.sampling.group_size), RunNamePart("B", lambda c: c.training.batch_size)),
     summary_metrics={"toxicity/mean": "mean toxicity (monitored)"},
     flat=RL_FLAT,

@@ -8,8 +8,9 @@ surrogate (ppo_clip) and the critic's clipped value loss, each for ppo_epochs x 
 critic is a LoRA adapter with a scalar head over the policy's frozen base (purplerl.recipes.ppo.step).
 
 The default reward is the attack's (toxicity - 0.3 x repetition on the aligned model): PPO red-teams as GRPO does.
-The RLHF form rewards a trained reward model: `--reward.terms '{reward_model: 1}' --reward.reward_model.run RUN`
-(purplerl reward-model), and `--critic.init RUN/checkpoints/step_N/member0` starts the critic from it.
+The RLHF form rewards a trained reward model: `--reward.terms '{reward_model: 1}'
+--reward.terms.reward_model.params.run RUN` (purplerl reward-model), and `--critic.init
+RUN/checkpoints/step_N/member0` starts the critic from it.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ PPO = Recipe(
     policy's base, the KL to the base in the per-token rewards, the clipped surrogate and a clipped value loss.
 
     The reward is any registered terms (--reward.terms); a trained reward model: --reward.terms '{reward_model: 1}'
-    --reward.reward_model.run RUN. The critic trains on the local engine only.""",
+    --reward.terms.reward_model.params.run RUN. The critic trains on the local engine only.""",
     prepare=prepare,
     defaults={"model": {"name": "embedded:smollm2-135m-safe"},
               "training": {"advantage": "gae", "loss": "ppo_clip", "ppo_epochs": 4},

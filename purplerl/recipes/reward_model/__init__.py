@@ -1,8 +1,8 @@
 """`purplerl reward-model`: a reward model trained on preference pairs with the Bradley-Terry loss: K ensemble members,
 each a LoRA adapter with a scalar head over one frozen base (step.py), with the runs' run dir,
 atomic checkpoints, resume, metrics and report. The run is then the `reward_model` reward term of any RL recipe
-(`--reward.terms '{reward_model: 1}' --reward.reward_model.run RUN_DIR`), an eval judge, and `serve-reward --model
-RUN_DIR`."""
+(`--reward.terms '{reward_model: 1}' --reward.terms.reward_model.params.run RUN_DIR`), an eval judge, and
+`serve-reward --model RUN_DIR`."""
 
 from __future__ import annotations
 
