@@ -121,7 +121,7 @@ def test_server_killed_mid_training_stops_the_run_and_resume_finishes(tiny_model
         assert f"reward server {url} did not answer POST /score after 3 attempts" in line, line
         assert 1 <= metrics_lines(run_dir) < STEPS
 
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text())["reward"]["toxicity"]
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())["reward"]["terms"]["toxicity"]["params"]
         assert (saved["url"], saved["server_model"], saved["server_label"]) == (url, "embedded", "toxic")
 
         server = start("serve-reward", "--port", str(port), env=env)  # the port is free again at once
