@@ -10,7 +10,7 @@ MATH-500 (Lightman et al. 2023, "Let's Verify Step by Step") are scored. Items a
   MATH-500's fields, small enough for the embedded model on a laptop;
 - a .jsonl/.parquet file, or a directory holding `<split>.parquet` / `<split>.jsonl`, in MATH-500's fields
   (`problem`, `solution`, `answer`, `subject`, `level`, `unique_id`); a row without `answer` is scored
-  against the last boxed answer of its `solution`, as the original MATH files give it;
+  against the last boxed answer of its `solution`, and its `type` is its subject, as in the original MATH files;
 - 'hf:ORG/NAME' or 'hf:ORG/NAME:CONFIG', e.g. 'hf:HuggingFaceH4/MATH-500' (split test).
 
 A completion without a closed `\\boxed{}` has no answer and is wrong: the prompt asks for the box.
@@ -103,6 +103,6 @@ def _to_item(row: dict[str, Any], index: int, where: str, name: str) -> dict[str
         raise UserError(f"{where}: answer {str(answer)[:60]!r} is empty once normalised")
     level = row.get("level")
     return {"uid": str(row.get("unique_id", row.get("uid", index))), "question": problem, "answer": str(answer),
-            "subject": str(row.get("subject") or "unknown"),
+            "subject": str(row.get("subject") or row.get("type") or "unknown"),  # the original MATH says `type`
             "level": level if isinstance(level, int | str) and not isinstance(level, bool) else None,
             "source": name}
