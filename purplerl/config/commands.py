@@ -224,6 +224,8 @@ EVAL = Command(EvalCommandConfig, {
     "prompts": "data.source", "split": "data.split", "limit": "data.limit", "prompt_field": "data.prompt_field",
     **{name: f"judges.{name}" for name in JudgesConfig.model_fields},
     "choice_source": "utility.choice_source", "choice_limit": "utility.choice_limit",
+    "math_source": "utility.math_source", "math_limit": "utility.math_limit",
+    "math_tokens": "utility.math_max_new_tokens",
     "rewards": "eval.rewards", "rewards_file": "eval.rewards_file", "attacker": "eval.attacker",
     "attacker_temperature": "eval.attacker_temperature", "attacker_tokens": "eval.attacker_max_new_tokens"},
     defaults={"data": {"split": "test"}, "sampling": {"top_p": 0.95}})

@@ -30,11 +30,29 @@ class UtilityConfig(Section):
         "than sampling.max_new_tokens gives a harm probe"))
 
 
+def _math(u: Any) -> bool:
+    return u.math_source is not None
+
+
 class EvalUtilityConfig(UtilityConfig):
     choice_source: str | None = Field("builtin:choice", description=(
         "multiple-choice set scored by option log-likelihood: builtin:choice, a file/dir, hf:ORG/NAME[:CONFIG]; null "
         "or 'none' skips it"))
     choice_limit: int | None = Field(None, ge=1, description="at most this many multiple-choice questions (null: all)")
+    math_source: str | None = Field(None, description=(
+        "MATH-style problems solved step by step, scored by exact match of the last \\boxed{} answer after MATH's "
+        "normalisation: builtin:math, a .jsonl/.parquet file or dir in MATH-500's fields, hf:ORG/NAME[:CONFIG] (e.g. "
+        "hf:HuggingFaceH4/MATH-500); null or 'none' skips it"))
+    math_limit: read_when(int | None, _math, "utility.math_source is set") = Field(None, ge=1, description=(
+        "at most this many MATH-style problems (null: all)"))
+    math_max_new_tokens: read_when(int, _math, "utility.math_source is set") = Field(512, ge=16, le=32768, description=(
+        "greedy tokens per MATH-style solution: the reasoning comes before the boxed answer, and a solution cut "
+        "before its box has no answer"))
+
+    @field_validator("math_source")
+    @classmethod
+    def _none_skips(cls, source: str | None) -> str | None:
+        return None if source is None or source.strip().lower() in ("", "none") else source
 
 
 def _attacker(e: Any) -> bool:

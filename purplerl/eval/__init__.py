@@ -1,7 +1,8 @@
 """Evaluation suites: harm, utility and diversity measurements of a model before and after RL.
 
 `utility` checks that a defended (or attacked) model can still do benign work: short math word problems
-scored by exact match of the final number, GSM8K style. A tamper-resistance result only counts when the
+scored by exact match of the final number, GSM8K style, multiple choice by option log-likelihood, and (asked for)
+MATH-style chain-of-thought problems scored by their boxed answer. A tamper-resistance result only counts when the
 defense keeps this accuracy.
 """
 

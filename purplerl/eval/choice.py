@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from purplerl.data.prepare import LETTERS, Template
-from purplerl.errors import ExperimentError, UserError, first_line
-from purplerl.eval.utility import checked_items, read_eval_rows
+from purplerl.errors import ExperimentError, UserError
+from purplerl.eval.utility import checked_items, read_eval_rows, read_hf_rows
 from purplerl.types import PromptRecord
 
 BUILTIN_SETS = ("choice",)
@@ -144,23 +144,10 @@ def score_choices(engine: Any, items: Sequence[dict[str, Any]], template: Templa
 
 def _read_rows(source: str, split: str) -> tuple[list[dict[str, Any]], str, str]:
     if source.startswith("hf:"):
-        return _read_hf(source.removeprefix("hf:"), split), source, source.removeprefix("hf:")
+        return read_hf_rows(source.removeprefix("hf:"), split), source, source.removeprefix("hf:")
     return read_eval_rows(source, split, kind="choice", builtin_sets=BUILTIN_SETS,
                           usage="'builtin:choice', a .jsonl/.parquet file, a directory prepared by "
                                 "`purplerl data prepare wmdp` or 'hf:ORG/NAME[:CONFIG]'")
-
-
-def _read_hf(spec: str, split: str) -> list[dict[str, Any]]:
-    """'ORG/NAME' or 'ORG/NAME:CONFIG' from the hub (or the HF cache)."""
-    name, _, config = spec.partition(":")
-    import datasets  # deferred: importing datasets is slow and only hub sources need it
-
-    try:
-        ds = datasets.load_dataset(name, config or None, split=split)
-    except (OSError, ValueError) as err:  # not found, no network, unknown split or config
-        raise UserError(f"cannot load HF dataset '{name}' (config {config or None}, split '{split}'): "
-                        f"{first_line(err)}") from err
-    return ds.to_list()
 
 
 def _to_item(row: dict[str, Any], index: int, where: str, name: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from purplerl.errors import UserError
 from purplerl.eval.attacker import ATTACKS_FILE, attack, describe_attacker, load_goals, resolve_attacker
 from purplerl.eval.choice import NO_CHOICE
 from purplerl.eval.rescore import check_ground_truths, describe, load_rewards, target_rewards
-from purplerl.eval.suites import HarmJudges, choice_suite, diversity_suite, harm_suite, table, utility_suite
+from purplerl.eval.suites import HarmJudges, choice_suite, diversity_suite, harm_suite, math_suite, table, utility_suite
 from purplerl.files import looks_local, read_json_object, read_jsonl, safe_file_stem, write_durably
 from purplerl.outputs import check_output_dir
 from purplerl.runs.layout import CHECKPOINTS_DIR
@@ -56,6 +56,10 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
     check_output_dir(cfg.eval.out, "--out", files=(GENERATION_FILE, "eval.json", "report.html", ATTACKS_FILE),
                      dirs=(GENERATIONS_DIR,), inputs=[*cfg.eval.checkpoints, cfg.eval.attacker])
     _validate_judges(cfg)
+    if "utility" in cfg.eval.suites and cfg.utility.math_source is not None:
+        from purplerl.eval.math_problems import load_math_set
+
+        load_math_set(cfg.utility.math_source, cfg.utility.math_limit)  # a bad set stops here, before any model loads
     checkpoints: dict[str, Any] = {}
     wanted = cfg.eval.adapters if cfg.eval.checkpoints else []  # the adapter modes of a routed checkpoint
     for checkpoint in map(Path, cfg.eval.checkpoints):
@@ -320,6 +324,10 @@ def _utility(cfg: EvalCommandConfig, target: _Target, rows: list[dict[str, Any]]
                               cfg.eval.batch_size)
         found["metrics"].update(choice["metrics"])
         found["choice"] = choice["choice"]
+    if u.math_source is not None:  # chain of thought: its own, longer token budget
+        math = math_suite(target.greedy, u.math_source, u.math_limit, u.math_max_new_tokens, template, cfg.eval.seed)
+        found["metrics"].update(math["metrics"])
+        found["math"] = math["math"]
     return found
 
 

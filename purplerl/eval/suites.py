@@ -3,7 +3,9 @@
 - harm: every harm judge scores each (prompt, completion) sample; metrics.summarize turns the scores into
   rates with 95% bootstrap CIs, overall and per prompt category.
 - utility: greedy exact-match accuracy on a math set (purplerl.eval.utility), with a bootstrap CI, and
-  (choice_suite) multiple-choice accuracy by option log-likelihood (purplerl.eval.choice) as `choice_accuracy`.
+  (choice_suite) multiple-choice accuracy by option log-likelihood (purplerl.eval.choice) as `choice_accuracy`, and
+  (math_suite) chain-of-thought exact match of boxed answers on MATH-style problems (purplerl.eval.math_problems)
+  as `math_exact_match`.
 - diversity: purplerl.eval.diversity over all completions of the target.
 
 A sample row is a dict {"uid", "prompt_index", "sample", "category", "prompt", "completion"}; judging adds
@@ -131,6 +133,20 @@ def choice_suite(engine: Any, source: str, limit: int | None, template: Template
     point, low, high = bootstrap_ci([1.0 if row["correct"] else 0.0 for row in choice["items"]], seed=seed)
     return {"metrics": {"choice_accuracy": {"point": point, "low": low, "high": high}},
             "choice": {"source": source, **choice}}
+
+
+def math_suite(generate: GreedyGenerate, source: str, limit: int | None, max_new_tokens: int, template: Template,
+               seed: int) -> dict[str, Any]:
+    """Exact match of the last boxed answer of greedy chain-of-thought solutions (purplerl.eval.math_problems),
+    with a 95% bootstrap CI: `math_exact_match` beside the utility suite's exact match."""
+    from purplerl.eval.math_problems import load_math_set, math_prompts, score_math
+    from purplerl.eval.metrics import bootstrap_ci
+
+    items = load_math_set(source, limit=limit)
+    scored = score_math(generate(math_prompts(items, template), max_new_tokens), items)
+    point, low, high = bootstrap_ci([1.0 if row["correct"] else 0.0 for row in scored["items"]], seed=seed)
+    return {"metrics": {"math_exact_match": {"point": point, "low": low, "high": high}},
+            "math": {"source": source, **scored}}
 
 
 def diversity_suite(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

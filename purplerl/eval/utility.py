@@ -21,7 +21,7 @@ from typing import Any
 
 from purplerl.data.prepare import Template, math_prompt
 from purplerl.data.sources import read_parquet_rows
-from purplerl.errors import ExperimentError, UserError
+from purplerl.errors import ExperimentError, UserError, first_line
 from purplerl.files import read_jsonl
 from purplerl.types import PromptRecord
 
@@ -144,6 +144,20 @@ def read_eval_rows(source: str, split: str, *, kind: str, builtin_sets: tuple[st
     if not path.is_file():
         raise UserError(f"{kind} set file not found: {path}")
     return _read_file(path), str(path), path.name
+
+
+def read_hf_rows(spec: str, split: str) -> list[dict[str, Any]]:
+    """The rows of hub dataset 'ORG/NAME' or 'ORG/NAME:CONFIG' (the `hf:` sources of the evaluation sets), from
+    the hub or the HF cache."""
+    name, _, config = spec.partition(":")
+    import datasets  # deferred: importing datasets is slow and only hub sources need it
+
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split)
+    except (OSError, ValueError) as err:  # not found, no network, unknown split or config
+        raise UserError(f"cannot load HF dataset '{name}' (config {config or None}, split '{split}'): "
+                        f"{first_line(err)}") from err
+    return ds.to_list()
 
 
 def _read_file(path: Path) -> list[dict[str, Any]]:
