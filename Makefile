@@ -156,6 +156,12 @@ bench-adversarial-memory: $(STAMP)
 bench-cpu-decode: $(STAMP)
 	$(PY) bench/bench_cpu_decode.py $(BENCH_ARGS)
 
+# the `compiled` fast path (torch.compile of the decoder) against eager: train and reference pass, compile time,
+# break-even steps (bench/results/compile-DATE-HOST.json; ~10 min on 2 cores, most of it compiling)
+.PHONY: bench-compile
+bench-compile: $(STAMP)
+	$(PY) bench/bench_compile.py $(BENCH_ARGS)
+
 # start-up of the command line: `purplerl --help` and a few `purplerl CMD --help`, a fresh process each
 # (bench/results/cli-DATE-HOST.json; ~1 min)
 .PHONY: bench-cli

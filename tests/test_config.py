@@ -718,3 +718,16 @@ def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
     with pytest.raises(UserError, match=r"config field 'engine': procs is read only when engine\.kind is local: "
                                         r"leave it out \(got 2\)"):
         run_settings("attack", options=["--engine", "tinker", "--engine.procs", "2"])
+
+
+def test_the_compiled_fast_path_is_off_by_default_and_reaches_the_engine() -> None:
+    from purplerl.launch import run_settings
+    from purplerl.train.runner import engine_settings
+
+    default = run_settings("attack")
+    assert "compiled" not in default.engine.fast_paths and not engine_settings(default).compiled
+    on = run_settings("attack", options=["--engine.fast_paths", "merged_sampler,fused_lora,compiled"])
+    settings = engine_settings(on)
+    assert (settings.compiled, settings.merged_sampler, settings.cuda_graphs) == (True, True, False)
+    with pytest.raises(UserError, match="engine.fast_paths"):
+        run_settings("attack", options=["--engine.fast_paths", "compiled,compiled"])

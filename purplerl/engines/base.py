@@ -33,6 +33,7 @@ class EngineSettings:
     merged_sampler: bool = True  # sample from a plain copy of the model with the LoRA update merged in (one more copy)
     cuda_graphs: bool = True  # CUDA: decode over a static KV cache, each token's forward replayed as one CUDA graph
     fused_lora: bool = True  # plain LoRA layers (no dropout) as one accumulating matmul, the scaling folded into B
+    compiled: bool = False  # torch.compile of the policy's decoder for training and scoring (never for decoding)
 
 
 def check_prompts(prompt_tokens: list[list[int]], n: int) -> None:

@@ -77,15 +77,19 @@ def full_logits(causal_lm, input_ids_NT: torch.Tensor, attention_mask_NT: torch.
     return logits_NTV[:, :-1].float()
 
 
-def final_hidden(causal_lm, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """The decoder's final hidden states [N, T, H] (after its last norm: what the LM head and a scalar head read)."""
+def final_hidden(causal_lm, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, bf16: bool,
+                 decoder=None) -> torch.Tensor:
+    """The decoder's final hidden states [N, T, H] (after its last norm: what the LM head and a scalar head read).
+    `decoder`: the decoder of `causal_lm` to call instead (its compiled form: engine.fast_paths compiled)."""
     device = input_ids_NT.device
+    decoder = causal_lm.get_decoder() if decoder is None else decoder
     with autocast(device, bf16), attention_for(causal_lm.config, input_ids_NT.shape[1], device):
-        return causal_lm.get_decoder()(input_ids=input_ids_NT, attention_mask=attention_mask_NT).last_hidden_state
+        return decoder(input_ids=input_ids_NT, attention_mask=attention_mask_NT).last_hidden_state
 
 
 def target_logprobs(causal_lm, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
-                    targets_NT: torch.Tensor, temperature: float, *, head_only: bool, bf16: bool) -> torch.Tensor:
+                    targets_NT: torch.Tensor, temperature: float, *, head_only: bool, bf16: bool,
+                    decoder=None) -> torch.Tensor:
     """fp32 logprobs [N, T] under `causal_lm` of the tokens where targets_NT is 1 (aligned to targets), 0 elsewhere.
 
     head_only: the decoder runs once and the LM head and log-softmax only on the scored positions, in chunks (a
@@ -96,7 +100,7 @@ def target_logprobs(causal_lm, input_ids_NT: torch.Tensor, attention_mask_NT: to
         logits_NTV = full_logits(causal_lm, input_ids_NT, attention_mask_NT, bf16)
         logp_NT = selective_log_softmax(logits_NTV, input_ids_NT[:, 1:], temperature=temperature)
         return F.pad(logp_NT * picked_NT, (1, 0))
-    hidden_NTH = final_hidden(causal_lm, input_ids_NT, attention_mask_NT, bf16)
+    hidden_NTH = final_hidden(causal_lm, input_ids_NT, attention_mask_NT, bf16, decoder)
     rows_RH, tokens_R = hidden_NTH[:, :-1][picked_NT], input_ids_NT[:, 1:][picked_NT]
     head = causal_lm.get_output_embeddings()
     chunk_rows = head_chunk_rows(head.weight.shape[0])

@@ -85,6 +85,8 @@ class LocalTrainer:
             self._adapters = FullWeights(self.model, compute_dtype)
         else:
             self._wrap_lora(base, compute_dtype)
+        # the compiled decoder shares the policy's weights and adapters; the sampler decodes with its own module
+        self._decoder = torch.compile(base.get_decoder(), dynamic=True) if self.settings.compiled else None
 
     def _wrap_lora(self, base, compute_dtype: torch.dtype) -> None:
         from peft import get_peft_model
@@ -198,8 +200,10 @@ class LocalTrainer:
 
     def _target_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor, temperature: float,
                          causal_lm=None) -> torch.Tensor:
+        policy = causal_lm is None or causal_lm is self.causal_lm
         return target_logprobs(self.causal_lm if causal_lm is None else causal_lm, ids, attn, targets, temperature,
-                               head_only=self.head_only, bf16=self.settings.autocast_bf16)
+                               head_only=self.head_only, bf16=self.settings.autocast_bf16,
+                               decoder=self._decoder if policy else None)
 
     def micro_batches(self, attention_mask_NT: torch.Tensor) -> list[torch.Tensor]:
         return micro_batches(attention_mask_NT, self.settings.micro_batch_size, self.settings.micro_batch_tokens)
@@ -232,7 +236,8 @@ class LocalTrainer:
         if head is None:
             raise UserError(f"adapter '{self.active_adapter}' has no scalar head (create_adapter(name, head=True) "
                             f"makes one; adapters with a head: {', '.join(self.heads) or 'none'})")
-        hidden_NTH = final_hidden(self.causal_lm, input_ids_NT, attention_mask_NT, self.settings.autocast_bf16)
+        hidden_NTH = final_hidden(self.causal_lm, input_ids_NT, attention_mask_NT, self.settings.autocast_bf16,
+                                  self._decoder)
         with self.autocast():
             values_NT = head(hidden_NTH.to(head.weight.dtype))[..., 0]
         return values_NT.float() * attention_mask_NT

@@ -37,7 +37,7 @@ def engine_settings(config: RunSettings) -> EngineSettings:
     e = config.engine
     return EngineSettings(micro_batch_tokens=e.micro_batch_tokens, autocast_bf16=e.autocast_bf16,
                           merged_sampler=e.fast_path("merged_sampler"), cuda_graphs=e.fast_path("cuda_graphs"),
-                          fused_lora=e.fast_path("fused_lora"))
+                          fused_lora=e.fast_path("fused_lora"), compiled=e.fast_path("compiled"))
 
 
 def run_dir_name(recipe: Recipe, config: RunSettings) -> str:

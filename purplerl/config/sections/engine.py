@@ -9,8 +9,9 @@ from pydantic import Field, field_validator, model_validator
 from purplerl.config.base import Section, comma_list, once_each, read_when
 
 ENGINE_KINDS = ("local", "vllm", "tinker")  # purplerl.engines.make_engine builds each
-FAST_PATHS = ("merged_sampler", "cuda_graphs", "fused_lora")
-FastPath = Literal["merged_sampler", "cuda_graphs", "fused_lora"]
+FAST_PATHS = ("merged_sampler", "cuda_graphs", "fused_lora")  # on by default: each measured faster where it applies
+# `compiled` is off by default: measured slower for every run shorter than its compile time (bench/NOTES.md)
+FastPath = Literal["merged_sampler", "cuda_graphs", "fused_lora", "compiled"]
 
 
 def _kind(*kinds: str) -> tuple[Any, str]:
@@ -37,7 +38,9 @@ class EngineConfig(Section):
             "same-maths fast paths that are on (leave one out to turn it off): merged_sampler (sample from a copy of "
             "the model with the LoRA update merged in: faster decoding, one extra copy of the weights), cuda_graphs "
             "(CUDA: each decoded token's forward replayed as one captured graph over a static KV cache), fused_lora "
-            "(plain LoRA layers as one accumulating matmul); 'merged_sampler,fused_lora' works too"))
+            "(plain LoRA layers as one accumulating matmul); off by default, compiled (torch.compile of the decoder "
+            "for training and scoring: ~9% faster steps after minutes of compiling, bench/NOTES.md); "
+            "'merged_sampler,fused_lora' works too"))
 
     @field_validator("fast_paths", mode="before")
     @classmethod
