@@ -7,6 +7,9 @@ head. It prompts as the run trained: the run's base model, chat template, system
 (runs/<run>/config.yaml). An answer's score is its head's value at its last token; the reward is the members'
 mean minus `penalty` x their standard deviation (algorithms.reward_model.ensemble_reward).
 
+Loading a run for scoring (`load_for_scoring`) and recording the checkpoint that scored (`record_checkpoint`) serve
+the process reward model's term too (purplerl.runs.process_reward).
+
 Importing this module registers the term (a text term: RL rewards, eval judges, `serve-reward` and veRL's hook all
 build it by name); the layers above that build terms by name import it. The run's config.yaml records the
 checkpoint that scored, so a resumed RL run refuses a reward model that has changed since.
@@ -86,7 +89,7 @@ def reward_model_checkpoint(path: str | Path, command: str = "reward-model") -> 
     return checkpoint, members
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScoringModel:
     """A reward model's checkpoint loaded for scoring (no optimizer state): the base once, each member its own
     adapter with its head, prompted as its run trained."""
