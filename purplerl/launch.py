@@ -60,6 +60,24 @@ def run_settings(recipe: Recipe | str, *, base: Mapping[str, Any] | None = None,
     return config
 
 
+def scorer_term(path: str | Path) -> str:
+    """The registered reward term that scores with `path`, a run dir or a checkpoint of one, of a recipe that makes
+    a scorer (its row's scorer_term: reward-model's reward_model, prm's prm): the recipe its config.yaml names."""
+    from purplerl.config import read_config_file
+    from purplerl.runs.layout import CONFIG_FILE, run_config_of
+
+    path = Path(path)
+    config = path / CONFIG_FILE if (path / CONFIG_FILE).is_file() else run_config_of(path)
+    if config is None:
+        raise UserError(f"{path} is neither a run dir nor a checkpoint of one (runs/<run>/checkpoints/step_N)")
+    name = read_config_file(config).get("recipe")
+    recipe = recipe_named(name if isinstance(name, str) else None, f"recipe of {config}")
+    if recipe.scorer_term is None:
+        scorers = ", ".join(row.name for row in RECIPES.values() if row.scorer_term is not None)
+        raise UserError(f"{path} is a run of {recipe.name}, which makes a policy, not a scorer (those of {scorers})")
+    return recipe.scorer_term
+
+
 def run_dir(recipe: Recipe, config: Any) -> Path:
     """The dir a run of these settings writes: run.output_dir / (run.name, or the recipe's name for its settings)."""
     from purplerl.train.runner import run_dir_of  # the runner imports torch: not for --help
@@ -67,4 +85,4 @@ def run_dir(recipe: Recipe, config: Any) -> Path:
     return run_dir_of(recipe, config)
 
 
-__all__ = ["recipe_named", "run_dir", "run_settings"]
+__all__ = ["recipe_named", "run_dir", "run_settings", "scorer_term"]

@@ -71,6 +71,23 @@ class LabelledCompletion:
 
 
 @dataclass(frozen=True)
+class StepLabelledCompletion:
+    """One answer to a prompt as its reasoning steps, each labelled correct or not (process supervision, Lightman
+    et al. 2023; TRL's stepwise-supervision rows: prompt, completions, labels)."""
+
+    prompt: tuple[dict[str, str], ...]  # chat messages [{role, content}], possibly multi-turn, the last the user's
+    steps: tuple[str, ...]  # S >= 1 steps of the answer, in order, each a non-blank text
+    labels: tuple[bool, ...]  # S labels, one per step: True where the step is correct
+    source_row: str  # where it was read: 'FILE:LINE' (JSONL) or 'SOURCE row INDEX' (0-based; parquet, hf:)
+
+    def __post_init__(self) -> None:
+        _check_prompt("StepLabelledCompletion", self.prompt)
+        if not self.steps or len(self.steps) != len(self.labels):
+            raise ValueError(f"StepLabelledCompletion from {self.source_row}: {len(self.steps)} steps and "
+                             f"{len(self.labels)} labels (one label per step, at least one step)")
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How completions are drawn. Logprobs/entropies are of softmax(logits / temperature)."""
 
@@ -100,8 +117,8 @@ class TrainBatch:
     Which optional inputs must be present depends on the loss (`LossDef.inputs`): policy-gradient losses read
     sampling logprobs and advantages, an in-loss KL the reference logprobs, pairwise losses `pairs_P2` (a reward
     model's margin loss `margins_P` too), KTO `kto_labels_N`, a critic's value loss `old_values_NT` and
-    `returns_NT`. Pairs and KTO labels couple rows (a pair's two answers; KTO's reference point from its KL rows),
-    so such a batch is trained whole."""
+    `returns_NT`, a process reward model's step loss `step_labels_NT`. Pairs and KTO labels couple rows (a pair's
+    two answers; KTO's reference point from its KL rows), so such a batch is trained whole."""
 
     input_ids_NT: torch.Tensor  # long [N, T], prompt + completion tokens, pad after the end
     attention_mask_NT: torch.Tensor  # long [N, T], 1 on real tokens
@@ -122,11 +139,14 @@ class TrainBatch:
     # bool [N], the reward-hacking detector's label of each row (RewardBreakdown.is_rh_N), None without a detector:
     # gradient routing trains the labelled rows into the forget adapter only. No loss reads it.
     is_rh_N: torch.Tensor | None = None
+    # float [N, T], a process reward model's label of each step at the step's last token (1.0 correct, 0.0 not; the
+    # loss mask is 1 there), 0 elsewhere
+    step_labels_NT: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids_NT.shape)
         for name in ("attention_mask_NT", "loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT",
-                     "old_values_NT", "returns_NT"):
+                     "old_values_NT", "returns_NT", "step_labels_NT"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape:
                 raise ValueError(f"TrainBatch.{name} has shape {tuple(value.shape)}, expected {shape}")
@@ -144,6 +164,9 @@ class TrainBatch:
         if self.margins_P is not None and tuple(self.margins_P.shape) != pairs:
             raise ValueError(f"TrainBatch.margins_P has shape {tuple(self.margins_P.shape)}, expected one per pair "
                              f"of pairs_P2: {pairs}")
+        steps = self.step_labels_NT
+        if steps is not None and not bool(((steps == 0) | (steps == 1)).all()):
+            raise ValueError("TrainBatch.step_labels_NT must hold 1.0 (a correct step) or 0.0")
 
     def select(self, rows: torch.Tensor) -> TrainBatch:
         """The batch restricted to the given row indices (a PPO minibatch, or the Token Noiser's rows).
@@ -158,12 +181,12 @@ class TrainBatch:
         return TrainBatch(self.input_ids_NT[rows], self.attention_mask_NT[rows], self.loss_mask_NT[rows],
                           pick(self.sampling_logprobs_NT), pick(self.advantages_NT), pick(self.ref_logprobs_NT),
                           old_values_NT=pick(self.old_values_NT), returns_NT=pick(self.returns_NT),
-                          is_rh_N=pick(self.is_rh_N))
+                          is_rh_N=pick(self.is_rh_N), step_labels_NT=pick(self.step_labels_NT))
 
     def inputs(self) -> dict[str, torch.Tensor]:
         """The loss inputs present, by name (with the loss mask)."""
         names = ("loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2",
-                 "kto_labels_N", "margins_P", "old_values_NT", "returns_NT")
+                 "kto_labels_N", "margins_P", "old_values_NT", "returns_NT", "step_labels_NT")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     @property

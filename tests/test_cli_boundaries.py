@@ -83,7 +83,7 @@ def test_sequences_longer_than_the_models_context_are_one_line(tiny_model_dir: P
 @pytest.mark.parametrize(("recipe", "setting", "value"), [
     ("sft", "sft.eval_fraction", "0.5"), ("sft", "sft.eval_split", "test"), ("prefs", "prefs.eval_fraction", "0.5"),
     ("prefs", "prefs.eval_split", "test"), ("reward-model", "reward_model.eval_fraction", "0.5"),
-    ("reward-model", "reward_model.ensemble", "3"),
+    ("reward-model", "reward_model.ensemble", "3"), ("prm", "prm.eval_fraction", "0.5"), ("prm", "prm.separator", "|"),
 ])
 def test_a_resume_keeps_the_held_out_examples_and_the_ensemble(recipe: str, setting: str, value: str) -> None:
     """The held-out split's settings could change on resume, moving examples between training and evaluation (the

@@ -5,6 +5,7 @@ itself."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -87,4 +88,10 @@ def test_no_other_module_builds_a_recipes_settings() -> None:
 
 
 def test_the_pipeline_reads_what_a_recipe_produces() -> None:
-    assert {name for name, recipe in RECIPES.items() if recipe.produces == "scorer"} == {"reward-model"}
+    assert {name for name, recipe in RECIPES.items() if recipe.produces == "scorer"} == {"reward-model", "prm"}
+    # each scorer names the registered term that reads its runs (serve-reward --model RUN_DIR, a pipeline's judge)
+    assert {name: recipe.scorer_term for name, recipe in RECIPES.items() if recipe.scorer_term} == {
+        "reward-model": "reward_model", "prm": "prm"}
+    for changed in ({"scorer_term": None}, {"produces": "policy"}):
+        with pytest.raises(ValueError, match="recipe prm: a scorer names its reward term .*and only a scorer"):
+            dataclasses.replace(RECIPES["prm"], **changed)

@@ -14,6 +14,8 @@ POLICY_GRADIENT_LOSS_NAMES = ("importance_sampling", "ppo_clip")
 ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
 CRITIC_ESTIMATOR_NAMES = ("gae",)
 ESTIMATOR_NAMES = (*ADVANTAGE_ESTIMATOR_NAMES, *CRITIC_ESTIMATOR_NAMES)
+# how a process reward model's step probabilities become one answer's reward (process_reward.STEP_AGGREGATIONS)
+STEP_AGGREGATION_NAMES = ("min", "last", "product", "mean")
 
 
 def check_names(what: str, registered: Iterable[str], names: tuple[str, ...]) -> None:

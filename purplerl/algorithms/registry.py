@@ -38,7 +38,7 @@ Consumes = Literal["logprobs", "logits", "sequences", "values"]
 Metrics = dict[str, float]
 # the inputs a loss may read from a TrainBatch (its fields of the same names)
 BATCH_INPUTS = ("sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "pairs_P2", "kto_labels_N",
-                "margins_P", "old_values_NT", "returns_NT")
+                "margins_P", "old_values_NT", "returns_NT", "step_labels_NT")
 
 
 @dataclass(frozen=True)
@@ -253,6 +253,7 @@ def _token_noiser(logits_NTV: torch.Tensor, inputs: Mapping[str, torch.Tensor], 
 register_loss(LossDef("token_noiser", _token_noiser, "logits", TokenNoiserParams,
                       doc="Token Buncher's Token Noiser: NLL plus cross-entropy to random noise (arXiv 2508.20697)"))
 
-# The losses written beside their math (the pairwise losses, the critic's value loss) register themselves: importing
-# the registry imports them, so that every loss is registered wherever it is looked up.
-from purplerl.algorithms import critic, pairwise  # noqa: E402,F401
+# The losses written beside their math (the pairwise losses, the critic's value loss, the process reward model's step
+# loss) register themselves: importing the registry imports them, so that every loss is registered wherever it is
+# looked up.
+from purplerl.algorithms import critic, pairwise, process_reward  # noqa: E402,F401

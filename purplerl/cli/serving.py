@@ -125,9 +125,9 @@ def serve_reward(
     max_length: Annotated[int, _server_option("max_length")] = _server_default("max_length"),
 ) -> None:
     """Serve a toxicity scorer over HTTP (POST /score) for runs with --reward.terms.toxicity.params.url URL, a
-    reward model (--model RUN_DIR of purplerl reward-model, or a checkpoint of it), or any registered text reward
-    term (--term NAME --params '{...}'). Settings: the options below, or --server.FIELD / --serve.FIELD and --config
-    FILE as for every command."""
+    reward model (--model RUN_DIR of purplerl reward-model or prm, or a checkpoint of it), or any registered text
+    reward term (--term NAME --params '{...}'). Settings: the options below, or --server.FIELD / --serve.FIELD and
+    --config FILE as for every command."""
     options = {k: v for k, v in locals().items() if k in RewardServerConfig.model_fields and v is not None}
     if _key_on_command_line(ctx):  # first: the key has leaked even if it is then refused
         typer.echo(f"warning: an API key on the command line is visible to every user of this machine (ps): "
@@ -138,8 +138,8 @@ def serve_reward(
         given = {k: v for k, v in options.items() if k == "api_key" or ctx.get_parameter_source(k).name != "DEFAULT"}
         cfg = load_command_config(_serve_command(), config, ctx.args, base={"server": given})
         settings, served = cfg.server, cfg.serve
+    from purplerl.launch import scorer_term
     from purplerl.rewards.server import exposure_warning, serve
-    from purplerl.runs.reward_model import TERM as RM_TERM
     from purplerl.runs.reward_model import looks_like_run
 
     warning = exposure_warning(settings)
@@ -147,8 +147,9 @@ def serve_reward(
         typer.echo(warning, err=True)
     quiet_libraries()
     term, params = (served.term, served.params) if served is not None else (None, None)
-    if term is None and looks_like_run(settings.model):  # a reward model's run (purplerl reward-model) or checkpoint
-        term, params = RM_TERM, {"run": settings.model, "device": settings.device, "batch_size": settings.batch_size}
+    if term is None and looks_like_run(settings.model):  # a reward model's run (reward-model, prm) or checkpoint
+        term = scorer_term(settings.model)  # the term of the recipe the run's config names
+        params = {"run": settings.model, "device": settings.device, "batch_size": settings.batch_size}
         settings = settings.model_copy(update={name: RewardServerConfig.model_fields[name].default
                                                for name in ("model", "device", "batch_size")})
     serve(settings, term=term, params=params, announce=lambda line: typer.echo(line, err=True))

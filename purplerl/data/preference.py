@@ -36,14 +36,14 @@ from purplerl.data.sft import Encoded, pad_batch
 from purplerl.data.sources import read_located_rows
 from purplerl.errors import ExperimentError, UserError, first_line
 from purplerl.prompting import Template, render_prompt, truncate_left
-from purplerl.types import LabelledCompletion, PreferencePair, PromptRecord, TrainBatch
+from purplerl.types import LabelledCompletion, PreferencePair, PromptRecord, StepLabelledCompletion, TrainBatch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from purplerl.config import RowSourceConfig
 
-T = TypeVar("T", PreferencePair, LabelledCompletion)
+T = TypeVar("T", PreferencePair, LabelledCompletion, StepLabelledCompletion)
 _PROBE = "PURPLERL_ANSWER_PROBE"  # an answer text no template writes itself
 
 
@@ -72,17 +72,19 @@ class EncodedPair:
 
 def load_pairs(data: RowSourceConfig, split: str | None = None, skip_bad_rows: bool = False) -> Loaded[PreferencePair]:
     """The preference pairs of `data.source`'s split (`None`: data.split)."""
-    return _load(data, split, skip_bad_rows, pair_from_row)
+    return load_parsed(data, split, skip_bad_rows, pair_from_row)
 
 
 def load_labelled(data: RowSourceConfig, split: str | None = None,
                   skip_bad_rows: bool = False) -> Loaded[LabelledCompletion]:
     """The unpaired (KTO) examples of `data.source`'s split: rows with `prompt`, `completion`, `label`."""
-    return _load(data, split, skip_bad_rows, labelled_from_row)
+    return load_parsed(data, split, skip_bad_rows, labelled_from_row)
 
 
-def _load(data: RowSourceConfig, split: str | None, skip_bad_rows: bool,
-          parse: Callable[[dict[str, Any], str], T]) -> Loaded[T]:
+def load_parsed(data: RowSourceConfig, split: str | None, skip_bad_rows: bool,
+                parse: Callable[[dict[str, Any], str], T]) -> Loaded[T]:
+    """The examples `parse(row, where)` makes of the rows of `data.source`'s split, at most data.limit; with
+    `skip_bad_rows` a row it refuses (UserError) is left out and its message kept."""
     rows, where = read_located_rows(data, split)
     items: list[T] = []
     skipped: list[str] = []

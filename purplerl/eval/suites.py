@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from purplerl.config.evaluation import SUITE_NAMES
 from purplerl.errors import ExperimentError, UserError
 from purplerl.eval.metrics import TERM_PREFIX
+from purplerl.runs import process_reward as _process_reward  # noqa: F401 -- registers the prm term
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 from purplerl.types import PromptRecord
 

@@ -9,12 +9,13 @@ from purplerl.recipes.attack import ATTACK
 from purplerl.recipes.defend import DEFEND
 from purplerl.recipes.ppo import PPO
 from purplerl.recipes.prefs import PREFS
+from purplerl.recipes.prm import PRM
 from purplerl.recipes.reward_model import REWARD_MODEL
 from purplerl.recipes.route import ROUTE
 from purplerl.recipes.sft import SFT
 from purplerl.train.recipe import Recipe
 
-RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (ATTACK, DEFEND, SFT, PREFS, REWARD_MODEL, PPO,
-                                                                  ROUTE, ADVERSARIAL)}
+RECIPES: dict[str, Recipe] = {recipe.name: recipe for recipe in (ATTACK, DEFEND, SFT, PREFS, REWARD_MODEL, PRM,
+                                                                  PPO, ROUTE, ADVERSARIAL)}
 
 __all__ = ["RECIPES", "Recipe"]

@@ -7,6 +7,9 @@ head. It prompts as the run trained: the run's base model, chat template, system
 (runs/<run>/config.yaml). An answer's score is its head's value at its last token; the reward is the members'
 mean minus `penalty` x their standard deviation (algorithms.reward_model.ensemble_reward).
 
+Loading a run for scoring (`load_for_scoring`) and recording the checkpoint that scored (`record_checkpoint`) serve
+the process reward model's term too (purplerl.runs.process_reward).
+
 Importing this module registers the term (a text term: RL rewards, eval judges, `serve-reward` and veRL's hook all
 build it by name); the layers above that build terms by name import it. The run's config.yaml records the
 checkpoint that scored, so a resumed RL run refuses a reward model that has changed since.
@@ -14,6 +17,7 @@ checkpoint that scored, so a resumed RL run refuses a reward model that has chan
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -58,9 +62,9 @@ def looks_like_run(path: str | Path) -> bool:
     return path.is_dir() and ((path / CONFIG_FILE).is_file() or run_config_of(path) is not None)
 
 
-def reward_model_checkpoint(path: str | Path) -> tuple[Path, list[str]]:
+def reward_model_checkpoint(path: str | Path, command: str = "reward-model") -> tuple[Path, list[str]]:
     """(the checkpoint to score with, its members: the adapters that carry a scalar head) of a run dir (its newest
-    intact checkpoint) or of a checkpoint of a run; UserError for anything else."""
+    intact checkpoint) or of a checkpoint of a run of `purplerl COMMAND`; UserError for anything else."""
     from purplerl.engines.adapters import HEAD_FILE, adapter_dir
 
     path = Path(path)
@@ -69,20 +73,54 @@ def reward_model_checkpoint(path: str | Path) -> tuple[Path, list[str]]:
         if checkpoint is None:
             why = f" ({describe_skipped(skipped)})" if skipped else ""
             raise UserError(f"{path} holds no intact checkpoint in {CHECKPOINTS_DIR}/{why}: train the reward model "
-                            "first (purplerl reward-model)")
+                            f"first (purplerl {command})")
     elif run_config_of(path) is not None:
         reason = verify_checkpoint(path)
         if reason is not None:
             raise UserError(f"checkpoint {path} cannot be trusted: {reason}")
         checkpoint = path
     else:
-        raise UserError(f"{path} is neither a reward-model run dir nor a checkpoint of one (runs/<run>/checkpoints/"
+        raise UserError(f"{path} is neither a {command} run dir nor a checkpoint of one (runs/<run>/checkpoints/"
                         "step_N)")
     names = ["default", *sorted(d.name for d in checkpoint.iterdir() if (d / "adapter_config.json").is_file())]
     members = [name for name in names if (adapter_dir(checkpoint, name) / HEAD_FILE).is_file()]
     if not members:
         raise UserError(f"{checkpoint} holds no adapter with a scalar head: it is not a reward model's checkpoint")
     return checkpoint, members
+
+
+@dataclass(frozen=True)
+class ScoringModel:
+    """A reward model's checkpoint loaded for scoring (no optimizer state): the base once, each member its own
+    adapter with its head, prompted as its run trained."""
+
+    checkpoint: Path  # the checkpoint that scores
+    members: list[str]  # its adapters with a scalar head
+    engine: Any  # the local engine holding them
+    prompt: PromptFormatConfig  # the run's template, system prompt and prompt limit
+    settings: dict[str, Any]  # the run's settings it reads, by dotted name ("data.max_answer_tokens")
+    pad_id: int
+
+
+def load_for_scoring(run: str | Path, device: str, reads: dict[str, type],
+                     command: str = "reward-model") -> ScoringModel:
+    """The newest intact checkpoint of a run of `purplerl COMMAND` (or the checkpoint named), loaded for scoring,
+    with the run's settings `reads` names (dotted name -> int or str), checked before the model loads."""
+    from purplerl.engines import EngineSettings, make_engine
+    from purplerl.engines.adapters import adapter_dir
+    from purplerl.runs.policy import resolve_policy
+
+    checkpoint, members = reward_model_checkpoint(run, command)
+    policy = resolve_policy(checkpoint, ModelLoadConfig(device=device), PromptFormatConfig())
+    settings = {name: run_setting(Path(policy.run_config), name, kind, command) for name, kind in reads.items()}
+    # a scorer never samples: no merged copy of the weights for a sampler
+    engine = make_engine(policy.model.model_copy(update={"init_adapter": None}),
+                         settings=EngineSettings(merged_sampler=False))
+    for name in members:
+        engine.create_adapter(name, init=adapter_dir(checkpoint, name), head=True)
+    tokenizer = engine.tokenizer
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    return ScoringModel(checkpoint, members, engine, policy.prompt, settings, pad_id)
 
 
 def member_scores(engine: Any, members: list[str], input_ids_NT: torch.Tensor,
@@ -107,23 +145,14 @@ class RewardModelScorer:
 
     def __init__(self, run: str | Path, penalty: float = 0.0, device: str = "auto", batch_size: int = 16) -> None:
         from purplerl.data.preference import end_of_turn_id
-        from purplerl.engines import EngineSettings, make_engine
-        from purplerl.engines.adapters import adapter_dir
-        from purplerl.runs.policy import resolve_policy
 
-        self.checkpoint, self.members = reward_model_checkpoint(run)
+        loaded = load_for_scoring(run, device, {"data.max_answer_tokens": int})
+        self.checkpoint, self.members, self.engine = loaded.checkpoint, loaded.members, loaded.engine
+        self.prompt, self.pad_id = loaded.prompt, loaded.pad_id
         self.penalty, self.batch_size = penalty, batch_size
-        policy = resolve_policy(self.checkpoint, ModelLoadConfig(device=device), PromptFormatConfig())
-        self.prompt = policy.prompt
-        self.max_answer_tokens = _max_answer_tokens(Path(policy.run_config))
-        # a scorer never samples: no merged copy of the weights for a sampler
-        self.engine = make_engine(policy.model.model_copy(update={"init_adapter": None}),
-                                  settings=EngineSettings(merged_sampler=False))
-        for name in self.members:
-            self.engine.create_adapter(name, init=adapter_dir(self.checkpoint, name), head=True)
-        tokenizer = self.engine.tokenizer
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-        self.end_id = end_of_turn_id(tokenizer, self.prompt.template)
+        # the longest answer the run trained on: longer answers are cut the same way
+        self.max_answer_tokens = loaded.settings["data.max_answer_tokens"]
+        self.end_id = end_of_turn_id(self.engine.tokenizer, self.prompt.template)
 
     @classmethod
     def from_params(cls, params: RewardModelParams) -> RewardModelScorer:
@@ -160,23 +189,30 @@ class RewardModelScorer:
         return reward_N.tolist()
 
 
-def _max_answer_tokens(run_config: Path) -> int:
-    """The longest answer the run trained on (its data.max_answer_tokens): longer answers are cut the same way."""
-    data = read_config_file(run_config).get("data")
-    value = data.get("max_answer_tokens") if isinstance(data, dict) else None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UserError(f"{run_config} has no data.max_answer_tokens: not the config of a reward-model run")
+def run_setting(run_config: Path, dotted: str, kind: type, command: str) -> Any:
+    """The run's setting `section.name` (runs/<run>/config.yaml), an int >= 1 or a non-empty str as `kind` says: a
+    scorer cuts and splits answers as its run trained; UserError when the config lacks it (not a run of `purplerl
+    COMMAND`)."""
+    section, _, name = dotted.partition(".")
+    values = read_config_file(run_config).get(section)
+    value = values.get(name) if isinstance(values, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool) or not (value >= 1 if kind is int else value):
+        raise UserError(f"{run_config} has no {dotted}: not the config of a {command} run")
     return value
 
 
-def _recorded(params: RewardModelParams, scorer: RewardModelScorer) -> None:
-    """Write the checkpoint that scores into the run's config (saved in config.yaml); a config that names
-    another one (a resumed run) is refused: its rewards came from that one."""
-    used = str(scorer.checkpoint.resolve())
+def record_checkpoint(params: Any, checkpoint: Path, term: str) -> None:
+    """Write the checkpoint that scores into a term's parameters (saved in the run's config.yaml); parameters that
+    name another one (a resumed run) are refused: its rewards came from that one."""
+    used = str(checkpoint.resolve())
     if params.checkpoint is not None and params.checkpoint != used:
         raise UserError(f"this run was scored by the reward model {params.checkpoint}, but {params.run} now gives "
-                        f"{used}: set reward.terms.{TERM}.params.run to the checkpoint it used to resume")
+                        f"{used}: set reward.terms.{term}.params.run to the checkpoint it used to resume")
     params.checkpoint = used
+
+
+def _recorded(params: RewardModelParams, scorer: RewardModelScorer) -> None:
+    record_checkpoint(params, scorer.checkpoint, TERM)
 
 
 def _term(params: RewardModelParams) -> TermFn:

@@ -27,6 +27,7 @@ from purplerl.config.migrate import migrate_shared
 from purplerl.config.sections import RewardBase, RunSettings
 from purplerl.rewards.named import TermEntry, TermSpec, fold_term_sections, resolve_terms, written_out
 from purplerl.rewards.registry import REWARD_TERMS
+from purplerl.runs import process_reward as _process_reward  # noqa: F401 -- registers the prm term
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 from purplerl.train.context import prompt_and_answer
 
@@ -120,6 +121,13 @@ class Recipe:
     # what a run makes: a policy (an adapter the next stage of a pipeline starts from) or a scorer (a reward
     # model that judges other stages)
     produces: Literal["policy", "scorer"] = "policy"
+    # a scorer's registered reward term, whose `run` parameter names a run of this recipe: what `serve-reward --model
+    # RUN_DIR` serves and a pipeline's judge stage scores with (purplerl.launch.scorer_term); None for a policy
+    scorer_term: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.produces == "scorer") != (self.scorer_term is not None):
+            raise ValueError(f"recipe {self.name}: a scorer names its reward term (scorer_term), and only a scorer")
 
     def check_engine(self, config: RunSettings) -> None:
         """Refuse, in one line and before anything loads, an engine without a capability this run needs."""

@@ -28,6 +28,7 @@ from typing import Any
 from purplerl.errors import ExperimentError, UserError
 from purplerl.rewards.compose import Reward
 from purplerl.rewards.registry import ScoringInput, get_term
+from purplerl.runs import process_reward as _process_reward  # noqa: F401 -- registers the prm term
 from purplerl.runs import reward_model as _reward_model  # noqa: F401 -- registers the reward_model term
 
 SETTINGS_FILE = "purplerl_reward.json"

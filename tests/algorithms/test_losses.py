@@ -6,6 +6,7 @@ import torch
 from purplerl.algorithms.critic import ValueLossParams
 from purplerl.algorithms.losses import aggregate_token_mean, importance_sampling_loss, kl_penalty_loss, ppo_clip_loss
 from purplerl.algorithms.pairwise import BradleyTerryParams, DPOParams, KTOParams, ORPOParams, SimPOParams
+from purplerl.algorithms.process_reward import StepBCEParams
 from purplerl.algorithms.registry import (
     LOSS_REGISTRY,
     CrossEntropyParams,
@@ -108,6 +109,7 @@ def test_registry_declares_what_each_loss_consumes_and_reads() -> None:
         "kto": ("sequences", ("ref_logprobs_NT", "kto_labels_N"), KTOParams),
         "orpo": ("sequences", ("pairs_P2",), ORPOParams),
         "bradley_terry": ("values", ("pairs_P2",), BradleyTerryParams),
+        "step_bce": ("values", ("step_labels_NT",), StepBCEParams),
         "ppo_value": ("values", ("old_values_NT", "returns_NT"), ValueLossParams),
     }
     assert get_loss_def("ppo_clip") is LOSS_REGISTRY["ppo_clip"]

@@ -93,7 +93,7 @@ def test_a_missing_capability_is_one_line_naming_it_and_where_it_is() -> None:
         check_capabilities(frozenset({"heads"}), ModelConfig(), EngineConfig(), "recipe x")
 
 
-NEEDS = {"ppo": {SCALAR_HEADS}, "reward-model": {SCALAR_HEADS}, "route": {ADAPTER_MIXING},
+NEEDS = {"ppo": {SCALAR_HEADS}, "reward-model": {SCALAR_HEADS}, "prm": {SCALAR_HEADS}, "route": {ADAPTER_MIXING},
          "adversarial": {ADAPTER_SWITCHING}}
 
 

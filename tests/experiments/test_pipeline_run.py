@@ -233,6 +233,30 @@ def test_a_reward_model_stage_judges_the_later_stages(tiny_model_dir: Path, data
         assert 0.0 <= entry["metrics"]["validator/high_reward_low_judge"]["mean"] <= 1.0
 
 
+def test_a_process_reward_model_stage_judges_with_its_own_term(tiny_model_dir: Path, data: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prm stage is a scorer as a reward-model stage is: the judge scores with the `prm` term (its steps'
+    probabilities), not by reading its head as an outcome reward model's."""
+    from purplerl.runs.process_reward import ProcessRewardScorer
+
+    judged: list[int] = []
+    score = ProcessRewardScorer.score
+    monkeypatch.setattr(ProcessRewardScorer, "score", lambda self, texts, prompts=None: judged.append(len(texts))
+                        or score(self, texts, prompts))
+    steps = data / "steps.jsonl"
+    steps.write_text("".join(json.dumps({"prompt": p, "completions": ["thanks", "again"], "labels": [True, False]})
+                             + "\n" for p in PROMPTS))
+    out = tmp_path / "out"
+    stages = [{"name": "prm", "kind": "prm", "config": {"data": {"source": str(steps)}, "prm": {"eval_fraction": 0.0}}},
+              _sft("sft", data)]
+    history = run_pipeline(read_pipeline(_pipeline(tiny_model_dir, out, stages, judge="prm")), announce=lambda _: None)
+    prm, sft = history["stages"]
+    assert prm["decision"] == "done" and sft["decision"] == "passed"
+    win = sft["metrics"]["judge/win_rate"]
+    assert 0.0 <= win["low"] <= win["mean"] <= win["high"] <= 1.0 and win["n"] == 3
+    assert judged  # the prm term's scorer judged the answers
+
+
 def test_a_refine_stage_writes_the_next_stages_sft_data(tiny_model_dir: Path, data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     refine = {"name": "ref", "kind": "refine", "config": {

@@ -82,7 +82,7 @@ class RewardServerConfig(ClassifierConfig):
 
     model: str = Field("embedded", description=(
         "'embedded' (alt-profanity-check), an HF sequence-classification id/path, or a reward model's run dir or "
-        "checkpoint (purplerl reward-model; its term's parameters: --serve.term reward_model)"))
+        "checkpoint (purplerl reward-model or prm; its term's parameters: --serve.term reward_model or prm)"))
     # the server refuses a label for the embedded scorer itself, naming --label (purplerl.rewards.served)
     label: str | int | None = Field(None, description=(
         "HF classifier output scored: label name or index (required for HF models)"))

@@ -41,11 +41,11 @@ from purplerl.experiments.pipeline.validator import (
 )
 from purplerl.experiments.tamper.heldout import degenerate
 from purplerl.files import read_json_object, read_jsonl, write_durably
+from purplerl.launch import scorer_term
 from purplerl.prompting import render_prompt
 from purplerl.rewards.compliance import ComplianceJudge
 from purplerl.rewards.registry import get_term, term_params
 from purplerl.runs.layout import SAMPLES_FILE
-from purplerl.runs.reward_model import TERM as RM_TERM
 from purplerl.types import PromptRecord
 
 NLL_BATCH = 16
@@ -178,12 +178,14 @@ class Evaluator:
         return found
 
     def judge(self, run_dir: Path) -> Any:
-        """The reward-model run's scorer (the registered reward_model term), built once."""
+        """The scorer of a run of a recipe that makes one (reward-model: the reward_model term; prm: the prm term),
+        built once."""
         key = str(run_dir)
         if key not in self._judges:
-            scorer = get_term(RM_TERM).scorer
+            term = scorer_term(run_dir)
+            scorer = get_term(term).scorer
             assert scorer is not None  # a text term
-            self._judges[key] = scorer(term_params(RM_TERM, {"run": key, "device": self.settings.eval.device}))
+            self._judges[key] = scorer(term_params(term, {"run": key, "device": self.settings.eval.device}))
         return self._judges[key]
 
 

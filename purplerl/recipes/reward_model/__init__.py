@@ -11,6 +11,7 @@ from pydantic import Field
 from purplerl.config import PreferenceDataConfig, Section
 from purplerl.config.sections import RunSettings
 from purplerl.engines.capabilities import SCALAR_HEADS
+from purplerl.runs.reward_model import TERM
 from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, recipe_field
 
 
@@ -61,6 +62,7 @@ REWARD_MODEL = Recipe(
     fixed_on_resume=FIXED_ON_RESUME | {"reward_model.ensemble", "reward_model.eval_fraction"},
     needs=lambda config: frozenset({SCALAR_HEADS}),  # each member's reward head
     produces="scorer",
+    scorer_term=TERM,
 )
 
 __all__ = ["REWARD_MODEL", "RewardModelConfig", "RewardModelSettings"]
