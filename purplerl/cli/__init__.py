@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from purplerl import __version__
 from purplerl.cli.base import (
     OVERRIDES,
     ConfigFile,
@@ -25,7 +26,7 @@ from purplerl.cli.base import (
     with_named_reward,
 )
 from purplerl.config import ALIGN, EMBEDDED_MODEL, EVAL, PREPARE, SAMPLE, Command, load_command_config, read_config_file
-from purplerl.errors import UserError
+from purplerl.errors import PurplerlError, UserError
 from purplerl.outputs import check_output_dir
 from purplerl.recipes import RECIPES
 
@@ -227,6 +228,33 @@ def pipeline(
     out = Path(settings.out)
     typer.echo(pipeline_summary(history))
     typer.echo(f"wrote {out / HISTORY_FILE}; `purplerl report {out}` draws the stages")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"purplerl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="print purplerl's version and exit")] = False) -> None:
+    """purplerl: LLM safety research with reinforcement learning."""
+
+
+@app.command()
+def doctor(verify: Annotated[bool, typer.Option(
+        help="hash every cached model against its manifest, as loading it does (seconds)")] = False) -> None:
+    """One screen on what this machine can run: versions, engines and backends, the CPU's kind and bf16 speed, the
+    GPUs, the model cache. Paste it into a bug report."""
+    from purplerl.engines.environment import report
+
+    try:
+        lines = report(verify=verify)
+    except PurplerlError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(err.exit_code) from None
+    typer.echo("\n".join(lines))
 
 
 @app.command(context_settings=OVERRIDES, cls=config_command(lambda: SAMPLE))

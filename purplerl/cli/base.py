@@ -21,7 +21,7 @@ from purplerl.errors import PurplerlError, UserError
 from purplerl.rewards.named import expand_named
 from purplerl.rewards.registry import term_params
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="purplerl: LLM safety research with reinforcement learning.")
 
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True, "max_content_width": 120}

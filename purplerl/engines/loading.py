@@ -13,7 +13,6 @@ import importlib.metadata
 import importlib.util
 import json
 import math
-import os
 import shutil
 import tempfile
 import warnings
@@ -22,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from purplerl.devices import resolve_device
-from purplerl.engines.model_cache import build_lock, has_manifest, seal_entry, to_stderr, verify_entry
+from purplerl.devices import FAST_BF16_KINDS, cpu_kind, resolve_device
+from purplerl.engines.model_cache import build_lock, cache_dir, has_manifest, seal_entry, to_stderr, verify_entry
 from purplerl.errors import UserError, first_line
 from purplerl.files import looks_local, write_durably
 from purplerl.hub import require_hub_model
@@ -50,29 +49,9 @@ def register_derived_model(name: str, builder: Callable[[], Path]) -> None:
     DERIVED_MODELS[name] = builder
 
 
-def cache_dir() -> Path:
-    """$PURPLERL_CACHE (default ~/.cache/purplerl): where models are built and cached. One UserError when it, or
-    the nearest of its parents that exists, is no directory (a file, a symlink that leads nowhere): the first
-    mkdir under it failed with a 70-line traceback."""
-    path = Path(os.environ.get("PURPLERL_CACHE", Path.home() / ".cache" / "purplerl")).expanduser()
-    for part in (path, *path.parents):
-        if not os.path.lexists(part):
-            continue
-        if not part.is_dir():  # follows a symlink: a dangling one is no dir either
-            what = "a file" if part.exists() else f"a symlink to {os.readlink(part)}, which leads nowhere"
-            whose = "it is" if part == path else f"{part} is"
-            raise UserError(f"PURPLERL_CACHE {path} cannot hold the model cache ({whose} {what}): name a directory")
-        break
-    return path
-
-
 def cpu_has_fast_bf16() -> bool:
     """True on CPUs with AMX-BF16 or AVX512-BF16, where bf16 matmuls run several times faster than fp32."""
-    try:  # torch exposes no public probe for these; Linux lists them among the CPU flags
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    return cpu_kind() in FAST_BF16_KINDS
 
 
 def auto_dtype(device: torch.device) -> str:

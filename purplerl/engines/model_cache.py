@@ -41,6 +41,22 @@ def to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def cache_dir() -> Path:
+    """$PURPLERL_CACHE (default ~/.cache/purplerl): where models are built and cached. One UserError when it, or
+    the nearest of its parents that exists, is no directory (a file, a symlink that leads nowhere): the first
+    mkdir under it failed with a 70-line traceback."""
+    path = Path(os.environ.get("PURPLERL_CACHE", Path.home() / ".cache" / "purplerl")).expanduser()
+    for part in (path, *path.parents):
+        if not os.path.lexists(part):
+            continue
+        if not part.is_dir():  # follows a symlink: a dangling one is no dir either
+            what = "a file" if part.exists() else f"a symlink to {os.readlink(part)}, which leads nowhere"
+            whose = "it is" if part == path else f"{part} is"
+            raise UserError(f"PURPLERL_CACHE {path} cannot hold the model cache ({whose} {what}): name a directory")
+        break
+    return path
+
+
 @contextmanager
 def build_lock(path: Path, what: str, notify: Callable[[str], None] = to_stderr) -> Iterator[None]:
     """Hold an exclusive lock on `path` while building `what`: a second process waits for the first build instead
@@ -87,9 +103,10 @@ def _recorded(entry: Path) -> dict[str, dict] | None:
     return files if ok else None
 
 
-def manifest_problem(entry: Path) -> str | None:
+def manifest_problem(entry: Path, hashes: bool = True) -> str | None:
     """How the files of `entry` differ from its manifest (the first difference), or None when they all match.
-    Sizes are compared before anything is hashed, so a truncated file is found at once."""
+    Sizes are compared before anything is hashed, so a truncated file is found at once; `hashes` False stops
+    there (what `purplerl doctor` checks without --verify: hashing the cache takes seconds)."""
     recorded = _recorded(entry)
     if recorded is None:
         return f"{MANIFEST} is unreadable"
@@ -99,7 +116,7 @@ def manifest_problem(entry: Path) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != want["size"]:
             return f"{name} has {path.stat().st_size} bytes, the manifest says {want['size']}"
-    for name, want in recorded.items():
+    for name, want in recorded.items() if hashes else ():
         if file_sha256(entry / name) != want["sha256"]:
             return f"{name} does not match its SHA-256 in the manifest"
     return None
@@ -171,3 +188,22 @@ def verify_entry(entry: Path, name: str, notify: Callable[[str], None] = to_stde
         if problem:
             raise _damaged(entry, name, problem)
     _VERIFIED.add(key)
+
+
+def cache_entries(hashes: bool = False) -> list[tuple[str, int, str]]:
+    """(name, bytes, state) of each built model under the cache's models/ dir: 'verified' (its files match the
+    manifest: sizes, and SHA-256 too with `hashes`), 'sizes match' (not hashed), 'damaged: ...', or 'no manifest'
+    (built before manifests; checked for truncation when loaded). Lock files and unfinished builds are skipped."""
+    models = cache_dir() / "models"
+    out = []
+    for entry in sorted(models.iterdir()) if models.is_dir() else ():
+        if not entry.is_dir() or entry.name.endswith(".tmp"):
+            continue
+        size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+        if not has_manifest(entry):
+            state = "no manifest"
+        else:
+            problem = manifest_problem(entry, hashes)
+            state = f"damaged: {problem}" if problem else ("verified" if hashes else "sizes match")
+        out.append((entry.name, size, state))
+    return out
