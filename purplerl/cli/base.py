@@ -161,6 +161,8 @@ def config_command(command: Callable[[], Command]) -> type[TyperCommand]:
     registry's choices imports it)."""
 
     class ConfigCommand(TyperCommand):
+        settings = staticmethod(command)  # the settings it reads: what a check of documented commands validates
+
         def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
             super().format_epilog(ctx, formatter)
             formatter.write_paragraph()
