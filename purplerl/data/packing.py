@@ -1,11 +1,11 @@
 """Packing (`data.packing`): a step's sequences laid end to end in rows of at most a token budget, instead of one
-right-padded row each, so a forward pass spends no work on padding.
+right-padded row each, so a forward pass spends less work on padding.
 
 The batch a step trains on stays the same (the same examples, the same loss): only its layout changes. Rows are
-filled first-fit by decreasing length (Johnson 1973: within 11/9 of the fewest rows, plus a constant), each
-sequence keeps its own positions (0, 1, ... from its first token) and attends only to itself
-(purplerl.algorithms.packing), so each sequence's loss is what it is alone, to float precision. A sequence's first
-token is never a target: in a packed row the token before it belongs to another sequence.
+filled first-fit by decreasing length (Johnson 1973: within 11/9 of the fewest rows, plus a constant) to the width
+that leaves the least padding (`pack_rows`). Each sequence keeps its own positions (0, 1, ... from its first token)
+and attends only to itself (purplerl.algorithms.packing), so each sequence's loss is what it is alone, to float
+precision. A sequence's first token is never a target: in a packed row the token before it is another sequence's.
 """
 
 from __future__ import annotations
@@ -21,22 +21,41 @@ from purplerl.types import TrainBatch
 _PER_TOKEN = ("sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT", "old_values_NT", "returns_NT")
 
 
-def pack_rows(lengths: list[int], budget: int) -> list[list[int]]:
-    """Which sequences (by index) fill each row: first-fit decreasing, ties in index order; a sequence longer than
-    the budget is refused (the recipe cuts sequences to it before)."""
-    if any(n > budget for n in lengths):
-        raise ExperimentError(f"a sequence of {max(lengths)} tokens does not fit a packed row of {budget}")
+def _first_fit(lengths: list[int], width: int) -> list[list[int]]:
+    """First-fit decreasing into rows of `width`, ties in index order."""
     rows: list[list[int]] = []
     free: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         row = next((r for r, room in enumerate(free) if room >= lengths[i]), None)
         if row is None:
             rows.append([])
-            free.append(budget)
+            free.append(width)
             row = len(rows) - 1
         rows[row].append(i)
         free[row] -= lengths[i]
     return rows
+
+
+def pack_rows(lengths: list[int], budget: int) -> list[list[int]]:
+    """Which sequences (by index) fill each row, rows of at most `budget` tokens: of the first-fit-decreasing
+    packings into k rows' worth of width (k = 1, 2, ...: the total / k, at least the longest sequence), the one
+    with the fewest tokens in its rectangle (rows x widest row). A step's few sequences packed up to the budget
+    would leave its last row mostly padding; at k = their number this is one sequence a row, so a packed batch
+    never holds more padding than the padded one. A sequence longer than the budget is refused (the recipe cuts
+    sequences to it before)."""
+    if any(n > budget for n in lengths):
+        raise ExperimentError(f"a sequence of {max(lengths)} tokens does not fit a packed row of {budget}")
+    best: list[list[int]] = []
+    best_cost = None
+    for k in range(1, len(lengths) + 1):
+        width = max(max(lengths), -(-sum(lengths) // k))
+        if width > budget:
+            continue
+        rows = _first_fit(lengths, width)
+        cost = len(rows) * max(sum(lengths[i] for i in row) for row in rows)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = rows, cost
+    return best
 
 
 def pack_batch(batch: TrainBatch, budget: int, pad_id: int) -> TrainBatch:
