@@ -617,11 +617,13 @@ def test_leaf_field_counts_per_command():
     # read only with more than one turn). prefs.one_label (+1 for prefs: KTO data of one label is refused without it)
     # and sweep's max_runs (+1: a grid is counted against it before any run is planned), issue 34.
     # A reward term carries its parameters (issue 35): the 12 registered terms' parameter sections (49 fields) left
-    # every RL recipe's tree; they are each term's own settings, in reward.terms.NAME.params.
+    # every RL recipe's tree; they are each term's own settings, in reward.terms.NAME.params. Packed and streamed
+    # data (issue 36): data.packing for sft and prefs, data.streaming and data.shuffle_buffer for sft (+3 sft, +1 prefs;
+    # shuffle_buffer read only when streaming).
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 78, "defend": 82, "tamper-test": 106, "sft": 55, "eval": 44, "sample": 16,
+    assert counts == {"attack": 78, "defend": 82, "tamper-test": 106, "sft": 58, "eval": 44, "sample": 16,
                       "data prepare": 12, "align": 3, "verl export": 87,
-                      "prefs": 64, "reward-model": 55, "ppo": 81, "sweep": 21, "route": 84, "adversarial": 89}
+                      "prefs": 65, "reward-model": 55, "ppo": 81, "sweep": 21, "route": 84, "adversarial": 89}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

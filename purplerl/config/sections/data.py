@@ -85,7 +85,7 @@ class SFTDataConfig(RowSourceConfig):
         "system message prepended to every conversation (null: model default)"))
     packing: bool = Field(False, description=(
         "lay each step's conversations end to end in rows of up to sft.max_tokens tokens, each attending only to "
-        "itself: the same loss, no work on padding"))
+        "itself: the same loss, less work on padding"))
     streaming: bool = Field(False, description=(
         "read a .jsonl/.parquet source lazily (data larger than memory), shuffled in a bounded buffer, each "
         "data-parallel rank taking every procs-th conversation; a resume continues at the next one"))
@@ -113,9 +113,14 @@ class PreferenceDataConfig(PromptFormatConfig, RowSourceConfig):
     skip_bad_rows: bool = Field(False, description=(
         "leave out rows that hold no usable example (counted, the first one named) instead of stopping at the first: "
         "public sets like HH-RLHF hold a few"))
+
+
+class PrefsDataConfig(PreferenceDataConfig):
+    """The preference data of `purplerl prefs`, and how its batches are laid out."""
+
     packing: bool = Field(False, description=(
         "lay each step's answers end to end in rows of up to max_prompt_tokens + max_answer_tokens tokens, each "
-        "attending only to itself: the same loss, no work on padding"))
+        "attending only to itself: the same loss, less work on padding"))
 
 
 class DataConfig(EvalDataConfig):

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from purplerl.config import PreferenceDataConfig
+from purplerl.config import PrefsDataConfig
 from purplerl.config.base import Section, read_when
 from purplerl.config.sections import RunSettings
 from purplerl.engines.capabilities import PACKED_ROWS
@@ -57,7 +57,7 @@ class PrefsSettings(RunSettings):
     """`purplerl prefs`: the shared training sections, the preference data and the loss."""
 
     recipe: str = recipe_field("prefs")
-    data: PreferenceDataConfig = Field(default_factory=PreferenceDataConfig, description="the preference data")
+    data: PrefsDataConfig = Field(default_factory=PrefsDataConfig, description="the preference data")
     prefs: PrefsConfig = Field(default_factory=PrefsConfig, description="the preference loss (purplerl prefs)")
 
 
