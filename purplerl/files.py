@@ -28,7 +28,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +339,26 @@ def read_jsonl_numbered(path: str | Path, *, cut_tail: bool = False) -> list[tup
             raise UserError(f"{path}:{lineno}: expected a JSON object, got {_kind(row)}")
         rows.append((lineno, row))
     return rows
+
+
+def iter_jsonl_numbered(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`read_jsonl_numbered` one line at a time: a file larger than memory is read in constant memory, and a bad
+    line stops the reading where it is reached, with the same message."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")  # closed by the `with` below; opening is where a missing file fails
+    except FileNotFoundError:
+        raise UserError(f"file not found: {path}") from None
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror}") from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            row = _parse_line(raw.removesuffix(b"\n"), path, lineno)
+            if row is _BLANK:
+                continue
+            if not isinstance(row, dict):
+                raise UserError(f"{path}:{lineno}: expected a JSON object, got {_kind(row)}")
+            yield lineno, row
 
 
 def _parse_line(raw: bytes, path: Path, lineno: int) -> Any:

@@ -118,7 +118,11 @@ class TrainBatch:
     sampling logprobs and advantages, an in-loss KL the reference logprobs, pairwise losses `pairs_P2` (a reward
     model's margin loss `margins_P` too), KTO `kto_labels_N`, a critic's value loss `old_values_NT` and
     `returns_NT`, a process reward model's step loss `step_labels_NT`. Pairs and KTO labels couple rows (a pair's
-    two answers; KTO's reference point from its KL rows), so such a batch is trained whole."""
+    two answers; KTO's reference point from its KL rows), so such a batch is trained whole.
+
+    A packed batch (`position_ids_NT` set: `data.packing`) lays several sequences end to end in a row, each
+    attending only to itself (purplerl.algorithms.packing); its sequences are numbered in reading order, and
+    `pairs_P2` and the per-sequence tensors ([N] below: [S], one per sequence) index them."""
 
     input_ids_NT: torch.Tensor  # long [N, T], prompt + completion tokens, pad after the end
     attention_mask_NT: torch.Tensor  # long [N, T], 1 on real tokens
@@ -142,24 +146,30 @@ class TrainBatch:
     # float [N, T], a process reward model's label of each step at the step's last token (1.0 correct, 0.0 not; the
     # loss mask is 1 there), 0 elsewhere
     step_labels_NT: torch.Tensor | None = None
+    # long [N, T], packed rows only: each token's position inside its own sequence, 0 where one starts (padding too
+    # restarts at 0); None: one sequence per row, at positions 0..T-1
+    position_ids_NT: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids_NT.shape)
         for name in ("attention_mask_NT", "loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT",
-                     "old_values_NT", "returns_NT", "step_labels_NT"):
+                     "old_values_NT", "returns_NT", "step_labels_NT", "position_ids_NT"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape:
                 raise ValueError(f"TrainBatch.{name} has shape {tuple(value.shape)}, expected {shape}")
         if self.pairs_P2 is not None and (self.pairs_P2.ndim != 2 or self.pairs_P2.shape[1] != 2):
             raise ValueError(f"TrainBatch.pairs_P2 has shape {tuple(self.pairs_P2.shape)}, expected [P, 2]")
+        if self.position_ids_NT is not None:
+            self._check_packed()
+        sequences = (self.num_sequences,)
         labels = self.kto_labels_N
-        if labels is not None and tuple(labels.shape) != shape[:1]:
-            raise ValueError(f"TrainBatch.kto_labels_N has shape {tuple(labels.shape)}, expected {shape[:1]}")
+        if labels is not None and tuple(labels.shape) != sequences:
+            raise ValueError(f"TrainBatch.kto_labels_N has shape {tuple(labels.shape)}, expected {sequences}")
         if labels is not None and not bool(((labels == -1) | (labels == 0) | (labels == 1)).all()):
             raise ValueError("TrainBatch.kto_labels_N must hold 1 (desirable), 0 (undesirable) or -1 (KL row)")
         rh = self.is_rh_N
-        if rh is not None and (not _is_bool(rh) or tuple(rh.shape) != shape[:1]):
-            raise ValueError(f"TrainBatch.is_rh_N must be bool {shape[:1]}, got {rh.dtype} {tuple(rh.shape)}")
+        if rh is not None and (not _is_bool(rh) or tuple(rh.shape) != sequences):
+            raise ValueError(f"TrainBatch.is_rh_N must be bool {sequences}, got {rh.dtype} {tuple(rh.shape)}")
         pairs = None if self.pairs_P2 is None else tuple(self.pairs_P2.shape[:1])
         if self.margins_P is not None and tuple(self.margins_P.shape) != pairs:
             raise ValueError(f"TrainBatch.margins_P has shape {tuple(self.margins_P.shape)}, expected one per pair "
@@ -168,9 +178,21 @@ class TrainBatch:
         if steps is not None and not bool(((steps == 0) | (steps == 1)).all()):
             raise ValueError("TrainBatch.step_labels_NT must hold 1.0 (a correct step) or 0.0")
 
+    def _check_packed(self) -> None:
+        """Each row's first token starts a sequence, and inside a sequence each position is one more than the last."""
+        positions_NT, real_NT = self.position_ids_NT, self.attention_mask_NT != 0
+        if positions_NT.shape[1] and bool((positions_NT[:, 0] != 0).any()):
+            raise ValueError("TrainBatch.position_ids_NT must start every row at 0")
+        steps_NT = positions_NT[:, 1:] - positions_NT[:, :-1]
+        if bool((real_NT[:, 1:] & (positions_NT[:, 1:] != 0) & (steps_NT != 1)).any()):
+            raise ValueError("TrainBatch.position_ids_NT must count 0, 1, 2, ... inside each sequence")
+
     def select(self, rows: torch.Tensor) -> TrainBatch:
         """The batch restricted to the given row indices (a PPO minibatch, or the Token Noiser's rows).
-        Pairs and KTO labels couple sequences, so a batch with either is never split."""
+        Pairs and KTO labels couple sequences, so a batch with either is never split; nor is a packed batch, whose
+        rows are not its sequences."""
+        if self.position_ids_NT is not None:
+            raise ExperimentError("a packed batch cannot be split into rows (a row holds several sequences)")
         if self.pairs_P2 is not None or self.kto_labels_N is not None:
             raise ExperimentError("a batch of preference pairs or KTO rows cannot be split into rows (PPO "
                                   "minibatches need per-row losses)")
@@ -191,7 +213,10 @@ class TrainBatch:
 
     @property
     def num_sequences(self) -> int:
-        return int(self.input_ids_NT.shape[0])
+        """Sequences: the rows, or in a packed batch the sequences its rows hold."""
+        if self.position_ids_NT is None:
+            return int(self.input_ids_NT.shape[0])
+        return int(((self.position_ids_NT == 0) & (self.attention_mask_NT != 0)).sum())
 
     @property
     def num_loss_tokens(self) -> int:

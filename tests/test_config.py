@@ -620,11 +620,13 @@ def test_leaf_field_counts_per_command():
     # every RL recipe's tree; they are each term's own settings, in reward.terms.NAME.params. The utility suite's math
     # task (issue 36): utility.math_source, math_limit and math_max_new_tokens (+3 for eval, the last two read only
     # with a source).
-    # prm (issue 36): reward-model's tree less reward_model's own section (5) plus prm's (3).
+    # prm (issue 36): reward-model's tree less reward_model's own section (5) plus prm's (3). Packed and streamed
+    # data (issue 36): data.packing for sft and prefs, data.streaming and data.shuffle_buffer for sft (+3 sft, +1 prefs;
+    # shuffle_buffer read only when streaming).
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 78, "defend": 82, "tamper-test": 106, "sft": 55, "eval": 47, "sample": 16,
+    assert counts == {"attack": 78, "defend": 82, "tamper-test": 106, "sft": 58, "eval": 47, "sample": 16,
                       "data prepare": 12, "align": 3, "verl export": 87,
-                      "prefs": 64, "reward-model": 55, "prm": 53, "ppo": 81, "sweep": 21, "route": 84,
+                      "prefs": 65, "reward-model": 55, "prm": 53, "ppo": 81, "sweep": 21, "route": 84,
                       "adversarial": 89}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 
 from purplerl.config import SFTConfig, SFTDataConfig
 from purplerl.data.sources import read_rows
+from purplerl.data.stream import stream_rows
 from purplerl.errors import UserError
 from purplerl.files import unicode_problem
 from purplerl.prompting import with_system_prompt
@@ -81,6 +82,19 @@ def load_conversations(data: SFTDataConfig, sft: SFTConfig, split: str | None = 
     rows, where = read_rows(data, split)
     conversations = [to_conversation(row, i, sft, where) for i, row in enumerate(rows)]
     return conversations[: data.limit] if data.limit is not None else conversations
+
+
+def stream_conversations(data: SFTDataConfig, sft: SFTConfig, split: str | None = None) -> Iterator[Conversation]:
+    """`load_conversations` one at a time, read lazily (`data.streaming`, purplerl.data.stream)."""
+    for i, row in enumerate(stream_rows(data, split)):
+        yield to_conversation(row, i, sft, data.source)
+
+
+def is_held_out(uid: str, fraction: float, seed: int) -> bool:
+    """Whether a streamed conversation is held out: a seeded hash of its uid below `fraction`. A stream is not held
+    whole, so its share is drawn one conversation at a time (about `fraction` of them, the same on every pass)."""
+    digest = hashlib.sha256(f"{seed}:{uid}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2**64
 
 
 def held_out(conversations: list[Conversation], fraction: float, seed: int) -> tuple[list[Conversation],

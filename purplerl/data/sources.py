@@ -255,6 +255,16 @@ def _apply_filters(rows: list[tuple[int, dict[str, Any]]], filters: dict[str, An
     return rows
 
 
+def row_kept(row: dict[str, Any], split: str | None, filters: dict[str, Any]) -> bool:
+    """Whether one row is of `split` (None: the reader picked the split) and passes `filters`: `_select_split` and
+    `_apply_filters` for a reader that sees one row at a time (purplerl.data.stream), which keeps a row that names
+    no split, and drops a row that lacks a filter's field."""
+    label = _MISSING if split is None else _row_split(row)
+    if label is not _MISSING and label is not None and label != split:
+        return False
+    return all(_get(row, field) == value for field, value in filters.items())
+
+
 def prompt_field(rows: list[tuple[int, dict[str, Any]]], configured: str) -> str:
     """The field the prompts are read from: `configured`, unless it is the default "prompt", no row has it
     and a benchmark's own prompt field (BENCHMARK_PROMPT_FIELDS, first present wins) is there instead."""

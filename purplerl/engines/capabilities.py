@@ -10,18 +10,22 @@ from purplerl.errors import UserError
 SCALAR_HEADS = "scalar_heads"  # engines.base.ScalarHeads: adapters with a scalar head (reward models, critics)
 ADAPTER_MIXING = "adapter_mixing"  # engines.base.AdapterMixing: adapters acting together, or of another rank
 ADAPTER_SWITCHING = "adapter_switching"  # several learners' adapters trained in turn on one base in this process
+PACKED_ROWS = "packed_rows"  # batches of packed rows (TrainBatch.position_ids_NT): `data.packing`
+ADAPTER_CAPABILITIES = frozenset({SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING})  # they need a frozen base
 
 DESCRIBED = {  # each capability in words, for the refusal
     SCALAR_HEADS: "scalar heads on named adapters (a reward model, a critic)",
     ADAPTER_MIXING: "adapters acting together or of another rank (gradient routing)",
     ADAPTER_SWITCHING: "two learners' adapters switched on one base model held in this process",
+    PACKED_ROWS: "packed rows, several sequences each attending only to itself (data.packing)",
 }
 
-# vLLM samples with one LoRA slot of model.lora_rank and holds no heads; Tinker's adapters are separate training
-# clients on the service, and it returns no hidden states for a head.
+# vLLM samples with one LoRA slot of model.lora_rank and holds no heads (it trains through the local engine's
+# trainer, which packs); Tinker's adapters are separate training clients on the service, it returns no hidden
+# states for a head, and its datums are one sequence each.
 ENGINE_CAPABILITIES: dict[str, frozenset[str]] = {
-    "local": frozenset({SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING}),
-    "vllm": frozenset(),
+    "local": frozenset({SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING, PACKED_ROWS}),
+    "vllm": frozenset({PACKED_ROWS}),
     "tinker": frozenset(),
 }
 
@@ -34,7 +38,7 @@ def capabilities(model: ModelConfig, engine: EngineConfig) -> frozenset[str]:
     if engine.procs > 1:
         found -= {ADAPTER_MIXING}
     if model.finetune != "lora":
-        found = frozenset()
+        found -= ADAPTER_CAPABILITIES
     return found
 
 
@@ -48,7 +52,7 @@ def check_capabilities(needs: frozenset[str], model: ModelConfig, engine: Engine
     if not missing:
         return
     need = missing[0]
-    if model.finetune != "lora":
+    if model.finetune != "lora" and need in ADAPTER_CAPABILITIES:
         why = f"model.finetune {model.finetune} trains no adapters over a frozen base: use model.finetune lora"
     elif need in ENGINE_CAPABILITIES.get(engine.kind, frozenset()):  # its kind has it, its process count not
         why = f"engine.procs {engine.procs} runs data parallel, which does not: use engine.procs 1"

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from purplerl.algorithms.losses import aggregate_loss
+from purplerl.algorithms.packing import unpack, unpack_inputs
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import ModelConfig
 from purplerl.engines.adapters import AdapterSet, FullWeights, lora_config
@@ -199,11 +200,11 @@ class LocalTrainer:
             yield self._reference_lm
 
     def _target_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor, temperature: float,
-                         causal_lm=None) -> torch.Tensor:
+                         causal_lm=None, positions: torch.Tensor | None = None) -> torch.Tensor:
         policy = causal_lm is None or causal_lm is self.causal_lm
         return target_logprobs(self.causal_lm if causal_lm is None else causal_lm, ids, attn, targets, temperature,
                                head_only=self.head_only, bf16=self.settings.autocast_bf16,
-                               decoder=self._decoder if policy else None)
+                               decoder=self._decoder if policy else None, position_ids_NT=positions)
 
     def micro_batches(self, attention_mask_NT: torch.Tensor) -> list[torch.Tensor]:
         return micro_batches(attention_mask_NT, self.settings.micro_batch_size, self.settings.micro_batch_tokens)
@@ -211,46 +212,54 @@ class LocalTrainer:
     @torch.no_grad()
     def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
                  reference: bool = False, temperature: float = 1.0,
-                 targets_NT: torch.Tensor | None = None) -> torch.Tensor:
+                 targets_NT: torch.Tensor | None = None, position_ids_NT: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token logprobs [N, T]; only the `targets_NT` positions are computed (default: every token
-        after the first), the rest are 0."""
+        after its sequence's first), the rest are 0. Packed rows come with their `position_ids_NT`."""
         self.model.eval()
         ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
         if targets_NT is None:
             targets_NT = F.pad(attention_mask_NT[:, 1:], (1, 0))
+            if position_ids_NT is not None:  # a sequence's first token is not scored by the one before it
+                targets_NT = targets_NT * (position_ids_NT != 0)
         targets = targets_NT.to(self.device)
+        positions = None if position_ids_NT is None else position_ids_NT.to(self.device)
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
         for rows in self.micro_batches(attn):
             width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
+            part = None if positions is None else positions[rows, :width]
             with self.scorer(reference) as causal_lm:
                 out[rows, :width] = self._target_logprobs(ids[rows, :width], attn[rows, :width],
-                                                          targets[rows, :width], temperature, causal_lm)
+                                                          targets[rows, :width], temperature, causal_lm, part)
         out = out.cpu()
         if not torch.isfinite(out).all():
             raise ExperimentError(f"non-finite {'reference' if reference else 'policy'} logprobs")
         return out
 
-    def _values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
+    def _values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
+                position_ids_NT: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 values [N, T] of the active adapter's head (0 on padding)."""
         head = self._adapters.current.head
         if head is None:
             raise UserError(f"adapter '{self.active_adapter}' has no scalar head (create_adapter(name, head=True) "
                             f"makes one; adapters with a head: {', '.join(self.heads) or 'none'})")
         hidden_NTH = final_hidden(self.causal_lm, input_ids_NT, attention_mask_NT, self.settings.autocast_bf16,
-                                  self._decoder)
+                                  self._decoder, position_ids_NT)
         with self.autocast():
             values_NT = head(hidden_NTH.to(head.weight.dtype))[..., 0]
         return values_NT.float() * attention_mask_NT
 
     @torch.no_grad()
-    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor) -> torch.Tensor:
+    def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
+               position_ids_NT: torch.Tensor | None = None) -> torch.Tensor:
         """Values [N, T] of the active adapter's scalar head at every position (0 on padding)."""
         self.model.eval()
         ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
+        positions = None if position_ids_NT is None else position_ids_NT.to(self.device)
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
         for rows in self.micro_batches(attn):
             width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
-            out[rows, :width] = self._values(ids[rows, :width], attn[rows, :width])
+            part = None if positions is None else positions[rows, :width]
+            out[rows, :width] = self._values(ids[rows, :width], attn[rows, :width], part)
         out = out.cpu()
         if not torch.isfinite(out).all():
             raise ExperimentError(f"non-finite values from the head of adapter '{self.active_adapter}'")
@@ -263,6 +272,8 @@ class LocalTrainer:
         (pairs and per-row labels couple rows: only the whole-batch losses read them)."""
         tensors = {"input_ids_NT": batch.input_ids_NT, "attention_mask_NT": batch.attention_mask_NT,
                    **{k: v for k, v in batch.inputs().items() if k.endswith("_NT")}}
+        if batch.position_ids_NT is not None:
+            tensors["position_ids_NT"] = batch.position_ids_NT
         for rows in self.micro_batches(batch.attention_mask_NT):
             width = int(batch.attention_mask_NT[rows].sum(-1).max())  # right padding: trim unused columns
             yield rows, width, {name: t[rows, :width].to(self.device) for name, t in tensors.items()}
@@ -281,16 +292,19 @@ class LocalTrainer:
         normalizer = batch.num_loss_tokens
         for rows, _, part in self._parts(batch):
             ids, attn, mask = part["input_ids_NT"], part["attention_mask_NT"], part["loss_mask_NT"]
+            positions = part.get("position_ids_NT")
             if definition.consumes == "logits":
                 # per-token tensors start at position 1, where the logits of position 0 predict the first target
                 shifted = {k: v[:, 1:] for k, v in part.items()}
-                logits = full_logits(self.causal_lm, ids, attn, self.settings.autocast_bf16)
+                logits = full_logits(self.causal_lm, ids, attn, self.settings.autocast_bf16, positions)
                 loss_nt, metrics = definition.fn(logits, shifted, loss.params, targets_NT=ids[:, 1:],
                                                  temperature=loss.temperature, generator=generator)
                 loss_NT = F.pad(loss_nt, (1, 0))
             else:
-                logp_NT = self._target_logprobs(ids, attn, mask, loss.temperature)
+                logp_NT = self._target_logprobs(ids, attn, mask, loss.temperature, positions=positions)
                 loss_NT, metrics = definition.fn(logp_NT, part, loss.params)
+            if positions is not None:  # the per-sequence aggregations read one sequence per row
+                loss_NT, mask = unpack(loss_NT, positions, attn), unpack(mask, positions, attn)
             total = loss.scale * aggregate_loss(loss_NT, mask, loss.aggregation, total_tokens=normalizer,
                                                 total_sequences=batch.num_sequences, length_norm=loss.length_norm)
             if not torch.isfinite(total):
@@ -317,14 +331,19 @@ class LocalTrainer:
         sum(dloss/dlogprobs * logprobs), whose gradient is exactly the chain rule's. (Exact when the forward
         pass is deterministic: LoRA dropout would draw other masks in the two passes.) With `head`, the same with
         the values of the active adapter's scalar head in place of the logprobs (a "values" loss). The loss is
-        multiplied by `scale` (`Loss.scale`)."""
+        multiplied by `scale` (`Loss.scale`). A packed batch is scored in its packed rows and handed to `fn` one
+        sequence per row (purplerl.algorithms.packing.unpack), as `fn` would see the same batch unpacked."""
         targets_NT = (batch.loss_mask_NT != 0).long()
+        ids_NT, attn_NT, positions_NT = batch.input_ids_NT, batch.attention_mask_NT, batch.position_ids_NT
         if head:
-            logp_NT = self.values(batch.input_ids_NT, batch.attention_mask_NT).requires_grad_(True)
+            logp_NT = self.values(ids_NT, attn_NT, positions_NT).requires_grad_(True)
         else:
-            logp_NT = self.logprobs(batch.input_ids_NT, batch.attention_mask_NT, temperature=temperature,
-                                    targets_NT=targets_NT).requires_grad_(True)
-        out = fn(logp_NT, batch.inputs())
+            logp_NT = self.logprobs(ids_NT, attn_NT, temperature=temperature, targets_NT=targets_NT,
+                                    position_ids_NT=positions_NT).requires_grad_(True)
+        if positions_NT is None:
+            out = fn(logp_NT, batch.inputs())
+        else:
+            out = fn(unpack(logp_NT, positions_NT, attn_NT), unpack_inputs(batch.inputs(), positions_NT, attn_NT))
         value, metrics = (out, {}) if isinstance(out, torch.Tensor) else out  # the metrics dict is optional
         if not isinstance(value, torch.Tensor) or value.numel() != 1 or not torch.isfinite(value):
             raise ExperimentError(f"the loss must be one finite number, got {value!r}"[:200])
@@ -335,9 +354,9 @@ class LocalTrainer:
         grad_NT = logp_NT.grad
         self.model.train()
         for rows, width, part in self._parts(batch):
-            ids, attn = part["input_ids_NT"], part["attention_mask_NT"]
-            lp = self._values(ids, attn) if head else self._target_logprobs(
-                ids, attn, targets_NT[rows, :width].to(self.device), temperature)
+            ids, attn, positions = part["input_ids_NT"], part["attention_mask_NT"], part.get("position_ids_NT")
+            lp = self._values(ids, attn, positions) if head else self._target_logprobs(
+                ids, attn, targets_NT[rows, :width].to(self.device), temperature, positions=positions)
             (lp * grad_NT[rows, :width].to(self.device)).sum().backward()
             self._adapters.accumulate_master_grads()
         return {"loss": float(value.detach()), **{k: float(v) for k, v in metrics.items()},

@@ -30,6 +30,7 @@ from purplerl.errors import ExperimentError, UserError
 from purplerl.runs.layout import EVALS_FILE, METRICS_FILE, SAMPLES_FILE
 from purplerl.train.batch import sequence_tensors
 from purplerl.train.checkpoint import save_checkpoint
+from purplerl.train.position import position_of
 from purplerl.train.progress import StepProgress
 from purplerl.train.shards import StepShard, merge_shards
 from purplerl.train.sinks import JsonlSink
@@ -390,8 +391,8 @@ def run_steps(config: RLSettings, step_fn: StepFn, early_stop: EarlyStop, engine
                 if world.is_writer:
                     set_aside_collapsed(run_dir, step)
             elif finished or step % config.run.save_every == 0:
-                save_checkpoint(run_dir, step, engine, {"finished": finished, "stop_reason": stop_reason},
-                                config.run.keep_last, writer=world.is_writer)
+                state = {"finished": finished, "stop_reason": stop_reason, **position_of(step_fn)}
+                save_checkpoint(run_dir, step, engine, state, config.run.keep_last, writer=world.is_writer)
             if finished or step % config.run.save_every == 0:
                 trackers.commit()  # after the checkpoint: a resume never recomputes a step a tracker holds
             if stop_reason is not None:

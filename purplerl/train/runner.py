@@ -27,6 +27,7 @@ from purplerl.runs.resume import check_data, last_recorded, record_config, resum
 from purplerl.train.checkpoint import discard_checkpoint, remove_stale
 from purplerl.train.context import check_context
 from purplerl.train.loop import Evaluation, run_steps
+from purplerl.train.position import restore_position
 from purplerl.train.recipe import Recipe
 from purplerl.train.trackers import check_trackers, open_trackers
 
@@ -168,7 +169,7 @@ def _execute(recipe: Recipe, config: RunSettings, run_dir: Path, resume: bool, r
     the run dir exactly as it was. `evaluation`, when given, is run by the loop with the live engine and logged to
     evals.jsonl, which a resume cuts back with the other logs. Under torchrun every process runs this; only rank
     0 writes into the run dir, and every rank loads the same checkpoint."""
-    start_step, checkpoint, changed, edited = 1, None, None, []
+    start_step, checkpoint, changed, edited, state = 1, None, None, [], {}
     check_trackers(config.logging.trackers)  # a missing package fails now, not after the model loaded
     if resume:
         changed, edited = resume_diff(recipe, run_dir, config)
@@ -199,6 +200,8 @@ def _execute(recipe: Recipe, config: RunSettings, run_dir: Path, resume: bool, r
         if checkpoint is not None:
             engine.load(checkpoint)
         step_fn, early_stop = bind(engine, run_dir)
+        if checkpoint is not None:
+            restore_position(step_fn, state, checkpoint)  # a streamed source goes on at its next example
 
         if world.is_writer:
             _open_run_dir(config, run_dir, resume, restart, start_step, changed, edited, data)

@@ -16,6 +16,7 @@ from purplerl.engines.capabilities import (
     ADAPTER_SWITCHING,
     DESCRIBED,
     ENGINE_CAPABILITIES,
+    PACKED_ROWS,
     SCALAR_HEADS,
     capabilities,
     check_capabilities,
@@ -71,11 +72,12 @@ def test_each_engine_has_the_core_and_exactly_the_capabilities_of_its_row(name: 
 
 
 @pytest.mark.parametrize(("kind", "procs", "finetune", "expected"), [
-    ("local", 1, "lora", {SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING}),
-    ("local", 2, "lora", {SCALAR_HEADS, ADAPTER_SWITCHING}),  # data parallel: no adapters acting together
-    ("local", 1, "full", set()),  # no frozen base to put adapters on
-    ("vllm", 1, "lora", set()),
-    ("tinker", 1, "lora", set()),
+    ("local", 1, "lora", {SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING, PACKED_ROWS}),
+    ("local", 2, "lora", {SCALAR_HEADS, ADAPTER_SWITCHING, PACKED_ROWS}),  # data parallel: no adapters acting together
+    ("local", 1, "full", {PACKED_ROWS}),  # no frozen base to put adapters on; rows are packed all the same
+    ("vllm", 1, "lora", {PACKED_ROWS}),  # it trains through the local engine's trainer
+    ("vllm", 1, "full", {PACKED_ROWS}),
+    ("tinker", 1, "lora", set()),  # a datum is one sequence
 ])
 def test_the_table_narrowed_by_processes_and_full_fine_tuning(kind: str, procs: int, finetune: str,
                                                               expected: set[str]) -> None:
@@ -110,3 +112,17 @@ def test_every_recipe_declares_what_it_needs_and_runs_where_it_has_it(name: str)
                 recipe.check_engine(other)
         else:
             recipe.check_engine(other)
+
+
+@pytest.mark.parametrize("name", ["sft", "prefs"])
+def test_packing_needs_packed_rows_which_tinker_has_not(name: str) -> None:
+    recipe = RECIPES[name]
+    config = recipe.build({"data": {"packing": True}})
+    assert recipe.needs(config) == {PACKED_ROWS}
+    for kind in ("local", "vllm"):
+        recipe.check_engine(config.model_copy(update={"engine": config.engine.model_copy(update={"kind": kind})}))
+    tinker = config.model_copy(update={"engine": config.engine.model_copy(update={"kind": "tinker"})})
+    with pytest.raises(UserError) as err:
+        recipe.check_engine(tinker)
+    assert str(err.value) == (f"recipe {name} needs packed rows, several sequences each attending only to itself "
+                              "(data.packing); engine.kind tinker does not have them: use engine.kind local or vllm")

@@ -9,6 +9,7 @@ from purplerl.config.sections.data import (
     DataConfig,
     EvalDataConfig,
     PreferenceDataConfig,
+    PrefsDataConfig,
     PromptFormatConfig,
     PromptSourceConfig,
     RowSourceConfig,
@@ -23,7 +24,7 @@ from purplerl.config.sections.training import RLTrainingConfig, TrainingConfig
 
 __all__ = [
     "ENGINE_KINDS", "TRACKER_NAMES", "ClassifierConfig", "DataConfig", "EngineConfig", "EvalDataConfig",
-    "GenerationConfig", "LoggingConfig", "ModelConfig", "ModelLoadConfig", "PreferenceDataConfig",
+    "GenerationConfig", "LoggingConfig", "ModelConfig", "ModelLoadConfig", "PreferenceDataConfig", "PrefsDataConfig",
     "PromptFormatConfig", "PromptSourceConfig", "RLSettings", "RLTrainingConfig", "RewardBase", "RewardServerConfig",
     "RowSourceConfig", "RunConfig", "RunSettings", "SFTDataConfig", "SamplingConfig", "ToxicityConfig",
     "TrainingConfig",

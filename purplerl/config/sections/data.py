@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from purplerl.config.base import Section, Template, read_when
 from purplerl.files import absolute_source
@@ -65,14 +65,39 @@ class EvalDataConfig(PromptFormatConfig, PromptSourceConfig):
     """Prompts of an evaluation: their source and, for targets that are not run checkpoints, their format."""
 
 
+def _streaming(data: Any) -> bool:
+    return data.streaming
+
+
+def streamable(source: str) -> bool:
+    """What `data.streaming` reads lazily (purplerl.data.stream): a built-in set, a .jsonl or .parquet file, or a
+    prepared dir of <split>.parquet files; not a .json document (parsed whole) nor a hub dataset."""
+    return not source.startswith("hf:") and not source.endswith(".json")
+
+
 class SFTDataConfig(RowSourceConfig):
-    """The conversations of a supervised run: their source and how they are rendered."""
+    """The conversations of a supervised run: their source, how they are rendered, and how they are read."""
 
     source: Annotated[str, AfterValidator(absolute_source)] = Field("builtin:redteam", description=(
         "a .jsonl/.json/.parquet file, a prepared dataset dir, or 'hf:ORG/NAME'"))
     template: Template = Field("chat", description="'chat' uses the tokenizer's chat template; 'base' plain text")
     system_prompt: str | None = Field(None, description=(
         "system message prepended to every conversation (null: model default)"))
+    packing: bool = Field(False, description=(
+        "lay each step's conversations end to end in rows of up to sft.max_tokens tokens, each attending only to "
+        "itself: the same loss, less work on padding"))
+    streaming: bool = Field(False, description=(
+        "read a .jsonl/.parquet source lazily (data larger than memory), shuffled in a bounded buffer, each "
+        "data-parallel rank taking every procs-th conversation; a resume continues at the next one"))
+    shuffle_buffer: read_when(int, _streaming, "data.streaming is true") = Field(1000, ge=1, description=(
+        "conversations held in the streaming shuffle buffer, seeded by training.seed (1: the file's order)"))
+
+    @model_validator(mode="after")
+    def _streamable(self) -> Any:
+        if self.streaming and not streamable(self.source):
+            raise ValueError(f"data.streaming reads a built-in set, a .jsonl or .parquet file or a dir of "
+                             f"<split>.parquet files, not {self.source}: turn streaming off for it")
+        return self
 
 
 class PreferenceDataConfig(PromptFormatConfig, RowSourceConfig):
@@ -88,6 +113,14 @@ class PreferenceDataConfig(PromptFormatConfig, RowSourceConfig):
     skip_bad_rows: bool = Field(False, description=(
         "leave out rows that hold no usable example (counted, the first one named) instead of stopping at the first: "
         "public sets like HH-RLHF hold a few"))
+
+
+class PrefsDataConfig(PreferenceDataConfig):
+    """The preference data of `purplerl prefs`, and how its batches are laid out."""
+
+    packing: bool = Field(False, description=(
+        "lay each step's answers end to end in rows of up to max_prompt_tokens + max_answer_tokens tokens, each "
+        "attending only to itself: the same loss, less work on padding"))
 
 
 class DataConfig(EvalDataConfig):

@@ -8,9 +8,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from purplerl.config import PreferenceDataConfig
+from purplerl.config import PrefsDataConfig
 from purplerl.config.base import Section, read_when
 from purplerl.config.sections import RunSettings
+from purplerl.engines.capabilities import PACKED_ROWS
 from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, recipe_field
 
 
@@ -56,7 +57,7 @@ class PrefsSettings(RunSettings):
     """`purplerl prefs`: the shared training sections, the preference data and the loss."""
 
     recipe: str = recipe_field("prefs")
-    data: PreferenceDataConfig = Field(default_factory=PreferenceDataConfig, description="the preference data")
+    data: PrefsDataConfig = Field(default_factory=PrefsDataConfig, description="the preference data")
     prefs: PrefsConfig = Field(default_factory=PrefsConfig, description="the preference loss (purplerl prefs)")
 
 
@@ -74,6 +75,7 @@ PREFS = Recipe(
     flat=FLAT,
     # which examples train and which are held out: a resume with others would train on held-out ones
     fixed_on_resume=FIXED_ON_RESUME | {"prefs.eval_split", "prefs.eval_fraction"},
+    needs=lambda c: frozenset({PACKED_ROWS}) if c.data.packing else frozenset(),
 )
 
 __all__ = ["PREFS", "PrefsConfig", "PrefsSettings"]

@@ -5,7 +5,9 @@ checkpoints, resume and report.
 Each step: B pairs (2B rows: chosen, rejected) -> TrainBatch -> forward_backward(loss) -> optim_step; for KTO, B
 labelled answers plus B KL rows (a prompt with another example's answer: KTO's reference point, Ethayarajh et al.
 2024). Batches are length-bucketed and a pure function of (data, seed, step), so a resumed run trains on the same
-batches. Held-out pairs are scored every `prefs.eval_every` steps with the same loss function.
+batches. With `data.packing` their 2B sequences are laid end to end in rows (purplerl.data.packing), and the engine
+hands the loss each sequence's logprobs as if unpacked. Held-out pairs are scored every `prefs.eval_every` steps with
+the same loss function.
 
 The reference is the frozen base with adapters off (a DPO from an SFT model starts from that model merged, e.g.
 `purplerl export --merge`). It scores every training and held-out sequence once, before the first step, and the
@@ -31,6 +33,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from purplerl.algorithms.registry import LOSS_REGISTRY, Loss
+from purplerl.data.packing import pack_batch
 from purplerl.data.preference import (
     EncodedPair,
     encode_answer,
@@ -260,6 +263,8 @@ def prefs_prepare(config: Any) -> Bind:
             batch = examples_batch([examples[i] for i in rows], pad_id)
             if train_ref is not None:
                 batch = with_reference(batch, [v for i in rows for v in train_ref[2 * i:2 * i + 2]])
+            if config.data.packing:  # rows of the longest sequence the data settings allow
+                batch = pack_batch(batch, config.data.max_prompt_tokens + config.data.max_answer_tokens, pad_id)
             metrics = {**engine.forward_backward(batch, loss), **engine.optim_step(adam_params(config.training))}
             out = {f"train/{k}": float(v) for k, v in metrics.items()}
             out.update({"tokens/trained": float(batch.loss_mask_NT.sum()), **data_metrics})

@@ -10,6 +10,7 @@ from pydantic import Field
 from purplerl.config import SFTConfig, SFTDataConfig
 from purplerl.config.migrate import RL_TRAINING_FIELDS, pop_path
 from purplerl.config.sections import RunSettings
+from purplerl.engines.capabilities import PACKED_ROWS
 from purplerl.train.recipe import FIXED_ON_RESUME, FLAT, Recipe, RunNamePart, lazy, recipe_field
 
 
@@ -46,8 +47,10 @@ SFT = Recipe(
               RunNamePart("B", lambda c: c.training.batch_size)),
     summary_metrics={"train/nll": "training NLL per token", "eval/loss": "held-out NLL"},
     flat=FLAT,
-    # which examples train and which are held out: a resume with others would train on held-out ones
-    fixed_on_resume=FIXED_ON_RESUME | {"sft.eval_split", "sft.eval_fraction"},
+    # which examples train and which are held out: a resume with others would train on held-out ones; and the
+    # order a stream yields them in, which its saved position counts in
+    fixed_on_resume=FIXED_ON_RESUME | {"sft.eval_split", "sft.eval_fraction", "data.streaming", "data.shuffle_buffer"},
     longest_sequence=lambda c: (c.sft.max_tokens, "sft.max_tokens"),
     migrate=migrate,
+    needs=lambda c: frozenset({PACKED_ROWS}) if c.data.packing else frozenset(),
 )
