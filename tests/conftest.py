@@ -58,6 +58,10 @@ def workers(config: pytest.Config) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # matplotlib lists the system fonts with `fc-list` the first time it runs on a machine (a fresh clone's CI):
+    # build its font cache here, before the guard, so a quick-tier report does not count as starting a process
+    import matplotlib.font_manager  # noqa: F401
+
     _guard(subprocess.Popen, "__init__", _command_line)
     _guard(multiprocessing.process.BaseProcess, "start", lambda proc, *_: f"multiprocessing {proc.name}")
     # children get the thread budget of one worker: the cores shared among pytest-xdist's workers (set in the

@@ -31,6 +31,8 @@ from purplerl.verl.validate import GENERATED_CONFIG, override_problems, read_def
 VERSION = "0.9.1"
 HYDRA = "hydra-core==1.3.8"  # veRL 0.9.1 requires hydra-core without a pin; the release its users get
 SOURCES = ("verl/trainer/ppo/core_algos.py", "verl/workers/config/actor.py", "verl/trainer/ppo/reward.py")
+# every test reads the wheel, which a fresh machine fetches with `pip download` (a process): the process tier
+pytestmark = pytest.mark.process
 
 
 def _unpack(cache: Path) -> None:
@@ -145,7 +147,6 @@ def test_exported_choices_are_names_verl_knows(verl_root):
     assert 'config.reward.get("custom_reward_function")' in reward
 
 
-@pytest.mark.process
 def test_hydra_composes_the_exported_overrides_to_the_values_written(verl_root, hydra_path, tmp_path):
     overrides = _exported_overrides(tmp_path, "--reward.kl_in", "loss", "--model.lora_targets", "q_proj,v_proj",
                                     "--system_prompt", "Be brief.")
@@ -161,7 +162,6 @@ def test_hydra_composes_the_exported_overrides_to_the_values_written(verl_root, 
     assert composed["data.train_files"] == "/shared/my runs/exp/train.parquet"
 
 
-@pytest.mark.process
 def test_hydra_composes_what_run_verl_sh_passes_from_a_dir_with_special_characters(verl_root, hydra_path, tmp_path):
     parent = tmp_path / "a|b&c'd e$f${g}"
     overrides, out = _exported_overrides(parent), parent / "exp"
@@ -189,7 +189,6 @@ TRICKY = ["it's", "a\\b", "a\\'b", "ends\\", "ends\\\\", "${x}", "a\\${x}", "a\\
           ["it's\\", "${y}", "a,b"]]
 
 
-@pytest.mark.process
 def test_hydra_and_omegaconf_read_each_written_value_as_itself(hydra_path, tmp_path):
     (tmp_path / "lines.txt").write_text("\n".join(format_override("k", value) for value in TRICKY) + "\n")
     done = subprocess.run([sys.executable, "-c", READ, str(tmp_path / "lines.txt")], capture_output=True, text=True,
@@ -198,7 +197,6 @@ def test_hydra_and_omegaconf_read_each_written_value_as_itself(hydra_path, tmp_p
     assert json.loads(done.stdout) == TRICKY
 
 
-@pytest.mark.process
 def test_hydra_refuses_a_key_verl_does_not_have(verl_root, hydra_path, tmp_path):
     done = _compose(verl_root, hydra_path, ["actor_rollout_ref.rollout.nn=4"], tmp_path)
     assert done.returncode != 0
