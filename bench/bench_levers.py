@@ -30,7 +30,7 @@ VARIANTS: dict[str, tuple[dict, dict, dict]] = {
     "default": ({}, {}, {}),
     "fp32": ({"dtype": "float32"}, {}, {}),
     "fp32_unmerged_sampler": ({"dtype": "float32"}, {}, {"merged_sampler": False}),
-    "fp32_autocast_bf16": ({"dtype": "float32"}, {}, {"autocast_bf16": True}),
+    "fp32_autocast_bf16": ({"dtype": "autocast_bf16"}, {}, {}),
     "unmerged_sampler": ({}, {}, {"merged_sampler": False}),
     "unfused_lora": ({}, {}, {"fused_lora": False}),
     "full_logits": ({}, {"head_only": False}, {}),

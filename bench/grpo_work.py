@@ -32,7 +32,7 @@ from purplerl.recipes.attack import ATTACK
 from purplerl.types import PromptRecord
 
 # purplerl overrides that change how the work is done, not what it is; any other key makes the comparison unfair
-ENGINE_KEYS = ("model.dtype", "model.device", "engine.autocast_bf16", "engine.fast_paths",
+ENGINE_KEYS = ("model.dtype", "model.device", "engine.fast_paths",
                "engine.micro_batch_tokens", "training.old_logprobs")
 FINETUNES = ("lora", "full")
 DTYPES = ("auto", "bfloat16", "float32")
@@ -87,9 +87,10 @@ def purplerl_config(work: Work, output_dir: Path, sets: list[str]) -> Any:
                       "lora_targets": "all-linear"} if work.lora else {})},
         "sampling": {"group_size": work.group_size, "max_new_tokens": work.max_new_tokens,
                      "temperature": work.temperature, "top_p": work.top_p, "top_k": work.top_k},
-        "training": {"steps": work.steps, "batch_size": work.prompts_per_step, "lr": work.lr, "weight_decay": 0.0,
-                     "max_grad_norm": work.max_grad_norm, "loss": "ppo_clip", "clip_low": work.clip,
-                     "clip_high": work.clip, "advantage": "grpo", "advantage_std": True, "loss_agg": "token_mean",
+        "training": {"steps": work.steps, "batch_size": work.prompts_per_step, "lr": work.lr,
+                     "optimizer": {"weight_decay": 0.0}, "max_grad_norm": work.max_grad_norm, "loss": "ppo_clip",
+                     "clip_low": work.clip,
+                     "clip_high": work.clip, "advantage": "grpo_std", "loss_agg": "token_mean",
                      "ppo_epochs": 1, "mini_batches": 1, "seed": work.seed, "early_stop_repetition": None},
         "attack": {"early_stop_toxicity": None},
         "reward": {"terms": {"toxicity": 1.0, "repetition": 0.0, "refusal": 0.0}, "kl_beta": work.kl_beta,
@@ -127,7 +128,7 @@ def purplerl_compute_dtype(config: Any) -> str:
     from purplerl.engines.loading import resolve_device, resolve_dtype
 
     dtype = resolve_dtype(config.model.dtype, resolve_device(config.model.device))
-    return "bf16" if dtype == torch.bfloat16 or config.engine.autocast_bf16 else "fp32"
+    return "bf16" if dtype == torch.bfloat16 or config.model.dtype == "autocast_bf16" else "fp32"
 
 
 def peak_rss_mib() -> float:

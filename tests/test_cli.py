@@ -309,11 +309,14 @@ def test_top_level_help(env: dict[str, str]):
 
 def settings_of(help_text: str) -> dict[str, list[str]]:
     """The settings table of a --help: {section header: its field options} (dotted settings; an option that
-    expands into settings, such as `--reward NAME`, is not one)."""
+    expands into settings, such as `--reward NAME`, is not one). The fields listed under their setting (a term's
+    parameters, the optimizer's fields) are `    KEY ...` rows: their option is --HEADER.KEY."""
     table: dict[str, list[str]] = {}
     header = ""
     for line in help_text.split("Settings:", 1)[1].splitlines()[1:]:
-        if line.startswith("  --"):
+        if line.startswith("    "):
+            table[header].append(f"--{header}.{line.split()[0]}")
+        elif line.startswith("  --"):
             if "." in line.split()[0]:
                 table[header].append(line.split()[0])
         elif line.strip():
@@ -327,14 +330,14 @@ def test_attack_help_lists_config_fields_by_section(env: dict[str, str]):
     assert proc.returncode == 0, proc.stderr
     # the toxicity term's label is read only with an HF classifier, so the defaults' --help leaves it out
     for text in ("--config", "--resume", "--reward.kl_beta (--kl_beta)", "--training.lr (--lr)",
-                 "--reward.terms.toxicity.params.model (--toxicity_model)", "--sampling.group_size (--group_size)",
+                 "    model (--toxicity_model) [default", "--sampling.group_size (--group_size)",
                  "--run.save_every", "--reward NAME: a named reward"):
         assert text in proc.stdout, text
     assert "--reward.terms.toxicity.params.label" not in proc.stdout
     table = settings_of(proc.stdout)
     # in the order a run uses them: the parameters of the terms in use, then the attack's own, then the bookkeeping
-    assert list(table) == ["engine", "model", "sampling", "training", "data", "reward", "reward.terms.toxicity.params",
-                           "reward.terms.repetition.params", "attack", "logging", "run"]
+    assert list(table) == ["engine", "model", "sampling", "training", "training.optimizer", "data", "reward",
+                           "reward.terms.toxicity.params", "reward.terms.repetition.params", "attack", "logging", "run"]
     assert "--reward.kl_beta" in table["reward"]
     assert "--reward.terms.toxicity.params.url" in table["reward.terms.toxicity.params"]
     from purplerl.config import field_help, load_command_config
@@ -343,7 +346,8 @@ def test_attack_help_lists_config_fields_by_section(env: dict[str, str]):
     attack = RECIPES["attack"].command()
     shown = field_help(attack.schema, attack.defaults, settings=load_command_config(attack))
     # a term's parameters are listed, but they are the term's settings, not the recipe's (test_recipe_table.py)
-    recipes = sum(len(rows) for where, rows in table.items() if not where.startswith("reward.terms."))
+    recipes = sum(len(rows) for where, rows in table.items()
+                  if not where.startswith("reward.terms.") and where != "training.optimizer")
     assert recipes == len(shown)
 
 

@@ -92,3 +92,19 @@ def test_a_resume_keeps_the_held_out_examples_and_the_ensemble(recipe: str, sett
     saved, resumed = load_command_config(command, None, []), load_command_config(command, None, [f"--{setting}", value])
     with pytest.raises(UserError, match=f"^--{setting} cannot change when resuming"):
         resume_changes(saved, resumed, RECIPES[recipe].fixed_on_resume)
+
+
+@pytest.mark.parametrize(("args", "refused"), [
+    (["--judge", "toxicity"], "adversarial.judge.fn"),
+    (["--adversarial.judge.params.threshold", "0.5"], "adversarial.judge.params.threshold"),
+])
+def test_a_resume_keeps_the_adversarial_judge_and_each_of_its_parameters(args: list[str], refused: str) -> None:
+    """A fixed mapping-valued setting (the judge's parameters) is fixed in each of its keys; what counts as a
+    success (judge.unsafe_at) may change, as it only reads the logged P(unsafe)."""
+    command = RECIPES["adversarial"].command()
+    saved, resumed = load_command_config(command, None, []), load_command_config(command, None, args)
+    with pytest.raises(UserError, match=f"^--{refused} cannot change when resuming"):
+        resume_changes(saved, resumed, RECIPES["adversarial"].fixed_on_resume)
+    changed = resume_changes(saved, load_command_config(command, None, ["--adversarial.judge.unsafe_at", "0.7"]),
+                             RECIPES["adversarial"].fixed_on_resume)
+    assert changed == {"adversarial.judge.unsafe_at": [0.5, 0.7]}

@@ -58,8 +58,11 @@ def test_help_shows_the_expanded_terms_and_no_new_dotted_setting() -> None:
     assert "--reward NAME: a named reward" in out
     assert '"happy_binary": {"fn": "keyword_count", "weight": 1.0' in out
     dotted = [line.split()[0] for line in out.splitlines() if line.startswith("  --") and "." in line.split()[0]]
-    # the term's parameters are listed as its own, apart from the recipe's settings
-    parameters = [name for name in dotted if name.startswith("--reward.terms.")]
-    assert parameters == [f"--reward.terms.happy_binary.params.{field}"
-                          for field in ("words", "whole_word", "case_sensitive", "max_count")]
-    assert len(dotted) - len(parameters) <= 60
+    # the term's parameters are listed as its own, under their header, apart from the recipe's settings
+    lines = out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("reward.terms.happy_binary.params:")))
+    parameters = [line.split()[0] for line in lines[header + 1:header + 5]]
+    assert parameters == ["words", "whole_word", "case_sensitive", "max_count"]
+    assert "--reward.terms.happy_binary.params.KEY VALUE" in lines[header]
+    assert not any(name.startswith("--reward.terms.") for name in dotted)
+    assert len(dotted) <= 60

@@ -24,7 +24,7 @@ from purplerl.config import (
     read_config_file,
     save_config,
 )
-from purplerl.config.base import Section
+from purplerl.config.base import Section, Spec
 from purplerl.errors import UserError
 from purplerl.experiments.sweep.settings import SWEEP
 from purplerl.experiments.tamper.settings import TAMPER
@@ -60,12 +60,16 @@ def _attack_defaults() -> AttackSettings:
     return AttackSettings.model_validate(ATTACK.command().defaults)
 
 
-def _leaf_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
+def _leaf_fields(model: type[BaseModel], prefix: str = "", specs_as_rows: bool = False) -> list[str]:
+    """The dotted leaf fields of a settings tree; `specs_as_rows`: a Spec setting (training.optimizer) as the one
+    row --help lists for it, not its fields."""
     names = []
     for name, info in model.model_fields.items():
         ann = info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            names += _leaf_fields(ann, f"{prefix}{name}.")
+        if specs_as_rows and isinstance(ann, type) and issubclass(ann, Spec):
+            names.append(f"{prefix}{name}")
+        elif isinstance(ann, type) and issubclass(ann, BaseModel):
+            names += _leaf_fields(ann, f"{prefix}{name}.", specs_as_rows)
         else:
             names.append(f"{prefix}{name}")
     return names
@@ -93,8 +97,9 @@ def _paths(node: dict, fields: set[str], prefix: str = "") -> set[str]:
 
 def _unknown_flat_targets(command: Command) -> list[str]:
     """The flat names' targets that are no field of the command, and that its migration does not move onto one
-    (an older name, e.g. --repetition_penalty -> reward.terms, is fine)."""
-    leaves = set(_leaf_fields(command.schema))
+    (an older name, e.g. --repetition_penalty -> reward.terms, is fine). A Spec setting is a target (--judge NAME
+    sets the judge's shorthand field)."""
+    leaves = set(_leaf_fields(command.schema)) | set(_leaf_fields(command.schema, specs_as_rows=True))
     bad = []
     for dotted in sorted(set(command.flat.values()) - leaves):
         moved = command.migrate(_nested(dotted, 0.3)) if command.migrate is not None else _nested(dotted, 0.3)
@@ -376,7 +381,9 @@ def test_save_config_of_defaults_lists_every_field_it_reads(tmp_path: Path):
 def test_field_help_covers_every_leaf_field():
     rows = field_help(AttackSettings)
     names = [name for name, _, _ in rows]
-    assert sorted(names) == sorted(_leaf_fields(AttackSettings))
+    # a Spec setting (training.optimizer) is one row; --help lists its fields below it
+    assert sorted(names) == sorted(_leaf_fields(AttackSettings, specs_as_rows=True))
+    assert ("training.optimizer", '"adamw"') in [(n, d) for n, d, _ in rows]
     assert len(names) == len(set(names))
     for name, default, desc in rows:
         assert desc.strip(), f"{name} has no description"
@@ -400,13 +407,14 @@ def test_example_config_shows_the_defaults():
 
 
 def _typed_leaves(model: type[BaseModel], wanted: type, prefix: str = "") -> list[str]:
-    """Dotted names of the leaf fields whose annotation admits `wanted` (float: `float | None` counts)."""
+    """Dotted names of the leaf fields whose annotation admits `wanted` (float: `float | None` counts; a union that
+    also admits a boolean, like logging.progress, does not: there the boolean means something)."""
     names = []
     for name, info in model.model_fields.items():
         ann = info.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             names += _typed_leaves(ann, wanted, f"{prefix}{name}.")
-        elif ann is wanted or wanted in getattr(ann, "__args__", ()):
+        elif ann is wanted or (wanted in getattr(ann, "__args__", ()) and bool not in ann.__args__):
             names.append(f"{prefix}{name}")
     return names
 
@@ -423,7 +431,8 @@ def _nested(dotted: str, value: object) -> dict:
     (["--steps", "yes"], "training.steps", "got a boolean"),
     (["--attack.early_stop_toxicity", ".nan"], "attack.early_stop_toxicity", "finite number"),
     (["--reward.terms", "{toxicity: .nan}"], "reward.terms.toxicity.weight", "finite number"),
-    (["--training.weight_decay", ".inf"], "training.weight_decay", "finite number"),
+    (["--training.optimizer.weight_decay", ".inf"], "training.optimizer.weight_decay", "finite number"),
+    (["--training.weight_decay", ".inf"], "training.optimizer.weight_decay", "finite number"),  # the older name
     (["--reward.terms.toxicity.params.timeout_s", ".inf"], "reward.terms.toxicity.params.timeout_s", "finite number"),
     (["--reward.toxicity.timeout_s", ".inf"], "reward.terms.toxicity.params.timeout_s", "finite number"),
     (["--lr", "on"], "training.lr", "got a boolean"),
@@ -440,7 +449,7 @@ def _holding(dotted: str, bad: float) -> tuple[str, object]:
     one (a reward term's weight, one of the Adam betas)."""
     if dotted.endswith(".terms"):
         return f"{dotted}.toxicity.weight", {"toxicity": bad}
-    if dotted.endswith(".adam_betas"):
+    if dotted.endswith(".betas"):
         return f"{dotted}.1", [0.9, bad]
     return dotted, bad
 
@@ -470,7 +479,7 @@ def test_every_float_field_refuses_nan_and_inf():
     # floats too
     floats = [*_typed_leaves(AttackSettings, float), "reward.terms", *_term_parameters(float)]
     # the walk must see the fields the issue names, or this test checks nothing
-    assert {"attack.early_stop_toxicity", "reward.terms", "training.weight_decay", "training.adam_betas",
+    assert {"attack.early_stop_toxicity", "reward.terms", "training.optimizer.weight_decay", "training.optimizer.betas",
             "reward.terms.toxicity.params.timeout_s", "reward.terms.entropy_bonus.params.cap",
             "reward.terms.toxicity.hack_at"} <= set(floats)
     assert len(floats) >= 20
@@ -568,7 +577,7 @@ def test_every_command_names_real_fields_and_describes_them(name: str):
     assert _unknown_flat_targets(command) == []
     assert command.positional is None or command.positional in leaves
     rows = field_help(command.schema, command.defaults)
-    assert sorted(n for n, _, _ in rows) == sorted(leaves)
+    assert sorted(n for n, _, _ in rows) == sorted(_leaf_fields(command.schema, specs_as_rows=True))
     assert all(desc.strip() for _, _, desc in rows), name
 
 
@@ -622,12 +631,18 @@ def test_leaf_field_counts_per_command():
     # with a source).
     # prm (issue 36): reward-model's tree less reward_model's own section (5) plus prm's (3). Packed and streamed
     # data (issue 36): data.packing for sft and prefs, data.streaming and data.shuffle_buffer for sft (+3 sft, +1 prefs;
-    # shuffle_buffer read only when streaming).
+    # shuffle_buffer read only when streaming). engine.autocast_bf16 became the model.dtype choice autocast_bf16
+    # (-1 for every command with an engine section). training.weight_decay, adam_betas and adam_eps became the
+    # fields of the optimizer (training.optimizer: name, betas, eps, weight_decay; +1 for every training command,
+    # which --help lists as one row). training.advantage_std became the estimator grpo_std (-1 for every RL
+    # command).
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
-    assert counts == {"attack": 78, "defend": 82, "tamper-test": 106, "sft": 58, "eval": 47, "sample": 16,
-                      "data prepare": 12, "align": 3, "verl export": 87,
-                      "prefs": 65, "reward-model": 55, "prm": 53, "ppo": 81, "sweep": 21, "route": 84,
-                      "adversarial": 89}
+    # logging.print_samples became logging.progress N (-1 for every command with a logging section). eval.baselines
+    # (issue 38): the models whose compliance a reading quotes beside the run's (+1 eval).
+    assert counts == {"attack": 76, "defend": 80, "tamper-test": 104, "sft": 57, "eval": 48, "sample": 16,
+                      "data prepare": 12, "align": 3, "verl export": 85,
+                      "prefs": 64, "reward-model": 54, "prm": 52, "ppo": 79, "sweep": 21, "route": 82,
+                      "adversarial": 87}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():
@@ -701,7 +716,7 @@ def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
     old = tmp_path / "old.yaml"
     old.write_text("engine: local\n")
     assert run_settings("attack", file=old).engine.model_dump() == {
-        "kind": "local", "procs": 1, "autocast_bf16": False,
+        "kind": "local", "procs": 1,
         "fast_paths": ["merged_sampler", "cuda_graphs", "fused_lora"], "micro_batch_tokens": 4096,
         "vllm_kv_cache_gib": 1, "vllm_gpu_memory_utilization": 0.3,
         "vllm_is_correction": True, "vllm_is_cap": 2.0, "tinker_url": None, "tinker_retries": 3,
@@ -735,3 +750,26 @@ def test_the_compiled_fast_path_is_off_by_default_and_reaches_the_engine() -> No
     assert (settings.compiled, settings.merged_sampler, settings.cuda_graphs) == (True, True, False)
     with pytest.raises(UserError, match="engine.fast_paths"):
         run_settings("attack", options=["--engine.fast_paths", "compiled,compiled"])
+
+
+def test_progress_is_the_bar_and_an_optional_number_of_printed_completions():
+    assert run_settings("attack", saved={"logging": {"progress": 3}}).logging.printed_samples() == 3
+    assert run_settings("attack", saved={"logging": {"progress": True}}).logging.printed_samples() == 0
+    assert run_settings("attack", saved={"logging": {"progress": False}}).logging.printed_samples() == 0
+    for bad in (0, -2):
+        with pytest.raises(UserError, match="config field 'logging.progress': .*number of completions >= 1"):
+            run_settings("attack", saved={"logging": {"progress": bad}})
+
+
+@pytest.mark.parametrize(("old", "progress"), [
+    ({"print_samples": 2}, 2),                       # the bar and two completions
+    ({"print_samples": 0}, True),                    # the bar alone
+    ({"print_samples": 0, "progress": False}, False),  # no console
+])
+def test_print_samples_of_an_older_run_folds_into_progress(old: dict, progress: bool | int):
+    assert run_settings("attack", saved={"logging": old}).logging.progress == progress
+
+
+def test_print_samples_without_the_bar_stays_refused_as_the_older_layout_refused_it():
+    with pytest.raises(UserError, match="config field 'logging.print_samples': unknown field"):
+        run_settings("attack", saved={"logging": {"print_samples": 2, "progress": False}})

@@ -85,9 +85,18 @@ def grpo_advantages(rewards_BG: torch.Tensor, scale_by_std: bool = False,
     return _finish_group(rewards_BG, advantages_BG)
 
 
+def grpo_std_advantages(rewards_BG: torch.Tensor, *, scale_by_std: bool = False,
+                        eps: float = 1e-6) -> tuple[torch.Tensor, Metrics]:
+    """GRPO as DeepSeekMath (arXiv 2402.03300) defines it: reward minus its group mean, divided by (group std +
+    eps) (`grpo_advantages` with `scale_by_std`); Dr. GRPO (arXiv 2503.20783) is why plain 'grpo' does not.
+    `scale_by_std` is accepted for a uniform call and unused: this estimator always divides."""
+    check_rewards_BG(rewards_BG, "grpo_std_advantages")
+    return grpo_advantages(rewards_BG, scale_by_std=True, eps=eps)
+
+
 def _refuse_std(scale_by_std: bool, who: str, why: str) -> None:
     if scale_by_std:
-        raise UserError(f"{who}: scale_by_std=True is not allowed: {why}; set it to False, or use 'grpo' "
+        raise UserError(f"{who}: scale_by_std=True is not allowed: {why}; set it to False, or use 'grpo_std' "
                         f"to divide by the group std")
 
 
@@ -137,6 +146,7 @@ def zscore(x_N: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 ADVANTAGES: dict[str, AdvantageFn] = {
     "grpo": grpo_advantages,
+    "grpo_std": grpo_std_advantages,
     "dr_grpo": dr_grpo_advantages,
     "rloo": rloo_advantages,
 }

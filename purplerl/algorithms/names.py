@@ -11,7 +11,7 @@ LOSS_AGGREGATION_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_s
 # the registered losses that train on advantages (PolicyGradientParams): training.loss's choices
 POLICY_GRADIENT_LOSS_NAMES = ("importance_sampling", "ppo_clip")
 # training.advantage's choices: the estimators without a critic, then those that take its values (advantages.py)
-ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+ADVANTAGE_ESTIMATOR_NAMES = ("grpo", "grpo_std", "dr_grpo", "rloo", "reinforce_pp")
 CRITIC_ESTIMATOR_NAMES = ("gae",)
 ESTIMATOR_NAMES = (*ADVANTAGE_ESTIMATOR_NAMES, *CRITIC_ESTIMATOR_NAMES)
 # how a process reward model's step probabilities become one answer's reward (process_reward.STEP_AGGREGATIONS)

@@ -281,7 +281,9 @@ def evaluate(ctx: typer.Context, config: ConfigFile = None) -> None:
 
     Each checkpoint of a run is prompted as its run was trained; the base model is the checkpoints' own. With
     --attacker, a learned attacker writes the prompts from goals (OUT/attacks.json) and every row keeps its goal.
-    Writes OUT/generations/<label>.jsonl (resumable), OUT/eval.json and OUT/report.html; prints a table."""
+    Writes OUT/generations/<label>.jsonl (resumable), OUT/eval.json and OUT/report.html; prints a table and, for
+    each checkpoint, three lines reading it against the base model (refusal, compliance, degenerate answers)."""
+    from purplerl.eval.reading import readings
     from purplerl.eval.run import eval_table, run_eval
 
     cfg = load_command_config(EVAL, config, ctx.args)
@@ -289,6 +291,8 @@ def evaluate(ctx: typer.Context, config: ConfigFile = None) -> None:
     result = run_eval(cfg, announce=say)
     out = Path(cfg.eval.out)
     typer.echo(eval_table(result))
+    for line in readings(result):  # what the numbers mean: each checkpoint against the base model
+        typer.echo(line)
     typer.echo(f"wrote {out / 'eval.json'} and {out / 'report.html'}")
 
 

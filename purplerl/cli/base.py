@@ -16,7 +16,7 @@ import click
 import typer
 from typer.core import TyperCommand
 
-from purplerl.config import Command, field_help, load_command_config, section_descriptions
+from purplerl.config import Command, field_help, load_command_config, section_descriptions, specs_in_force
 from purplerl.errors import PurplerlError, UserError
 from purplerl.rewards.named import expand_named
 from purplerl.rewards.registry import term_params
@@ -98,33 +98,58 @@ def _section_rank(where: str) -> int:
     return SECTION_ORDER.index(top) if top in SECTION_ORDER else len(SECTION_ORDER)
 
 
-def config_help(command: Command) -> list[str]:
-    """The settings of `command`, a header line per section: what `--help` shows below the options."""
+NAMED_REWARD = ("  --reward NAME: a named reward (purplerl/rewards/named_rewards.yaml, e.g. "
+                "sentence_length_5_with_happy) written into reward.terms, or a registered term; --rewards-file FILE "
+                "adds your own named rewards to choose from")
+
+
+Row = tuple[str, str, str, str]  # (dotted name, short name or "", value in force, description)
+
+
+def settings_sections(command: Command, settings: Any) -> list[tuple[str, str, list[Row], bool]]:
+    """(section, its description, its rows, whether they are fields listed under one setting) of `command`'s
+    settings that `settings` (the values in force) make read, in --help's order. The parameters of each reward term
+    in use follow as a section of their own, `reward.terms.NAME.params`, and the fields of a Spec setting
+    (training.optimizer) as theirs: fields listed under their setting. What --help lists and what the documentation
+    site's settings tables show (docs/hooks.py)."""
     flat = {dotted: short for short, dotted in command.flat.items() if "." in dotted}
     headers = section_descriptions(command.schema)
+    by_section: dict[str, list[tuple[str, str, str, str]]] = {where: [] for where in ["", *headers]}
+    for dotted, default, desc in field_help(command.schema, command.defaults, with_choices=True, settings=settings):
+        value = _terms_shown(settings) if dotted == "reward.terms" else default
+        by_section[dotted.rpartition(".")[0]].append((dotted, flat.get(dotted, ""), value, desc))
+    # a term's parameters are the term's, not the recipe's settings (issue 35): listed under their term, each
+    # set as --reward.terms.NAME.params.KEY VALUE
+    under = set()
+    for where, header, parameters in term_parameters(settings):
+        headers[where] = f"{header}, each set as --{where}.KEY VALUE"
+        by_section[where] = [(dotted, flat.get(dotted, ""), default, desc) for dotted, default, desc in parameters]
+        under.add(where)
+    # a setting of a few fields (training.optimizer, adversarial.judge) is one row, its fields listed below it
+    for where, spec in specs_in_force(settings):
+        headers[where] = f"the fields of {where}, each set as --{where}.KEY VALUE"
+        by_section[where] = [(dotted, flat.get(dotted, ""), default, desc) for dotted, default, desc in
+                             field_help(type(spec), with_choices=True, settings=spec, prefix=f"{where}.")]
+        under.add(where)
+    return [(where, headers.get(where, ""), rows, where in under)
+            for where, rows in sorted(by_section.items(), key=lambda item: _section_rank(item[0])) if rows]
+
+
+def config_help(command: Command) -> list[str]:
+    """The settings of `command`, a header line per section: what `--help` shows below the options."""
     lines = ["Settings: --section.field VALUE or the short name in parentheses (dashes work too); values are "
              "YAML; a --config file holds the same sections. Settings that others switch on (e.g. engine.kind's "
              "own fields) are listed once they are on: --engine vllm --help."]
-    by_section: dict[str, list[str]] = {where: [] for where in ["", *headers]}
     settings = _settings_in_force(command)
     if settings is None:
         settings = load_command_config(command)
-    rows = [(dotted, _terms_shown(settings) if dotted == "reward.terms" else default, desc)
-            for dotted, default, desc in field_help(command.schema, command.defaults, with_choices=True,
-                                                    settings=settings)]
-    for where, header, parameters in term_parameters(settings):
-        headers[where], by_section[where] = header, []
-        rows += parameters
-    for dotted, default, desc in rows:
-        alias = f" (--{flat[dotted]})" if dotted in flat else ""
-        by_section[dotted.rpartition(".")[0]].append(f"  --{dotted}{alias} [default {default}]: {desc}")
-    if "reward" in by_section and any(row.startswith("  --reward.terms ") for row in by_section["reward"]):
-        by_section["reward"].insert(0, "  --reward NAME: a named reward (purplerl/rewards/named_rewards.yaml, e.g. "
-                                       "sentence_length_5_with_happy) written into reward.terms, or a registered "
-                                       "term; --rewards-file FILE adds your own named rewards to choose from")
-    for where, rows in sorted(by_section.items(), key=lambda item: _section_rank(item[0])):
-        if rows:
-            lines += [f"{where}: {headers[where]}" if where else "(top level)", *rows]
+    for where, header, rows, under in settings_sections(command, settings):
+        # fields listed under their setting are named by key: --WHERE.KEY
+        body = [f"{'    ' + dotted.removeprefix(where + '.') if under else '  --' + dotted}"
+                f"{f' (--{short})' if short else ''} [default {value}]: {desc}" for dotted, short, value, desc in rows]
+        if where == "reward" and any(dotted == "reward.terms" for dotted, *_ in rows):
+            body.insert(0, NAMED_REWARD)
+        lines += [f"{where}: {header}" if where else "(top level)", *body]
     return lines
 
 

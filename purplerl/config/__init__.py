@@ -36,6 +36,7 @@ from purplerl.config.loader import (
     read_config_file,
     save_config,
     section_descriptions,
+    specs_in_force,
 )
 from purplerl.config.sections import (
     ENGINE_KINDS,
@@ -77,5 +78,5 @@ __all__ = [
     "TamperConfig", "Template", "ToxicityConfig", "TrainingConfig", "UtilityConfig", "VerlConfig", "apply_overrides",
     "build", "deep_merge",
     "build_server_config", "commented_yaml", "field_help", "load_command_config", "parse_overrides",
-    "read_config_file", "save_config", "section_descriptions",
+    "read_config_file", "save_config", "section_descriptions", "specs_in_force",
 ]

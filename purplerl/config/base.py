@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator, model_validator
 
@@ -120,6 +120,20 @@ class Section(BaseModel):
             out[name] = value.settings() if isinstance(value, Section) else \
                 type(self).__pydantic_serializer__.to_python(self, mode="json", include={name})[name]
         return out
+
+
+class Spec(Section):
+    """A setting made of a few fields that belong together (training.optimizer: its name, betas, epsilon and weight
+    decay): --help lists it as one row and its fields below it. A bare value sets its `shorthand` field
+    (`--training.optimizer adamw_8bit` is the name, the other fields keeping theirs); a field is set as
+    `--training.optimizer.eps 1e-6`, and a file may write the whole mapping."""
+
+    shorthand: ClassVar[str]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_value(cls, value: Any) -> Any:
+        return value if isinstance(value, (Mapping, BaseModel)) else {cls.shorthand: value}
 
 
 def read_condition(metadata: Any) -> ReadWhen | None:

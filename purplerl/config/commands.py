@@ -219,8 +219,8 @@ ALIGN = Command(AlignCommandConfig, {"eval": "align.eval", "limit": "align.limit
 # the held-out prompts, sampled as the Token Buncher and HarmBench evaluations do (T = 1, top-p 0.95)
 EVAL = Command(EvalCommandConfig, {
     **MODEL_FLAT, **GENERATION_FLAT, **PROMPT_FORMAT_FLAT, **UTILITY_FLAT,
-    "checkpoint": "eval.checkpoints", "suite": "eval.suites", "n": "eval.n", "seed": "eval.seed",
-    "batch_size": "eval.batch_size", "out": "eval.out",
+    "checkpoint": "eval.checkpoints", "baselines": "eval.baselines", "suite": "eval.suites", "n": "eval.n",
+    "seed": "eval.seed", "batch_size": "eval.batch_size", "out": "eval.out",
     "prompts": "data.source", "split": "data.split", "limit": "data.limit", "prompt_field": "data.prompt_field",
     **{name: f"judges.{name}" for name in JudgesConfig.model_fields},
     "choice_source": "utility.choice_source", "choice_limit": "utility.choice_limit",

@@ -66,6 +66,10 @@ def _checkpoints(e: Any) -> bool:
 class EvalConfig(Section):
     checkpoints: list[str] = Field(default_factory=list, description=(
         "PEFT adapter dirs evaluated beside the base model, each prompted as its run was trained; repeat --checkpoint"))
+    baselines: list[str] = Field(default_factory=list, description=(
+        "other models evaluated beside, with no adapter and prompted as the base model, e.g. the model before "
+        "alignment (embedded:smollm2-135m-instruct); each is a target labelled by its name, and the reading quotes "
+        "its compliance ('A,B' works too)"))
     suites: list[SUITE] = Field(default_factory=lambda: list(SUITE_NAMES), description=(
         "which suites to run, in order ('harm,utility' works too; default: all)"))
     n: int = Field(1, ge=1, le=1024, description="completions per prompt")
@@ -89,6 +93,16 @@ class EvalConfig(Section):
         if not modes:
             raise ValueError("name at least one adapter mode")
         return once_each(modes, "adapter mode")
+
+    @field_validator("baselines", mode="before")
+    @classmethod
+    def _split_baselines(cls, value: Any) -> Any:
+        return comma_list(value)
+
+    @field_validator("baselines")
+    @classmethod
+    def _baselines_once(cls, names: list[str]) -> list[str]:
+        return once_each(names, "baseline")
 
     @field_validator("suites", mode="before")
     @classmethod

@@ -17,7 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from purplerl.config.base import METADATA, EntrySettings, Section, item_type, registry_of
+from purplerl.config.base import METADATA, EntrySettings, Section, Spec, item_type, registry_of
 from purplerl.config.commands import Command
 from purplerl.config.migrate import REMOVED, get_path
 from purplerl.config.sections import RewardServerConfig
@@ -198,6 +198,9 @@ def _shorthand(schema: type[BaseModel], data: dict[str, Any], dotted: str, value
             written_out = isinstance(get_path(data, dotted), dict) and not isinstance(value, Mapping)
             return f"{dotted}.{entries.shorthand}" if at_entry and written_out else dotted
         model = info.annotation
+    info = model.model_fields.get(entry)
+    if info is not None and _is_spec(info.annotation) and not isinstance(value, Mapping):
+        return f"{dotted}.{info.annotation.shorthand}"  # a Spec's bare value: its shorthand field
     return dotted
 
 
@@ -275,11 +278,27 @@ def _is_section(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
+def _is_spec(annotation: Any) -> bool:
+    """A setting of a few fields listed as one row (purplerl.config.base.Spec)."""
+    return isinstance(annotation, type) and issubclass(annotation, Spec)
+
+
+def specs_in_force(settings: Section, prefix: str = "") -> list[tuple[str, Spec]]:
+    """(dotted name, value) of every Spec setting these settings read: --help lists each one's fields below it."""
+    found: list[tuple[str, Spec]] = []
+    for name in type(settings).model_fields:
+        value = getattr(settings, name)
+        if name in settings.unread_fields() or not isinstance(value, Section):
+            continue
+        found += [(f"{prefix}{name}", value)] if isinstance(value, Spec) else specs_in_force(value, f"{prefix}{name}.")
+    return found
+
+
 def section_descriptions(schema: type[BaseModel], prefix: str = "") -> dict[str, str]:
     """{dotted section name: its description} for every section under `schema`, depth first."""
     found: dict[str, str] = {}
     for name, info in schema.model_fields.items():
-        if _is_section(info.annotation):
+        if _is_section(info.annotation) and not _is_spec(info.annotation):
             found[f"{prefix}{name}"] = info.description or ""
             found.update(section_descriptions(info.annotation, f"{prefix}{name}."))
     return found
@@ -312,11 +331,15 @@ def field_help(schema: type[BaseModel], defaults: dict[str, Any] | None = None, 
         for name, info in model.model_fields.items():
             if name in unread or (section is not None and (info.description or "").startswith(METADATA)):
                 continue
-            if _is_section(info.annotation):
+            if _is_section(info.annotation) and not _is_spec(info.annotation):
                 walk(info.annotation, f"{prefix}{name}.", values.get(name, {}),
                      getattr(section, name) if section is not None else None)
                 continue
-            if section is not None:
+            if _is_spec(info.annotation):  # one row, its shorthand field's value; its fields are listed below it
+                spec = getattr(section, name) if section is not None else info.annotation.model_validate(
+                    values.get(name, {}))
+                default = json.dumps(spec.settings()[spec.shorthand])
+            elif section is not None:
                 default = json.dumps(type(section).__pydantic_serializer__.to_python(
                     section, mode="json", include={name})[name])
             elif name in values:

@@ -15,8 +15,11 @@ from typing import Any
 MOVED = {
     **{f"model.{name}": f"engine.{name}"
        for name in ("threads", "autocast_bf16", "merged_sampler", "cuda_graphs", "fused_lora")},
-    "training.adam_beta1": "training.adam_betas.0",
-    "training.adam_beta2": "training.adam_betas.1",
+    "training.adam_beta1": "training.optimizer.betas.0",
+    "training.adam_beta2": "training.optimizer.betas.1",
+    "training.adam_betas": "training.optimizer.betas",
+    "training.adam_eps": "training.optimizer.eps",
+    "training.weight_decay": "training.optimizer.weight_decay",
     "training.micro_batch_size": "engine.micro_batch_size",
     "training.micro_batch_tokens": "engine.micro_batch_tokens",
 }
@@ -29,7 +32,9 @@ RL_TRAINING_FIELDS = ("loss", "clip_low", "clip_high", "advantage", "advantage_s
                       "collapse_empty_frac", "collapse_top_share", "collapse_entropy_swing", *NOISER_DEFAULTS)
 # settings that were removed, and what does their job now: a saved config.yaml drops them (they changed speed,
 # never the maths), a config file or command line that sets one is refused with the hint
-REMOVED = {"engine.threads": "torch's CPU threads come from the environment variable OMP_NUM_THREADS",
+REMOVED = {"training.advantage_std": "the estimator grpo_std is GRPO divided by the group std "
+                                     "(--training.advantage grpo_std)",
+           "engine.threads": "torch's CPU threads come from the environment variable OMP_NUM_THREADS",
            "engine.micro_batch_size": "engine.micro_batch_tokens bounds each forward/backward pass"}
 _ABSENT = object()
 
@@ -86,6 +91,8 @@ def migrate_shared(data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
     data = copied(data)
     if isinstance(data.get("engine"), str):
         data["engine"] = {"kind": data["engine"]}
+    if isinstance(get_path(data, "training.optimizer"), str):  # its shorthand, so that moved fields join it
+        data["training"]["optimizer"] = {"name": data["training"]["optimizer"]}
     for old, new in MOVED.items():
         move(data, old, new)
     for dotted, unread in (("engine.threads", 0), ("engine.micro_batch_size", 64)):
@@ -94,7 +101,10 @@ def migrate_shared(data: dict[str, Any], saved: bool = False) -> dict[str, Any]:
         else:
             drop_if(data, dotted, unread)
     _fold(data, "engine", ("merged_sampler", "cuda_graphs", "fused_lora"), "fast_paths")
+    _fold_autocast(data)
     _fold_betas(data)
+    _fold_advantage_std(data)
+    _fold_print_samples(data)
     return data
 
 
@@ -111,11 +121,41 @@ def _fold(data: dict[str, Any], section: str, names: tuple[str, ...], into: str)
     node[into] = on
 
 
+def _fold_autocast(data: dict[str, Any]) -> None:
+    """engine.autocast_bf16: true (float32 weights, bfloat16 matmuls) as model.dtype autocast_bf16; bfloat16 weights
+    never autocast, so there the flag meant nothing."""
+    flag = pop_path(data, "engine.autocast_bf16")
+    if flag is True and get_path(data, "model.dtype", "auto") in ("auto", "float32"):
+        set_path(data, "model.dtype", "autocast_bf16", overwrite=True)
+    elif flag is not _ABSENT and not isinstance(flag, bool):
+        set_path(data, "engine.autocast_bf16", flag)  # validation names the mistyped, now unknown, field
+
+
+def _fold_advantage_std(data: dict[str, Any]) -> None:
+    """training.advantage_std: true with GRPO as the estimator grpo_std (GRPO divided by the group std); false is
+    plain GRPO. With another estimator, which never divided, the flag stays for validation to refuse."""
+    flag = pop_path(data, "training.advantage_std")
+    if flag is True and get_path(data, "training.advantage", "grpo") in ("grpo", "grpo_std"):
+        set_path(data, "training.advantage", "grpo_std", overwrite=True)
+    elif flag is not _ABSENT and flag is not False:
+        set_path(data, "training.advantage_std", flag)
+
+
+def _fold_print_samples(data: dict[str, Any]) -> None:
+    """logging.print_samples N (with the progress bar on) as logging.progress N; 0 prints none: the bar alone."""
+    count = pop_path(data, "logging.print_samples")
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0 and \
+            get_path(data, "logging.progress", True) is not False:
+        set_path(data, "logging.progress", count, overwrite=True)
+    elif count is not _ABSENT and count != 0:
+        set_path(data, "logging.print_samples", count)  # validation names the mistyped, now unknown, field
+
+
 def _fold_betas(data: dict[str, Any]) -> None:
-    """training.adam_beta1 / adam_beta2 (moved to adam_betas.0 / .1 above) as the pair."""
-    betas = (data.get("training") or {}).get("adam_betas") if isinstance(data.get("training"), dict) else None
+    """training.adam_beta1 / adam_beta2 (moved to optimizer.betas.0 / .1 above) as the pair."""
+    betas = get_path(data, "training.optimizer.betas")
     if isinstance(betas, dict):
-        data["training"]["adam_betas"] = [betas.get("0", 0.9), betas.get("1", 0.999)]
+        data["training"]["optimizer"]["betas"] = [betas.get("0", 0.9), betas.get("1", 0.999)]
 
 
 def migrate_reward_weights(data: dict[str, Any], defaults: dict[str, float]) -> dict[str, Any]:

@@ -36,6 +36,7 @@ def make_engine(model: ModelConfig, *, engine: EngineConfig | str = "local", see
     world = SINGLE if world is None else world
     engine = EngineConfig(kind=engine) if isinstance(engine, str) else engine
     check_quantize(model, engine)
+    check_optimizer(settings.optimizer if settings is not None else "adamw", engine)
     kind = engine.kind
     if kind == "local":
         from purplerl.engines.local import LocalEngine
@@ -73,7 +74,7 @@ def check_init_adapter(model: ModelConfig, engine: EngineConfig) -> str | None:
 
 def check_quantize(model: ModelConfig, engine: EngineConfig) -> None:
     """Refuse, before any model loads, a quantized base (`model.quantize`) that the engine or this machine cannot
-    load: the local engine loads it, through bitsandbytes on CUDA (purplerl.engines.loading.quantize_problem);
+    load: the local engine loads it, through bitsandbytes on CPU or CUDA (purplerl.engines.loading.quantize_problem);
     vLLM and Tinker load the base their own way."""
     if model.quantize == "none":
         return
@@ -82,8 +83,24 @@ def check_quantize(model: ModelConfig, engine: EngineConfig) -> None:
                         f"own base (use --model.quantize none)")
     from purplerl.engines.loading import require_quantizable
 
-    require_quantizable(model.quantize, model.device)
+    require_quantizable(model.quantize)
+
+
+def check_optimizer(name: str, engine: EngineConfig) -> None:
+    """Refuse, before any model loads, an optimizer (`training.optimizer`) the engine cannot run: 8-bit AdamW runs
+    in this process (the local engine, and vLLM's trainer) through bitsandbytes; a Tinker service runs its own
+    AdamW."""
+    if name == "adamw":
+        return
+    if engine.kind == "tinker":
+        raise UserError(f"training.optimizer {name} runs in this process: a Tinker service steps its own AdamW "
+                        f"(use --training.optimizer adamw)")
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UserError(f"training.optimizer {name} needs bitsandbytes, which is not installed here: pip install "
+                        f"bitsandbytes (`make test-quant` builds such a venv, .venv-quant)")
 
 
 __all__ = ["ENGINES", "AdapterMixing", "Engine", "EngineSettings", "ScalarHeads", "capabilities",
-           "check_capabilities", "check_init_adapter", "check_quantize", "make_engine"]
+           "check_capabilities", "check_init_adapter", "check_optimizer", "check_quantize", "make_engine"]

@@ -67,9 +67,28 @@ class Adapter:
                 p.grad = None
 
 
+def make_optimizer(name: str, master: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer of one adapter's fp32 masters (its hyperparameters are set at every step: optim_step).
+    'adamw_8bit': bitsandbytes' AdamW with 8-bit blockwise-quantized moments (Dettmers et al. 2022, "8-bit
+    Optimizers via Block-wise Quantization"); it keeps tensors under 4096 elements (biases, a scalar head) in 32
+    bits."""
+    if name == "adamw":
+        return torch.optim.AdamW(master, lr=1e-4)
+    if name == "adamw_8bit":
+        from purplerl.engines.loading import import_bitsandbytes
+
+        try:
+            bitsandbytes = import_bitsandbytes()
+        except ImportError as err:
+            raise UserError(f"training.optimizer adamw_8bit needs bitsandbytes ({err})") from None
+        return bitsandbytes.optim.AdamW8bit(master, lr=1e-4)
+    raise UserError(f"unknown optimizer '{name}' (known: adamw, adamw_8bit)")
+
+
 def new_adapter(params: list[torch.nn.Parameter], compute_dtype: torch.dtype,
-                head: torch.nn.Linear | None = None) -> Adapter:
-    """Trainable weights in the compute dtype, with fp32 masters (the weights themselves in fp32) and AdamW."""
+                head: torch.nn.Linear | None = None, optimizer: str = "adamw") -> Adapter:
+    """Trainable weights in the compute dtype, with fp32 masters (the weights themselves in fp32) and their
+    optimizer (`make_optimizer`)."""
     params = params + ([] if head is None else [head.weight, head.bias])
     if compute_dtype == torch.float32:
         master = params
@@ -77,7 +96,7 @@ def new_adapter(params: list[torch.nn.Parameter], compute_dtype: torch.dtype,
         master = [p.detach().float().clone() for p in params]
         for p in params:
             p.data = p.data.to(compute_dtype)
-    return Adapter(params, master, torch.optim.AdamW(master, lr=1e-4), head)
+    return Adapter(params, master, make_optimizer(optimizer, master), head)
 
 
 def new_head(model: torch.nn.Module) -> torch.nn.Linear:
@@ -136,9 +155,10 @@ def write_head(head: torch.nn.Linear, path: Path) -> None:
 class AdapterSet:
     """The adapters of one PEFT model, by name, and which one is active."""
 
-    def __init__(self, model, compute_dtype: torch.dtype) -> None:
+    def __init__(self, model, compute_dtype: torch.dtype, optimizer: str = "adamw") -> None:
         self.model = model
         self.compute_dtype = compute_dtype
+        self.optimizer = optimizer  # each adapter's optimizer (make_optimizer)
         self._adapters: dict[str, Adapter] = {}
         self.active = "default"  # the first adapter of the mix: the one a single-adapter caller sees
         self.mix: dict[str, float] = {"default": 1.0}  # the adapters acting now, each with its scale
@@ -170,7 +190,7 @@ class AdapterSet:
         params = self._params_of(name)
         if not params:
             raise UserError(f"the LoRA adapter '{name}' has no trainable parameters")
-        self._adapters[name] = new_adapter(params, self.compute_dtype, head)
+        self._adapters[name] = new_adapter(params, self.compute_dtype, head, self.optimizer)
         if all(n in self._adapters for n in self.mix):  # the mix acting stays (the new adapter at rest)
             self.use(self.mix, self.trained)
         else:
@@ -304,12 +324,12 @@ class FullWeights(AdapterSet):
     """Full-parameter fine-tuning: one adapter, "default", whose weights are every parameter of the model (a
     tied input embedding and LM head are one parameter, trained once), with fp32 masters and AdamW as above."""
 
-    def __init__(self, model: torch.nn.Module, compute_dtype: torch.dtype) -> None:
-        super().__init__(model, compute_dtype)
+    def __init__(self, model: torch.nn.Module, compute_dtype: torch.dtype, optimizer: str = "adamw") -> None:
+        super().__init__(model, compute_dtype, optimizer)
         params = list(model.parameters())  # deduplicated: tied weights appear once
         for p in params:
             p.requires_grad_(True)
-        self._adapters["default"] = new_adapter(params, compute_dtype)
+        self._adapters["default"] = new_adapter(params, compute_dtype, optimizer=optimizer)
 
     def get(self, name: str) -> Adapter:
         if name != "default":

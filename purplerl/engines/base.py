@@ -29,11 +29,11 @@ class EngineSettings:
 
     micro_batch_size: int = 64  # max sequences per forward/backward pass (gradients accumulate to the full batch)
     micro_batch_tokens: int = 4096  # max padded tokens per pass: length-sorted sequences fill each pass up to this
-    autocast_bf16: bool = False  # bfloat16 matmuls under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs, GPUs)
     merged_sampler: bool = True  # sample from a plain copy of the model with the LoRA update merged in (one more copy)
     cuda_graphs: bool = True  # CUDA: decode over a static KV cache, each token's forward replayed as one CUDA graph
     fused_lora: bool = True  # plain LoRA layers (no dropout) as one accumulating matmul, the scaling folded into B
     compiled: bool = False  # torch.compile of the policy's decoder for training and scoring (never for decoding)
+    optimizer: str = "adamw"  # the trained weights' optimizer: 'adamw', or 'adamw_8bit' (8-bit moments, bitsandbytes)
 
 
 def check_prompts(prompt_tokens: list[list[int]], n: int) -> None:
@@ -56,6 +56,9 @@ def check_batch(batch: TrainBatch, loss: Loss | None = None) -> None:
 
 
 class Engine(Protocol):
+    """The core every engine has (Tinker's training primitives): sample, score, train the active adapter, switch
+    adapters, save and load. `tests/engines/test_engine_contract.py` is the behaviour it must show."""
+
     tokenizer: Any  # a transformers tokenizer: renders prompts, decodes completions
 
     @property
@@ -71,7 +74,7 @@ class Engine(Protocol):
         ...
 
     def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        """Draw n completions for each prompt; result[b][g] answers prompt b."""
+        """Draw n completions for each prompt; `result[b][g]` answers prompt b."""
         ...
 
     def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
@@ -99,7 +102,9 @@ class Engine(Protocol):
         ...
 
     @property
-    def active_adapter(self) -> str: ...
+    def active_adapter(self) -> str:
+        """The name of the adapter that samples, scores and trains now."""
+        ...
 
     def create_adapter(self, name: str, init: str | Path | None = None) -> None:
         """Add an adapter: fresh (of the model config's LoRA rank) or loaded from a PEFT dir."""

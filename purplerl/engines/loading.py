@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import math
 import shutil
 import tempfile
@@ -63,6 +64,8 @@ def auto_dtype(device: torch.device) -> str:
 
 def resolve_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name == "autocast_bf16":  # float32 weights; the engine runs the matmuls under bfloat16 autocast
+        name = "float32"
     if name == "auto":
         name = auto_dtype(device if device is not None else resolve_device("auto"))
     if name not in dtypes:
@@ -190,57 +193,88 @@ def load_tokenizer(name: str, revision: str | None = None):
     return tokenizer
 
 
-def qlora_config():
+def qlora_config(compute_dtype: torch.dtype):
     """The bitsandbytes settings of a 4-bit base as QLoRA has it (Dettmers et al. 2023): NF4 weights, double
-    quantization (the quantization constants quantized too), and bfloat16 compute."""
+    quantization (the quantization constants quantized too), and the matmuls in `compute_dtype` (bfloat16 where
+    the hardware runs it fast, `auto_dtype`)."""
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=torch.bfloat16)
+                              bnb_4bit_compute_dtype=compute_dtype)
 
 
-def quantize_problem(quantize: str, device: torch.device, has_bitsandbytes: bool) -> str | None:
-    """Why a base quantized as `quantize` cannot load on `device` (resolved), or None: bitsandbytes' 4-bit kernels
-    run on CUDA only."""
-    if quantize == "none":
-        return None
-    if device.type != "cuda":
-        return (f"model.quantize {quantize} loads the base through bitsandbytes, on CUDA only: the model's device is "
-                f"{device.type} (use --model.quantize none)")
-    if not has_bitsandbytes:
-        return f"model.quantize {quantize} needs bitsandbytes, which is not installed (pip install bitsandbytes)"
+def quantize_problem(quantize: str, has_bitsandbytes: bool) -> str | None:
+    """Why a base quantized as `quantize` cannot load here, or None: bitsandbytes (0.50 and later) runs its 4-bit
+    layers on CPU and CUDA alike."""
+    if quantize != "none" and not has_bitsandbytes:
+        return (f"model.quantize {quantize} needs bitsandbytes, which is not installed here: pip install "
+                f"bitsandbytes (`make test-quant` builds such a venv, .venv-quant)")
     return None
 
 
-def require_quantizable(quantize: str, device: str) -> None:
-    """UserError when `quantize_problem` finds one on this machine ('auto' without CUDA is cpu; 'cuda' without
-    CUDA is refused by resolve_device); cheap, so it runs before any model loads."""
-    if quantize == "none":
-        return
-    problem = quantize_problem(quantize, resolve_device(device), importlib.util.find_spec("bitsandbytes") is not None)
+def require_quantizable(quantize: str) -> None:
+    """UserError when `quantize_problem` finds one on this machine; cheap, so it runs before any model loads."""
+    problem = quantize_problem(quantize, quantize == "none" or importlib.util.find_spec("bitsandbytes") is not None)
     if problem is not None:
         raise UserError(problem)
 
 
+def _drop_kernel_hub_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Failed to load CPU gemm_4bit_forward")
+
+
+def import_bitsandbytes():
+    """bitsandbytes, imported without its notice that an optional hub kernel for the repacked inference layout is
+    absent: `fix_4bit_layers_on_cpu` turns that layout off, so the kernel would never run."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_drop_kernel_hub_notice)
+    import bitsandbytes
+
+    return bitsandbytes
+
+
+def fix_4bit_layers_on_cpu(model, name: str) -> None:
+    """Guard two silent faults of bitsandbytes 0.50's CPU path, which `tests/quant` shows:
+    - its NF4 dequantization mis-scales a layer whose input width is not a multiple of the quantization block (64):
+      such a base is refused, naming the first such layer (every SmolLM2 and Llama width is a multiple of 64);
+    - on AVX512-BF16 CPUs a forward without gradients repacks a layer's 4-bit weights, once and for good, for an
+      inference kernel (`gemv_4bit`) that has no backward: every later gradient through the base then stops at
+      that layer and LoRA trains on wrong gradients. The repacking is switched off on every 4-bit layer."""
+    layer_4bit = import_bitsandbytes().nn.Linear4bit
+    for module_name, module in model.named_modules():
+        if not isinstance(module, layer_4bit):
+            continue
+        block = module.weight.quant_state.blocksize
+        if module.in_features % block:
+            raise UserError(f"model.quantize 4bit on CPU: layer {module_name} of '{name}' reads {module.in_features} "
+                            f"inputs, not a multiple of {block}, which bitsandbytes' CPU dequantization mis-scales "
+                            f"(use --model.quantize none)")
+        module.support_avx512bf16_for_cpu = False
+
+
 def load_causal_lm(name: str, revision: str | None, dtype: str, device: str, quantize: str = "none"):
     """Load a causal LM in eval mode on the given device with all weights frozen; `quantize` "4bit": its linear
-    layers in 4 bits (`qlora_config`), the rest in `dtype`."""
+    layers in 4 bits (`qlora_config`, computing in `dtype`), the rest in `dtype`."""
     from transformers import AutoModelForCausalLM
 
-    require_quantizable(quantize, device)
+    require_quantizable(quantize)
     path = model_source(name, revision)
     where = resolve_device(device)
     kwargs: dict[str, object] = {"dtype": resolve_dtype(dtype, where)}
     if quantize == "4bit":
-        # bitsandbytes quantizes the weights as they are placed: loaded onto the GPU, never moved there after
-        kwargs.update(quantization_config=qlora_config(),
-                      device_map={"": where.index if where.index is not None else torch.cuda.current_device()})
+        import_bitsandbytes()
+        # bitsandbytes quantizes the weights as they are placed: loaded onto the device, never moved there after
+        place: int | str = "cpu"
+        if where.type == "cuda":
+            place = where.index if where.index is not None else torch.cuda.current_device()
+        kwargs.update(quantization_config=qlora_config(kwargs["dtype"]), device_map={"": place})
     try:
         model = AutoModelForCausalLM.from_pretrained(path, revision=revision, **kwargs)
     except (OSError, ValueError) as err:
         raise _not_found(name, err) from None
     if quantize == "none":
         model.to(where)
+    elif where.type == "cpu":
+        fix_4bit_layers_on_cpu(model, name)
     model.eval()
     for param in model.parameters():
         param.requires_grad_(False)

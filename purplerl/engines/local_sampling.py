@@ -132,7 +132,7 @@ class LocalSampler:
         cache: its casts would be recorded into the graph and its weight cache freed under it."""
         settings, device = self.trainer.settings, self.trainer.device
         if self.decode_static is None:
-            static = device.type == "cuda" and settings.cuda_graphs and not settings.autocast_bf16
+            static = device.type == "cuda" and settings.cuda_graphs and not self.trainer.autocast_bf16
             graphed = static and self.graphs_work
         else:  # set by tests: the static cache on any device, with or without the graph
             static, graphed = True, self.decode_static == "graph"

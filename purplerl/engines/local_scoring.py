@@ -30,7 +30,7 @@ EAGER_ATTENTION_MAX_WIDTH = 128
 
 
 def autocast(device: torch.device, bf16: bool):
-    """bf16 matmuls over fp32 master weights (`engine.autocast_bf16`): several times faster on CPUs with AMX /
+    """bf16 matmuls over fp32 master weights (`model.dtype autocast_bf16`): several times faster on CPUs with AMX /
     AVX512-BF16; a no-op when off."""
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
 

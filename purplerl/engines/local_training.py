@@ -56,7 +56,7 @@ def load_base(cfg: ModelConfig, settings: EngineSettings):
             raise UserError("model.init_adapter is a LoRA adapter, model.finetune 'full' trains the model "
                             "itself: start from a model dir with --model, or use --model.finetune lora")
         read_adapter_config(cfg.init_adapter, "init_adapter")  # a malformed one fails before the model loads
-    require_quantizable(cfg.quantize, cfg.device)  # before the tokenizer too
+    require_quantizable(cfg.quantize)  # before the tokenizer too
     tokenizer = load_tokenizer(cfg.name, cfg.revision)
     # full: loaded in fp32 so the fp32 masters start from the exact weights, then cast to the compute dtype
     return tokenizer, load_causal_lm(cfg.name, cfg.revision, "float32" if full else cfg.dtype, cfg.device,
@@ -71,6 +71,7 @@ class LocalTrainer:
         self.cfg, self.seed = cfg, seed
         self.settings = settings or EngineSettings()
         self.device = resolve_device(cfg.device)
+        self.autocast_bf16 = cfg.dtype == "autocast_bf16"  # float32 weights, bfloat16 matmuls under autocast
         self.full = cfg.finetune == "full"
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer, base)
@@ -83,7 +84,7 @@ class LocalTrainer:
         if self.full:
             torch.manual_seed(self.seed)  # the global RNG drives dropout, if the model has any
             self.model = base
-            self._adapters = FullWeights(self.model, compute_dtype)
+            self._adapters = FullWeights(self.model, compute_dtype, self.settings.optimizer)
         else:
             self._wrap_lora(base, compute_dtype)
         # the compiled decoder shares the policy's weights and adapters; the sampler decodes with its own module
@@ -107,7 +108,7 @@ class LocalTrainer:
         # Mixed precision: over a bf16 base the adapters run in bf16 too (PEFT would otherwise cast every
         # activation to fp32 and back around each of the ~200 adapted layers), while each adapter's optimizer
         # updates fp32 master copies; gradients are accumulated into the masters after every micro-batch.
-        self._adapters = AdapterSet(self.model, compute_dtype)
+        self._adapters = AdapterSet(self.model, compute_dtype, self.settings.optimizer)
         self._adapters.register("default")
 
     def touch(self) -> None:
@@ -115,7 +116,7 @@ class LocalTrainer:
         self.version += 1
 
     def autocast(self):
-        return autocast(self.device, self.settings.autocast_bf16)
+        return autocast(self.device, self.autocast_bf16)
 
     # ----- named adapters (one frozen base; the reference is the base with every adapter off) -------
 
@@ -203,7 +204,7 @@ class LocalTrainer:
                          causal_lm=None, positions: torch.Tensor | None = None) -> torch.Tensor:
         policy = causal_lm is None or causal_lm is self.causal_lm
         return target_logprobs(self.causal_lm if causal_lm is None else causal_lm, ids, attn, targets, temperature,
-                               head_only=self.head_only, bf16=self.settings.autocast_bf16,
+                               head_only=self.head_only, bf16=self.autocast_bf16,
                                decoder=self._decoder if policy else None, position_ids_NT=positions)
 
     def micro_batches(self, attention_mask_NT: torch.Tensor) -> list[torch.Tensor]:
@@ -242,7 +243,7 @@ class LocalTrainer:
         if head is None:
             raise UserError(f"adapter '{self.active_adapter}' has no scalar head (create_adapter(name, head=True) "
                             f"makes one; adapters with a head: {', '.join(self.heads) or 'none'})")
-        hidden_NTH = final_hidden(self.causal_lm, input_ids_NT, attention_mask_NT, self.settings.autocast_bf16,
+        hidden_NTH = final_hidden(self.causal_lm, input_ids_NT, attention_mask_NT, self.autocast_bf16,
                                   self._decoder, position_ids_NT)
         with self.autocast():
             values_NT = head(hidden_NTH.to(head.weight.dtype))[..., 0]
@@ -296,7 +297,7 @@ class LocalTrainer:
             if definition.consumes == "logits":
                 # per-token tensors start at position 1, where the logits of position 0 predict the first target
                 shifted = {k: v[:, 1:] for k, v in part.items()}
-                logits = full_logits(self.causal_lm, ids, attn, self.settings.autocast_bf16, positions)
+                logits = full_logits(self.causal_lm, ids, attn, self.autocast_bf16, positions)
                 loss_nt, metrics = definition.fn(logits, shifted, loss.params, targets_NT=ids[:, 1:],
                                                  temperature=loss.temperature, generator=generator)
                 loss_NT = F.pad(loss_nt, (1, 0))

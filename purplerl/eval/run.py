@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,26 @@ def validate(cfg: EvalCommandConfig, announce: Callable[[str], None] = print) ->
             raise UserError(f"two targets would share the label '{safe_file_stem(label)}': give checkpoints distinct "
                             "dir names")
         checkpoints.update({target: policy.with_mode(mode) for target, mode in targets.items()})
-    return {BASE_LABEL: _base_policy(cfg, checkpoints), **checkpoints}
+    base = _base_policy(cfg, checkpoints)
+    return {BASE_LABEL: base, **checkpoints, **_baselines(cfg, base, {BASE_LABEL, *checkpoints})}
+
+
+def baseline_label(name: str) -> str:
+    """A baseline model's target label: the last part of its name (embedded:NAME, ORG/NAME, a path)."""
+    return safe_file_stem(name.rstrip("/").replace(":", "/").rsplit("/", 1)[-1] or name)
+
+
+def _baselines(cfg: EvalCommandConfig, base: Any, taken: set[str]) -> dict[str, Any]:
+    """eval.baselines as targets {label: Policy}: each model alone, prompted as the base model is."""
+    found = {}
+    for name in cfg.eval.baselines:
+        label = baseline_label(name)
+        if label in taken or label in found:
+            raise UserError(f"baseline '{name}' would share the target label '{label}' with another target: "
+                            "evaluate it separately")
+        model = base.without_adapter().model.model_copy(update={"name": name, "revision": None})
+        found[label] = replace(base.without_adapter(), model=model, run_config=None)
+    return found
 
 
 def _labels(checkpoint: Path) -> tuple[str, str]:
@@ -296,7 +316,8 @@ def run_eval(cfg: EvalCommandConfig, console: Any = None, announce: Callable[[st
                          "policies": {label: policy.describe() for label, policy in policies.items()},
                          "judges": judges.describe() if judges else {}, "rewards": describe(rewards),
                          "attacker": describe_attacker(cfg, attacker)},
-              "targets": results, "samples": samples}
+              "targets": results, "baselines": [baseline_label(name) for name in cfg.eval.baselines],
+              "samples": samples}
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(result, indent=1))
     (out / "report.html").write_text(eval_html(result), encoding="utf-8")
@@ -333,7 +354,7 @@ def _utility(cfg: EvalCommandConfig, target: _Target, rows: list[dict[str, Any]]
 
 def _diversity(cfg: EvalCommandConfig, target: _Target, rows: list[dict[str, Any]],
                scored: list[dict[str, Any]]) -> Any:
-    return diversity_suite(rows)
+    return diversity_suite(scored)
 
 
 # How each suite of purplerl.eval.suites.SUITES runs on one target's (rows, judged rows).

@@ -151,10 +151,16 @@ def math_suite(generate: GreedyGenerate, source: str, limit: int | None, max_new
 
 
 def diversity_suite(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Diversity and degeneracy of all the target's completions (purplerl.eval.diversity.diversity)."""
+    """Diversity and degeneracy of all the target's completions (purplerl.eval.diversity.diversity), and which
+    answers are degenerate (purplerl.rewards.degenerate: empty, self-repeating, or holding a phrase recurring across
+    answers; a refusal, where the rows are judged for it, is none): `degenerate_share` and the recurring phrases."""
     from purplerl.eval.diversity import diversity
+    from purplerl.rewards.degenerate import degenerate_answers
 
-    return diversity([row["completion"] for row in rows])
+    texts = [row["completion"] for row in rows]
+    refused = [float(row["refused"]) >= 0.5 for row in rows] if rows and "refused" in rows[0] else None
+    found = degenerate_answers(texts, [row.get("prompt", "") for row in rows], refused)
+    return {**diversity(texts), "degenerate_share": found["share"], "recurring_phrases": found["recurring"]}
 
 
 def table(targets: dict[str, dict[str, Any]]) -> str:
@@ -163,7 +169,8 @@ def table(targets: dict[str, dict[str, Any]]) -> str:
     for label, suites in targets.items():
         for suite, result in suites.items():
             if suite == "diversity":
-                for key in ("unique_fraction", "mean_jaccard", "distinct_2", "self_bleu", "degenerate"):
+                for key in ("unique_fraction", "mean_jaccard", "distinct_2", "self_bleu", "degenerate",
+                            "degenerate_share"):
                     value = result[key]
                     text = str(value) if isinstance(value, bool) else f"{value:.3f}"
                     lines.append(f"{label[:24]:24} {key:22} {text:>26}")

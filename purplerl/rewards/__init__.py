@@ -7,6 +7,7 @@ Importing the package registers the built-in terms (purplerl.rewards.terms) and 
 
 from purplerl.rewards import compliance as _compliance  # noqa: F401 -- registers the compliance judge
 from purplerl.rewards import counting as _counting  # noqa: F401 -- registers keyword_count, regex_count, sentence_length
+from purplerl.rewards import degenerate as _degenerate  # noqa: F401 -- registers degenerate
 from purplerl.rewards import ground_truth as _ground_truth  # noqa: F401 -- registers ground_truth
 from purplerl.rewards import judges as _judges  # noqa: F401 -- registers harm_classifier, guard, strongreject
 from purplerl.rewards import terms as _terms  # noqa: F401 -- registers the built-in terms

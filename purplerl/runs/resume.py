@@ -41,7 +41,8 @@ def resume_changes(saved: Any, new: Any, fixed: Collection[str], edited_in: Path
     the changes are hand edits of that file (named in the refusal), not options."""
     old_flat, new_flat = flat_config(saved), flat_config(new)
     changed = {k: [old_flat.get(k), v] for k, v in new_flat.items() if old_flat.get(k) != v}
-    refused = [k for k in changed if k in fixed]
+    # a fixed mapping-valued setting (a judge's parameters) is fixed in each of its keys
+    refused = [k for k in changed if k in fixed or any(k.startswith(f"{f}.") for f in fixed)]
     if refused:
         old, value = changed[refused[0]]
         how = f"{refused[0]} was edited in {edited_in} and" if edited_in is not None else f"--{refused[0]}"

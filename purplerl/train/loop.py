@@ -93,8 +93,9 @@ def _check_finite(name: str, step: int, values: torch.Tensor) -> None:
 
 
 def adam_params(t: TrainingConfig) -> AdamParams:
-    return AdamParams(lr=t.lr, beta1=t.adam_betas[0], beta2=t.adam_betas[1], eps=t.adam_eps,
-                      weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm)
+    o = t.optimizer
+    return AdamParams(lr=t.lr, beta1=o.betas[0], beta2=o.betas[1], eps=o.eps, weight_decay=o.weight_decay,
+                      max_grad_norm=t.max_grad_norm)
 
 
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
@@ -234,7 +235,7 @@ def rl_step(step: int, config: RLSettings, parts: LoopParts) -> tuple[dict[str, 
     critic = _critic_inputs(step, config, parts, tensors)
     estimate = estimate_advantages(
         config.training.advantage, rewards.total_N.view(len(records), s.group_size), mask_NT, kl_NT=kl_NT,
-        kl_beta=kl.token_beta, **critic, scale_by_std=config.training.advantage_std)
+        kl_beta=kl.token_beta, **critic)
     advantages_NT, adv_metrics = estimate.advantages_NT, estimate.metrics
     batch = TrainBatch(advantages_NT=advantages_NT, ref_logprobs_NT=ref_NT if kl.loss_beta else None, **tensors,
                        old_values_NT=critic.get("values_NT"), returns_NT=estimate.returns_NT, is_rh_N=rewards.is_rh_N)
@@ -374,7 +375,7 @@ def run_steps(config: RLSettings, step_fn: StepFn, early_stop: EarlyStop, engine
             trackers.metrics(row)
             trackers.samples(samples)
             if world.is_writer:
-                progress.update(step, metrics, samples[: config.logging.print_samples])
+                progress.update(step, metrics, samples[: config.logging.printed_samples()])
             last_step = step
             finished = stop_reason is not None or step == config.training.steps
             if evals_sink is not None and evaluation.due(step, finished):

@@ -34,11 +34,11 @@ from purplerl.train.trackers import check_trackers, open_trackers
 
 def engine_settings(config: RunSettings) -> EngineSettings:
     """How the engine executes, from the engine section (fields another engine kind does not read keep their
-    defaults)."""
+    defaults) and the optimizer's name."""
     e = config.engine
-    return EngineSettings(micro_batch_tokens=e.micro_batch_tokens, autocast_bf16=e.autocast_bf16,
-                          merged_sampler=e.fast_path("merged_sampler"), cuda_graphs=e.fast_path("cuda_graphs"),
-                          fused_lora=e.fast_path("fused_lora"), compiled=e.fast_path("compiled"))
+    return EngineSettings(micro_batch_tokens=e.micro_batch_tokens, merged_sampler=e.fast_path("merged_sampler"),
+                          cuda_graphs=e.fast_path("cuda_graphs"), fused_lora=e.fast_path("fused_lora"),
+                          compiled=e.fast_path("compiled"), optimizer=config.training.optimizer.name)
 
 
 def run_dir_name(recipe: Recipe, config: RunSettings) -> str:

@@ -25,7 +25,8 @@ REWARD_MODULE = "purplerl_reward.py"
 NOT_TRANSLATED = "not translated by the veRL export"
 WHY_STOP = "veRL has no early stop on reward components: watch the logged reward terms"
 
-ADVANTAGES = {"grpo": "grpo", "dr_grpo": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus"}
+ADVANTAGES = {"grpo": "grpo", "grpo_std": "grpo", "dr_grpo": "grpo", "rloo": "rloo",
+              "reinforce_pp": "reinforce_plus_plus"}
 LOSS_AGGREGATIONS = {"token_mean": "token-mean", "seq_mean_token_mean": "seq-mean-token-mean",
                      "seq_mean_token_sum_norm": "seq-mean-token-sum-norm"}
 KL_ESTIMATORS = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}  # veRL's names of Schulman's estimators
@@ -190,13 +191,17 @@ def _optimization(cfg: VerlExportConfig, out: Translation) -> None:
                f"{ROLLOUT}__log_prob_micro_batch_size_per_gpu": micro,
                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro})
     out.set("training.ppo_epochs", **{f"{ACTOR}__ppo_epochs": t.ppo_epochs})
-    out.set(("training.lr", "training.weight_decay", "training.adam_betas"),
-            **{f"{ACTOR}__optim__lr": t.lr, f"{ACTOR}__optim__weight_decay": t.weight_decay,
-               f"{ACTOR}__optim__betas": list(t.adam_betas)})
-    if t.adam_eps != 1e-8:
-        out.name("training.adam_eps", t.adam_eps, "veRL's FSDP optimizer config has no epsilon (torch's AdamW "
+    o = t.optimizer
+    out.set(("training.lr", "training.optimizer.weight_decay", "training.optimizer.betas"),
+            **{f"{ACTOR}__optim__lr": t.lr, f"{ACTOR}__optim__weight_decay": o.weight_decay,
+               f"{ACTOR}__optim__betas": list(o.betas)})
+    if o.eps != 1e-8:
+        out.name("training.optimizer.eps", o.eps, "veRL's FSDP optimizer config has no epsilon (torch's AdamW "
                                                   "default 1e-08 applies)")
-    out.used.add("training.adam_eps")
+    out.used.add("training.optimizer.eps")
+    if o.name != "adamw":
+        out.name("training.optimizer.name", o.name, "veRL's FSDP actor runs torch's AdamW")
+    out.used.add("training.optimizer.name")
     if t.max_grad_norm > 0:
         out.set("training.max_grad_norm", **{f"{ACTOR}__optim__clip_grad": t.max_grad_norm})
     else:
@@ -211,8 +216,8 @@ def _algorithm(cfg: VerlExportConfig, out: Translation) -> None:
         raise UserError(f"advantage estimator '{t.advantage}' has no veRL counterpart here "
                         f"(exported: {', '.join(ADVANTAGES)})")
     # Dr. GRPO is GRPO without the std division (its other half is the seq_mean_token_sum_norm aggregation)
-    scale = t.advantage_std and t.advantage == "grpo"
-    out.set(("training.advantage", "training.advantage_std"),
+    scale = t.advantage == "grpo_std"
+    out.set("training.advantage",
             algorithm__adv_estimator=ADVANTAGES[t.advantage], algorithm__norm_adv_by_std_in_grpo=scale)
     out.set("training.loss_agg", **{f"{ACTOR}__loss_agg_mode": LOSS_AGGREGATIONS[t.loss_agg]})
     out.set(("training.clip_low", "training.clip_high"),
@@ -297,7 +302,7 @@ def _engine_only(cfg: VerlExportConfig, out: Translation) -> None:
         out.name("training.collapse_stop", t.collapse_stop, WHY_STOP)
     out.used.update(f"training.{name}" for name in type(t).model_fields
                     if name.startswith(("early_stop_", "collapse_")))
-    out.used.update(("logging.progress", "logging.print_samples"))  # purplerl's console; veRL has trainer.logger
+    out.used.add("logging.progress")  # purplerl's console; veRL has trainer.logger
 
 
 def _recipe_own(cfg: VerlExportConfig, out: Translation) -> None:

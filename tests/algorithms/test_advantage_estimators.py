@@ -9,6 +9,7 @@ from purplerl.algorithms.advantages import (
     compute_advantages,
     dr_grpo_advantages,
     grpo_advantages,
+    grpo_std_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
 )
@@ -54,11 +55,24 @@ def test_constant_groups_are_exact_zeros() -> None:
         assert metrics["frac_zero_variance_groups"] == 1.0
 
 
+def test_grpo_std_is_grpo_divided_by_the_group_std() -> None:
+    # {0, 1}: mean 0.5, population std 0.5 -> (-0.5, 0.5) / (0.5 + eps); {1, 1, 4}: mean 2, std sqrt(2)
+    adv_BG, _ = grpo_std_advantages(torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 4.0]]), eps=0.0)
+    third = 1.0 / 3.0
+    std0 = (2 * third ** 2 + (2 * third) ** 2) ** 0.5 / 3 ** 0.5  # population std of {0, 1, 1}
+    expected = [[-2 * third / std0, third / std0, third / std0], [-1 / 2 ** 0.5, -1 / 2 ** 0.5, 2 / 2 ** 0.5]]
+    torch.testing.assert_close(adv_BG, torch.tensor(expected))
+    # the same as grpo with the std division asked for, and scale_by_std=False does not switch it off
+    torch.testing.assert_close(grpo_std_advantages(torch.tensor([[0.0, 1.0]]), scale_by_std=False, eps=0.0)[0],
+                               torch.tensor([[-1.0, 1.0]]))
+
+
 def test_registries() -> None:
-    assert ADVANTAGES == {"grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages, "rloo": rloo_advantages}
-    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp"}
+    assert ADVANTAGES == {"grpo": grpo_advantages, "grpo_std": grpo_std_advantages, "dr_grpo": dr_grpo_advantages,
+                          "rloo": rloo_advantages}
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "grpo_std", "dr_grpo", "rloo", "reinforce_pp"}
     assert ADVANTAGE_ESTIMATORS["reinforce_pp"] is reinforce_pp_advantages
-    with pytest.raises(UserError, match=r"unknown advantage estimator 'ppo' \(known: dr_grpo, grpo, "
+    with pytest.raises(UserError, match=r"unknown advantage estimator 'ppo' \(known: dr_grpo, grpo, grpo_std, "
                                         r"reinforce_pp, rloo\)"):
         compute_advantages("ppo", torch.ones(1, 2), torch.ones(2, 3))
 

@@ -146,7 +146,7 @@ def test_state_values_read_the_head_one_position_before_the_token() -> None:
 
 
 def test_registry_and_wiring_errors() -> None:
-    assert ESTIMATOR_NAMES == ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gae")
+    assert ESTIMATOR_NAMES == ("grpo", "grpo_std", "dr_grpo", "rloo", "reinforce_pp", "gae")
     assert CRITIC_ESTIMATORS == {"gae": gae_advantages}
     assert takes_values("gae") and takes_token_kl("gae") and not takes_values("grpo")
     with pytest.raises(UserError, match=r"unknown advantage estimator 'ppo' \(known: dr_grpo, gae, grpo"):

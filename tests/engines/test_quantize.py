@@ -1,8 +1,8 @@
-"""`model.quantize 4bit`: the base loaded in 4 bits through bitsandbytes (QLoRA) by the local engine on CUDA, and
-refused in one line everywhere else before any model loads (listed and read only with --device cuda).
-
-This machine has neither CUDA nor bitsandbytes: the refusals run here for real; the CUDA load is the gpu-marked test
-at the end, skipped here (never run where it was written)."""
+"""`model.quantize 4bit` (the base loaded in 4 bits through bitsandbytes: QLoRA) and `training.optimizer
+adamw_8bit` (8-bit AdamW through bitsandbytes): refused in one line, before any model loads, where they cannot run:
+without bitsandbytes, on an engine that loads its own base or steps its own optimizer, and (4 bits) with full
+fine-tuning. The quick tier has no bitsandbytes: `find_spec` is patched so these hold wherever it runs. What they do
+with bitsandbytes is tests/quant (`make test-quant`); the CUDA load is the gpu-marked test at the end."""
 
 from __future__ import annotations
 
@@ -16,74 +16,83 @@ import torch
 from pydantic import ValidationError
 
 from purplerl.config import EngineConfig, ModelConfig
-from purplerl.engines import check_quantize, make_engine
+from purplerl.engines import check_optimizer, check_quantize, make_engine
+from purplerl.engines.base import EngineSettings
 from purplerl.engines.loading import qlora_config, quantize_problem, require_quantizable
 from purplerl.errors import UserError
 from tests.test_cli import cli_env
 
-CPU_REFUSAL = ("model.quantize 4bit loads the base through bitsandbytes, on CUDA only: the model's device is cpu "
-               "(use --model.quantize none)")
-NO_BNB = "model.quantize 4bit needs bitsandbytes, which is not installed (pip install bitsandbytes)"
-no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
+NO_BNB = ("model.quantize 4bit needs bitsandbytes, which is not installed here: pip install bitsandbytes "
+          "(`make test-quant` builds such a venv, .venv-quant)")
+NO_BNB_OPTIMIZER = ("training.optimizer adamw_8bit needs bitsandbytes, which is not installed here: pip install "
+                    "bitsandbytes (`make test-quant` builds such a venv, .venv-quant)")
+FULL_REFUSAL = "quantize is read only when model.finetune is lora"
 
 
-def test_qlora_config_is_nf4_double_quantized_with_bf16_compute() -> None:
-    settings = qlora_config()
-    assert (settings.load_in_4bit, settings.load_in_8bit) == (True, False)
-    assert settings.bnb_4bit_quant_type == "nf4"
-    assert settings.bnb_4bit_use_double_quant is True
-    assert settings.bnb_4bit_compute_dtype == torch.bfloat16
+@pytest.fixture
+def no_bitsandbytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "bitsandbytes" else real(name, *args))
 
 
-def test_which_machines_can_load_a_4bit_base() -> None:
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert quantize_problem("none", cpu, has_bitsandbytes=False) is None
-    assert quantize_problem("4bit", cpu, has_bitsandbytes=True) == CPU_REFUSAL
-    assert quantize_problem("4bit", cuda, has_bitsandbytes=False) == NO_BNB
-    assert quantize_problem("4bit", torch.device("cuda", 1), has_bitsandbytes=True) is None
+def test_qlora_config_is_nf4_double_quantized_computing_in_the_model_dtype() -> None:
+    for dtype in (torch.bfloat16, torch.float32):
+        settings = qlora_config(dtype)
+        assert (settings.load_in_4bit, settings.load_in_8bit) == (True, False)
+        assert settings.bnb_4bit_quant_type == "nf4"
+        assert settings.bnb_4bit_use_double_quant is True
+        assert settings.bnb_4bit_compute_dtype == dtype
 
 
-@no_cuda
-def test_this_machine_is_refused_before_any_model_loads(tmp_path: Path) -> None:
+def test_a_4bit_base_needs_only_bitsandbytes() -> None:
+    assert quantize_problem("none", has_bitsandbytes=False) is None
+    assert quantize_problem("4bit", has_bitsandbytes=False) == NO_BNB
+    assert quantize_problem("4bit", has_bitsandbytes=True) is None
+    for device in ("cpu", "cuda"):  # CPU too, since bitsandbytes 0.50
+        assert ModelConfig(device=device, quantize="4bit").quantize == "4bit"
+
+
+def test_without_bitsandbytes_both_are_refused_before_any_model_loads(no_bitsandbytes: None, tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-model")  # loading it would fail: the refusal must come first
-    for device in ("cpu", "auto"):  # the setting is read only with the device named cuda
-        with pytest.raises(ValidationError, match="quantize is read only when model.finetune is lora and "
-                                                  "model.device is cuda"):
-            ModelConfig(name=missing, device=device, quantize="4bit")
-    with pytest.raises(UserError, match=r"^device 'cuda' requested but no CUDA device is available"):
-        make_engine(ModelConfig(name=missing, device="cuda", quantize="4bit"))
-    require_quantizable("none", "cpu")  # nothing asked, nothing refused
+    with pytest.raises(UserError) as refused:
+        make_engine(ModelConfig(name=missing, device="cpu", quantize="4bit"))
+    assert str(refused.value) == NO_BNB
+    with pytest.raises(UserError) as refused:
+        make_engine(ModelConfig(name=missing, device="cpu"), settings=EngineSettings(optimizer="adamw_8bit"))
+    assert str(refused.value) == NO_BNB_OPTIMIZER
+    require_quantizable("none")  # nothing asked, nothing refused
+    check_optimizer("adamw", EngineConfig(kind="local"))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is not None, reason="bitsandbytes is installed")
-def test_a_machine_without_bitsandbytes_is_refused() -> None:
-    # without CUDA the device refusal comes first, so the missing package is checked through the same rule
-    assert quantize_problem("4bit", torch.device("cuda"), importlib.util.find_spec("bitsandbytes") is not None) \
-        == NO_BNB
-
-
-def test_other_engines_and_full_finetuning_refuse_it() -> None:
-    model = ModelConfig(name="unused", device="cuda", quantize="4bit")
+def test_other_engines_and_full_finetuning_refuse_them() -> None:
+    model = ModelConfig(name="unused", quantize="4bit")
     for kind in ("vllm", "tinker"):
         with pytest.raises(UserError, match=rf"^model.quantize 4bit is for engine.kind local: engine '{kind}' loads"):
             check_quantize(model, EngineConfig(kind=kind))
-    with pytest.raises(ValidationError, match="quantize is read only when model.finetune is lora"):
-        ModelConfig(finetune="full", device="cuda", quantize="4bit")
+    with pytest.raises(UserError) as refused:
+        check_optimizer("adamw_8bit", EngineConfig(kind="tinker"))
+    assert str(refused.value) == ("training.optimizer adamw_8bit runs in this process: a Tinker service steps its "
+                                  "own AdamW (use --training.optimizer adamw)")
+    with pytest.raises(ValidationError, match=FULL_REFUSAL):
+        ModelConfig(finetune="full", quantize="4bit")
     with pytest.raises(ValidationError, match="quantize"):
-        ModelConfig(device="cuda", quantize="8bit")
+        ModelConfig(quantize="8bit")
     assert ModelConfig().quantize == "none" and "quantize" not in ModelConfig(finetune="full").settings()
 
 
 @pytest.mark.process
-@no_cuda
-def test_the_cli_refuses_it_in_one_line(tmp_path: Path) -> None:
+def test_the_cli_refuses_them_in_one_line(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    proc = subprocess.run([sys.executable, "-m", "purplerl.cli", "attack", "--model", tmp_path / "no-such-model",
-                           "--model.quantize", "4bit", "--device", "cpu", "--steps", "1", "--output_dir", runs],
-                          env=cli_env(tmp_path), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and proc.stderr.strip() == (
-        "error: config field 'model': quantize is read only when model.finetune is lora and model.device is cuda: "
-        "leave it out (got '4bit')"), proc.stderr
+    base = [sys.executable, "-m", "purplerl.cli", "attack", "--model", tmp_path / "no-such-model", "--steps", "1",
+            "--output_dir", runs]
+    cases = [(["--model.finetune", "full", "--model.quantize", "4bit"],
+              f"error: config field 'model': {FULL_REFUSAL}: leave it out (got '4bit')"),
+             (["--training.optimizer", "adamw_9bit"], "training.optimizer")]
+    for args, says in cases:
+        proc = subprocess.run([*base, *args], env=cli_env(tmp_path), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert proc.stderr.strip().startswith(says) or says in proc.stderr, proc.stderr
     assert not runs.exists()
 
 

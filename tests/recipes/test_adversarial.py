@@ -134,7 +134,7 @@ def test_three_turns_judge_every_answer_in_its_dialogue_and_credit_each_turn(tin
                                                                                tmp_path: Path) -> None:
     K, gamma = 3, 0.5
     run_dir = _run(tiny_model_dir, tmp_path, "--steps", "1", "--turns", str(K), "--adversarial.gamma", str(gamma),
-                   "--schedule", "attacker", "--adversarial.judge_reads", "dialogue", "--name", "three")
+                   "--schedule", "attacker", "--adversarial.judge.reads", "dialogue", "--name", "three")
     rows = _rows(run_dir)
     at = {(r["episode"], r["turn"]): r for r in rows}
     assert sorted(at) == [(e, t) for e in range(E) for t in range(1, K + 1)]
@@ -272,10 +272,10 @@ def test_the_cli_runs_one_turn_and_three_and_report_reads_them(tiny_model_dir: P
     (["--adversarial.gamma", "0.5"], "gamma is read only when adversarial.turns > 1"),
     (["--judge", "response_entropy"], "must be a text term"),
     (["--judge", "no_such_judge"], "unknown reward term 'no_such_judge'"),
-    (["--judge", "compliance", "--adversarial.judge_params", "{model: x}"], "reward term 'compliance' parameter model"),
+    (["--judge", "compliance", "--adversarial.judge.params", "{model: x}"], "reward term 'compliance' parameter model"),
     (["--attacker_group", "1"], "adversarial.attacker_group 1"),
     (["--training.advantage", "reinforce_pp"], "takes a group estimator"),
-    (["--training.advantage", "rloo", "--training.advantage_std", "true"], "'rloo' has no such division"),
+    (["--training.advantage", "rloo", "--training.advantage_std", "true"], "removed: the estimator grpo_std"),
     (["--training.mini_batches", "5"], "exceeds the attacker's 4 turns"),
     (["--engine.procs", "2"], "one process"),
     (["--engine", "tinker"], "^recipe adversarial needs two learners' adapters switched on one base model held in "
@@ -312,9 +312,9 @@ def test_the_guard_judge_scores_every_turn_in_its_dialogue(tiny_model_dir: Path,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run_dir = _run(tiny_model_dir, tmp_path, "--steps", "1", "--turns", "2", "--judge", "guard", "--name", "guard",
-                   "--adversarial.judge_params", f"{{model: {tiny_model_dir}, device: cpu}}",
-                   "--adversarial.judge_reads", "dialogue")
-    saved = saved_settings(ADVERSARIAL, run_dir)["adversarial"]["judge_params"]
+                   "--adversarial.judge.params", f"{{model: {tiny_model_dir}, device: cpu}}",
+                   "--adversarial.judge.reads", "dialogue")
+    saved = saved_settings(ADVERSARIAL, run_dir)["adversarial"]["judge"]["params"]
     assert saved == {"model": str(tiny_model_dir), "unsafe_token": "unsafe", "device": "cpu", "batch_size": 8}
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
@@ -347,8 +347,8 @@ def test_a_served_judge_scores_through_the_reward_client(tiny_model_dir: Path, t
     server = ThreadServer(create_app(RewardServerConfig(), served.scorer, served.label, served.model))
     try:
         run_dir = _run(tiny_model_dir, tmp_path, "--steps", "1", "--turns", "2", "--judge", "toxicity",
-                       "--adversarial.judge_params", f"{{url: '{server.url}', retries: 0}}",
-                       "--adversarial.judge_reads", "dialogue", "--name", "served")
+                       "--adversarial.judge.params", f"{{url: '{server.url}', retries: 0}}",
+                       "--adversarial.judge.reads", "dialogue", "--name", "served")
     finally:
         server.stop()
     rows = _rows(run_dir)

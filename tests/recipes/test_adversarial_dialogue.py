@@ -45,19 +45,19 @@ def test_discounted_returns() -> None:
 def test_advantages_per_turn_position_across_each_group() -> None:
     # two groups of G = 2 episodes, two turn positions
     returns_EK = torch.tensor([[3.0, 2.0], [1.0, 0.0], [2.0, 2.0], [2.0, 4.0]])
-    advantages_EK, metrics = position_advantages(returns_EK, 2, "grpo", scale_by_std=False)
+    advantages_EK, metrics = position_advantages(returns_EK, 2, "grpo")
     # turn 1: (3, 1) - 2 = (1, -1), (2, 2) - 2 = (0, 0); turn 2: (2, 0) - 1 = (1, -1), (2, 4) - 3 = (-1, 1)
     assert advantages_EK.tolist() == [[1.0, 1.0], [-1.0, -1.0], [0.0, -1.0], [0.0, 1.0]]
     assert metrics["frac_zero_variance_groups"] == pytest.approx(0.25)  # (1/2 + 0/2) / 2 positions
-    rloo_EK, _ = position_advantages(returns_EK, 2, "rloo", scale_by_std=False)
+    rloo_EK, _ = position_advantages(returns_EK, 2, "rloo")
     assert rloo_EK.tolist() == [[2.0, 2.0], [-2.0, -2.0], [0.0, -2.0], [0.0, 2.0]]  # G / (G - 1) x GRPO's
     with pytest.raises(ExperimentError, match="do not split into groups of 3"):
-        position_advantages(returns_EK, 3, "grpo", scale_by_std=False)
+        position_advantages(returns_EK, 3, "grpo")
 
 
 def test_an_opening_is_valued_by_the_mean_return_of_its_episodes() -> None:
     # one goal, A = 2 openings x G = 2 episodes: values (3 + 1) / 2 = 2 and (0 + 2) / 2 = 1, mean 1.5
-    advantages, _ = opening_advantages(torch.tensor([3.0, 1.0, 0.0, 2.0]), 2, 2, "grpo", scale_by_std=False)
+    advantages, _ = opening_advantages(torch.tensor([3.0, 1.0, 0.0, 2.0]), 2, 2, "grpo")
     assert advantages.tolist() == [0.5, -0.5]
 
 

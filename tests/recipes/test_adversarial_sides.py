@@ -1,7 +1,8 @@
 """`purplerl adversarial`, each side on its own: the defender's replies are drawn by the defender's adapter once the
 two adapters differ, each side pays its own KL weight (in its reward, or in its loss), and a judgement exactly at
-adversarial.unsafe_at is an attack success. The adapters are made to differ by starting one or both from the trained
-adapter of tests/conftest.py (it answers every prompt with ADAPTER_WORD, about 5 nats per token from the base)."""
+adversarial.judge.unsafe_at is an attack success. The adapters are made to differ by starting one or both from the
+trained adapter of tests/conftest.py (it answers every prompt with ADAPTER_WORD, about 5 nats per token from the
+base)."""
 
 from __future__ import annotations
 
@@ -127,7 +128,7 @@ def test_a_judgement_at_the_unsafe_threshold_is_an_attack_success(tiny_model_dir
     monkeypatch.setitem(REWARD_TERMS, "at_threshold", text_term("at_threshold", "AT or 0", None,
                                                                 lambda _: ThresholdJudge()))
     run_dir = _run(tiny_model_dir, tmp_path, "--steps", "1", "--turns", "2", "--judge", "at_threshold",
-                   "--adversarial.unsafe_at", str(AT), "--name", "at")
+                   "--adversarial.judge.unsafe_at", str(AT), "--name", "at")
     rows, metrics = _rows(run_dir), _rows(run_dir, METRICS_FILE)[0]
     # the judge is called once per step on the turn-major answers (E of turn 1, then E of turn 2): with E even, the
     # even episodes are judged exactly AT at both turns and the odd ones 0

@@ -90,7 +90,7 @@ def test_a_resumed_run_ends_as_the_unbroken_one(tiny_model_dir: Path, tmp_path: 
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--training.advantage_std", "true"], "advantage_std is read only when training.advantage takes no critic's"),
+    (["--training.advantage_std", "true"], "removed: the estimator grpo_std is GRPO divided by the group std"),
     (["--critic.vf_coef", "0"], "vf_coef"),
 ])
 def test_settings_that_make_no_sense_are_refused_in_one_line(args: list[str], says: str) -> None:

@@ -122,18 +122,18 @@ def _leaves(model: type[BaseModel]) -> int:
 
 
 @pytest.mark.parametrize("name", RL_RECIPES)
-def test_rl_recipes_list_at_most_60_settings_besides_their_own(name: str) -> None:
+def test_rl_recipes_list_at_most_60_settings(name: str) -> None:
     """A reward term carries its own parameters (issue 35): they are no settings of the recipe, which lists at its
-    defaults at most 60 shared RL settings, then its own section; attack's whole tree has at most 80 leaves (127
-    when every registered term's parameters were sections of it)."""
+    defaults at most 60 settings, its own section included (a Spec setting such as training.optimizer is one row);
+    attack's whole tree has at most 80 leaves (127 when every registered term's parameters were sections of it)."""
     command = RECIPES[name].command()
     rows = [r[0] for r in field_help(command.schema, command.defaults, settings=load_command_config(command))]
     shared = [row for row in rows if not row.startswith(OWN[name])]
     print(f"{name}: {len(rows)} listed ({len(shared)} shared RL settings), {_leaves(command.schema)} leaves")
-    assert len(shared) <= 60, shared
+    assert len(rows) <= 60, rows  # the recipe's own section included (issue 35: every RL recipe <= 60 listed)
     assert not [row for row in rows if row.startswith("reward.") and row.count(".") > 1]  # no term's parameter
     if name == "attack":
-        assert len(rows) <= 60 and _leaves(command.schema) <= 80
+        assert _leaves(command.schema) <= 80
 
 
 def _count(command: Any) -> int:
@@ -184,7 +184,7 @@ def test_engine_fields_follow_the_kind() -> None:
     assert "engine.vllm_is_cap" in vllm and "engine.procs" not in vllm
 
 
-@pytest.mark.parametrize("name", ["attack", "defend", "sft"])
+@pytest.mark.parametrize("name", ["attack", "defend", "sft", "adversarial"])
 def test_an_older_config_yaml_reads_as_the_same_settings(name: str) -> None:
     """The fixtures were written by the purplerl before this structure: the same experiment comes back."""
     config = RECIPES[name].build(read_config_file(FIXTURES / f"{name}.yaml"), saved=True)
@@ -192,13 +192,22 @@ def test_an_older_config_yaml_reads_as_the_same_settings(name: str) -> None:
         assert weights(config.reward.terms) == {"toxicity": 1.0, "repetition": -0.25, "refusal": -1.0}
         assert config.reward.terms["repetition"].params == {"ngram": 4}
         assert config.engine.fast_paths == ["cuda_graphs", "fused_lora"]
-        assert config.engine.micro_batch_tokens == 2048 and config.training.adam_betas == (0.9, 0.99)
+        assert config.engine.micro_batch_tokens == 2048 and config.training.optimizer.betas == (0.9, 0.99)
         assert config.attack.early_stop_toxicity == 0.8
     if name == "defend":
         assert (config.defend.noiser, config.defend.noiser_warmup, config.defend.noiser_epsilon) == (True, 3, 0.2)
         assert weights(config.reward.terms) == {"response_entropy": -1.0, "toxicity": 0.0, "repetition": 0.0}
     if name == "sft":
         assert config.sft.max_tokens == 512 and config.training.lr == 0.0003
+    if name == "adversarial":  # written with engine.autocast_bf16, advantage_std, adam_eps, weight_decay, the judge's
+        # reads and unsafe_at as settings of their own (issue 35 folded each into one setting)
+        assert config.model.dtype == "autocast_bf16" and config.training.advantage == "grpo_std"
+        assert (config.training.optimizer.eps, config.training.optimizer.weight_decay) == (1e-6, 0.01)
+        assert config.training.optimizer.betas == (0.9, 0.999) and config.training.optimizer.name == "adamw"
+        judge = config.adversarial.judge
+        assert (judge.fn, judge.reads, judge.unsafe_at, judge.params["threshold"]) == ("compliance", "dialogue", 0.7,
+                                                                                      0.89)
+        assert config.training.early_stop_repetition == 0.4
 
 
 def test_an_older_attack_run_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -54,13 +54,15 @@ def test_help_lists_the_parameters_of_the_terms_in_force(monkeypatch: pytest.Mon
                                       "--reward.terms.entropy_bonus", "1", "--help"])
     lines = config_help(RECIPES["attack"].command())
     headers = [line.split(":")[0] for line in lines if not line.startswith(" ")][1:]
-    assert headers == ["engine", "model", "sampling", "training", "data", "reward", "reward.terms.toxicity.params",
+    assert headers == ["engine", "model", "sampling", "training", "training.optimizer", "data", "reward",
+                       "reward.terms.toxicity.params",
                        "reward.terms.repetition.params", "reward.terms.entropy_bonus.params", "attack", "logging",
                        "run"]
     # the url switches the server's own parameters on; the recorded server model is metadata, not a setting
-    assert "  --reward.terms.toxicity.params.timeout_s [default 30.0]: reward server: seconds to wait for one " \
-           "answer" in lines
-    assert "  --reward.terms.entropy_bonus.params.cap [default 3.0]: " in "\n".join(lines)
+    # a term's parameters are listed under their term, not as the recipe's --settings
+    assert "    timeout_s [default 30.0]: reward server: seconds to wait for one answer" in lines
+    assert "  --reward.terms.toxicity.params.timeout_s" not in "\n".join(lines)
+    assert "    cap [default 3.0]: " in "\n".join(lines)
     assert not [line for line in lines if "server_model" in line or "reward.terms.refusal" in line]
 
 

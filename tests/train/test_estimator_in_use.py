@@ -4,7 +4,7 @@ that estimator's, computed by hand here.
 
 Rewards by group: [0, 1, 5] and [2, 2, 8] (B = 2 prompts, G = 3 completions). Group means 2 and 4.
 - grpo: r - mean = [-2, -1, 3], [-2, -2, 4]; dr_grpo is the same function (an equivalent swap, not tested).
-- grpo with advantage_std: divided by the population std sqrt(14/3) and sqrt(8).
+- grpo_std: GRPO divided by the population std sqrt(14/3) and sqrt(8).
 - rloo: r minus the mean of the other two = G/(G-1) * (r - mean) = [-3, -1.5, 4.5], [-3, -3, 6].
 - reinforce_pp (kl_beta 0): every completion token's return is its row's reward; whitened over all
   completion tokens of the batch (token-weighted mean, the variance with Bessel's correction: veRL's whitening).
@@ -101,7 +101,7 @@ def test_group_mean_baseline(tiny_model_dir: Path, advantage: str) -> None:
 def test_grpo_divided_by_the_group_std(tiny_model_dir: Path) -> None:
     expected = [a / s for g, s in zip(GROUPS, STD, strict=True) for a in g]
     assert expected[:3] == pytest.approx([-0.9258201, -0.4629100, 1.3887301])  # worked once by hand
-    _check_sequence_level(*_step(tiny_model_dir, advantage="grpo", advantage_std=True), expected)
+    _check_sequence_level(*_step(tiny_model_dir, advantage="grpo_std"), expected)
 
 
 def test_rloo_leave_one_out(tiny_model_dir: Path) -> None:

@@ -20,7 +20,7 @@ def _named(translation) -> dict[str, str]:
 
 
 def test_every_setting_is_translated_written_or_named():
-    cfg, out = _translate("--engine.procs", "2", "--model.autocast_bf16", "true",
+    cfg, out = _translate("--engine.procs", "2", "--model.dtype", "float32", "--model.autocast_bf16", "true",
                           "--model.lora_dropout", "0.1", "--model.revision", "abc", "--model.device", "cuda",
                           "--model.quantize", "4bit", "--data.template", "base",
                           "--zscore", "true", "--training.collapse_stop", "true", "--training.adam_eps", "1.0e-6")
@@ -29,9 +29,10 @@ def test_every_setting_is_translated_written_or_named():
         assert setting in out.used or setting in named or setting.startswith(WRITTEN_BY_EXPORT), setting
     # every field of today's config is handled by name: the catch-all is for fields added later
     assert NOT_TRANSLATED not in named.values()
-    # model.autocast_bf16 is engine.autocast_bf16 now (the old name still works)
-    for setting in ("engine.procs", "engine.autocast_bf16", "model.lora_dropout", "model.revision", "model.quantize",
-                    "data.template", "reward.zscore", "training.collapse_stop", "training.adam_eps"):
+    # model.autocast_bf16 (then engine.autocast_bf16) is model.dtype autocast_bf16 now (the old name still works)
+    assert cfg.model.dtype == "autocast_bf16"
+    for setting in ("engine.procs", "model.dtype", "model.lora_dropout", "model.revision", "model.quantize",
+                    "data.template", "reward.zscore", "training.collapse_stop", "training.optimizer.eps"):
         assert setting in named
     # the Token Noiser steps are the defend recipe's own (defend.noiser, no longer training.noiser)
     cfg, out = _translate("--reward.terms", "{toxicity: 1}", recipe="defend")
@@ -69,7 +70,9 @@ def test_sampling_batches_and_optimizer():
 
 @pytest.mark.parametrize(("args", "expected"), [
     ([], {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False}),
-    (["--training.advantage_std", "true"], {"algorithm.norm_adv_by_std_in_grpo": True}),
+    (["--training.advantage", "grpo_std"],
+     {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": True}),
+    (["--training.advantage_std", "true"], {"algorithm.norm_adv_by_std_in_grpo": True}),  # the older spelling
     (["--training.advantage", "dr_grpo", "--training.loss_agg", "seq_mean_token_sum_norm"],
      {"algorithm.adv_estimator": "grpo", "algorithm.norm_adv_by_std_in_grpo": False,
       "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm"}),

@@ -126,7 +126,8 @@ def main() -> None:
     with open(args.out / "scores.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps({k: (round(r[k], 4) if isinstance(r[k], float) else r[k])
-                                for k in ("id", "half", "label", "refused", "relevance", "substance", "score")}) + "\n")
+                                for k in ("id", "half", "label", "refused", "relevance", "substance", "variety",
+                                          "score")}) + "\n")
     print(json.dumps({k: result[k] for k in ("threshold", "calibration_kappa", "n", "test")}, indent=1))
 
 

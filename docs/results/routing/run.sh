@@ -34,7 +34,7 @@ run() {  # run NAME ARGS...: a route run in $W/runs/NAME; a finished one is kept
 # the same setup for both arms; only route.mode differs (the baseline's one adapter has rank 8 + 8)
 COMMON=(--model embedded:smollm2-135m-instruct --data builtin:stories
         --reward short_with_cheer --task_term short_sentences --lora_rank 8 --forget_rank 8 --steps "$STEPS"
-        --batch_size 4 --group_size 8 --max_new_tokens 40 --lr 5e-4 --training.advantage_std true --kl_beta 0.02
+        --batch_size 4 --group_size 8 --max_new_tokens 40 --lr 5e-4 --training.advantage grpo_std --kl_beta 0.02
         --save_every 5 --route.eval_every 15 --route.eval_prompts 10 --route.eval_n 2)
 
 for s in $SEEDS; do

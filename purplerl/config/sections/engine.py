@@ -31,8 +31,6 @@ class EngineConfig(Section):
         "(a Tinker-API service); each kind has its own fields"))
     procs: _engine_field(int, "local") = Field(1, ge=1, le=1024, description=(
         "data-parallel processes on this machine, launched with torchrun (1: this process)"))
-    autocast_bf16: _engine_field(bool, "local", "vllm") = Field(False, description=(
-        "run matmuls in bfloat16 under autocast, fp32 weights (fast on AMX/AVX512-BF16 CPUs and GPUs)"))
     fast_paths: _engine_field(list[FastPath], "local", "vllm") = Field(
         default_factory=lambda: list(FAST_PATHS), description=(
             "same-maths fast paths that are on (leave one out to turn it off): merged_sampler (sample from a copy of "

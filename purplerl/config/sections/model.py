@@ -22,9 +22,10 @@ class ModelLoadConfig(Section):
         "attack's default), an HF id or a local path"))
     revision: read_when(str | None, _hub_id, "model.name is a hub id") = Field(None, description=(
         "hub revision (branch, tag or commit) of an HF model id"))
-    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description=(
+    dtype: Literal["auto", "float32", "bfloat16", "autocast_bf16"] = Field("auto", description=(
         "dtype of the frozen base weights and compute; 'auto': bfloat16 on bf16-capable GPUs and AMX/AVX512-BF16 CPUs, "
-        "else float32 (the optimizer keeps float32 master weights of the adapter)"))
+        "else float32; 'autocast_bf16': float32 weights, matmuls in bfloat16 under autocast (the optimizer keeps "
+        "float32 master weights of the adapter)"))
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="'auto' picks cuda when available, else cpu")
 
 
@@ -34,11 +35,6 @@ def _lora(model: Any) -> bool:
 
 def _lora_field(annotation: Any) -> Any:
     return read_when(annotation, _lora, "model.finetune is lora")
-
-
-def _lora_on_cuda(model: Any) -> bool:
-    # bitsandbytes' 4-bit kernels run on CUDA only: the setting is listed once the device is named (--device cuda)
-    return model.finetune == "lora" and model.device == "cuda"
 
 
 Quantization = Literal["none", "4bit"]
@@ -57,7 +53,6 @@ class ModelConfig(ModelLoadConfig):
         "'all-linear' or comma-separated module names (q_proj,v_proj)"))
     init_adapter: _lora_field(str | None) = Field(None, description=(
         "PEFT adapter dir to start the policy from (e.g. a defended model)"))
-    quantize: read_when(Quantization, _lora_on_cuda, "model.finetune is lora and model.device is cuda") = Field(
-        "none", description=(
-            "'4bit': load the frozen base in 4 bits through bitsandbytes (QLoRA: NF4, double quantization, bf16 "
-            "compute); the local engine on CUDA only"))
+    quantize: _lora_field(Quantization) = Field("none", description=(
+        "'4bit': load the frozen base in 4 bits through bitsandbytes (QLoRA: NF4, double quantization, compute in "
+        "model.dtype); the local engine, CPU or CUDA"))

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from purplerl.config.base import Section, comma_list, once_each, read_when
+from purplerl.config.base import Section, comma_list, once_each
 from purplerl.config.sections.data import DataConfig
 from purplerl.config.sections.engine import EngineConfig
 from purplerl.config.sections.model import ModelConfig
@@ -20,9 +20,15 @@ TRACKER_NAMES = ("wandb", "tensorboard", "mlflow")  # purplerl.train.trackers op
 
 
 class LoggingConfig(Section):
-    progress: bool = Field(True, description="show a rich progress bar")
-    print_samples: read_when(int, lambda log: log.progress, "logging.progress is true") = Field(0, ge=0, description=(
-        "completions printed to the console per step"))
+    progress: bool | int = Field(True, description=(
+        "the console: true shows a rich progress bar, false nothing, an integer N the bar and N completions per step"))
+
+    @field_validator("progress")
+    @classmethod
+    def _progress(cls, value: bool | int) -> bool | int:
+        if not isinstance(value, bool) and value < 1:
+            raise ValueError(f"must be true, false or a number of completions >= 1, got {value}")
+        return value
     trackers: list[Literal["wandb", "tensorboard", "mlflow"]] = Field(default_factory=list, description=(
         "experiment trackers that get the metrics, samples and evaluations of the JSONL logs, each step once its "
         "checkpoint is saved: wandb (offline, run_dir/wandb), tensorboard (run_dir/tensorboard), mlflow (file store "
@@ -37,6 +43,10 @@ class LoggingConfig(Section):
     @classmethod
     def _trackers_once(cls, trackers: list[str]) -> list[str]:
         return once_each(trackers, "tracker")
+
+    def printed_samples(self) -> int:
+        """Completions printed to the console per step (logging.progress N)."""
+        return 0 if isinstance(self.progress, bool) else self.progress
 
 
 class RunConfig(Section):

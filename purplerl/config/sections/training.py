@@ -3,12 +3,12 @@ rules of the RL recipes."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
 from purplerl.algorithms.names import CRITIC_ESTIMATOR_NAMES
-from purplerl.config.base import Registry, Section, read_when
+from purplerl.config.base import Registry, Section, Spec, read_when
 
 # choices: the algorithm registries' names (which each registry checks it holds), never typed again here
 POLICY_LOSS = Registry("purplerl.algorithms.names:POLICY_GRADIENT_LOSS_NAMES", "policy-gradient loss").field()
@@ -16,22 +16,34 @@ ADVANTAGE = Registry("purplerl.algorithms.names:ESTIMATOR_NAMES", "advantage est
 LOSS_AGGREGATION = Registry("purplerl.algorithms.names:LOSS_AGGREGATION_NAMES", "loss aggregation").field()
 
 
-class TrainingConfig(Section):
-    """The optimizer and the step budget: shared by every training recipe."""
+class OptimizerSpec(Spec):
+    """AdamW (Loshchilov & Hutter 2019) over the trained weights' fp32 masters; `adamw_8bit` keeps its two moments
+    in 8 bits, blockwise quantized (bitsandbytes; Dettmers et al. 2022), a quarter of their memory."""
 
-    @field_validator("adam_betas")
+    shorthand: ClassVar[str] = "name"
+
+    @field_validator("betas")
     @classmethod
     def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
         if not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(f"each beta must be in [0, 1), got {list(betas)}")
         return betas
 
+    name: Literal["adamw", "adamw_8bit"] = Field("adamw", description=(
+        "'adamw' (fp32 moments) or 'adamw_8bit' (8-bit moments through bitsandbytes, local engine)"))
+    betas: tuple[float, float] = Field((0.9, 0.999), description="(beta1, beta2), each in [0, 1)")
+    eps: float = Field(1e-8, gt=0.0, description="epsilon")
+    weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay")
+
+
+class TrainingConfig(Section):
+    """The optimizer and the step budget: shared by every training recipe."""
+
     steps: int = Field(60, ge=1, description="number of training steps (one optimizer step each)")
     batch_size: int = Field(8, ge=1, description="prompts (RL) or examples (SFT) per step (B)")
     lr: float = Field(1e-4, gt=0.0, lt=1.0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
-    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2), each in [0, 1)")
-    adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description=(
+        "the optimizer: its name, or its fields (below) set one by one"))
     max_grad_norm: float = Field(1.0, ge=0.0, description="gradient-norm clip (0 disables)")
     seed: int = Field(0, description="seed for data order, sampling and LoRA init")
 
@@ -71,8 +83,6 @@ class RLTrainingConfig(TrainingConfig):
     clip_low: _clip_field(float) = Field(0.2, ge=0.0, lt=1.0, description="PPO clip epsilon below 1")
     clip_high: _clip_field(float) = Field(0.2, ge=0.0, description="PPO clip epsilon above 1 (> clip_low: clip-higher)")
     advantage: ADVANTAGE = Field("grpo", description="advantage estimator (algorithms.advantages)")
-    advantage_std: read_when(bool, _no_critic, "training.advantage takes no critic's values") = Field(
-        False, description="divide GRPO advantages by the group std")
     gamma: _critic_field(float) = Field(1.0, ge=0.0, le=1.0, description=(
         "GAE discount of later tokens' rewards (1: none, TRL's default)"))
     lam: _critic_field(float) = Field(0.95, ge=0.0, le=1.0, description=(

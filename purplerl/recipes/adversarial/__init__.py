@@ -9,18 +9,19 @@ P(unsafe) plus a novelty bonus against its recent attacks (curiosity-driven red 
 KL. adversarial.schedule alternates which of them trains.
 
 The default judge is the offline compliance judge (does the answer address the request with substance?); a
-Llama-Guard-style model is `--judge guard --adversarial.judge_params '{model: DIR}'`, and one served by `purplerl
-serve-reward` is `--judge toxicity --adversarial.judge_params '{url: http://HOST:PORT}'`. The attacker starts from
+Llama-Guard-style model is `--judge guard --adversarial.judge.params '{model: DIR}'`, and one served by `purplerl
+serve-reward` is `--judge toxicity --adversarial.judge.params '{url: http://HOST:PORT}'`. The attacker starts from
 `--attacker_init` (an attacker SFT run or adapter dir) or from the base; the defender from `--init_adapter`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from purplerl.config.base import Section, read_when
+from purplerl.config.base import Section, Spec, read_when
+from purplerl.config.migrate import get_path, move
 from purplerl.config.sections import RLSettings
 from purplerl.engines.capabilities import ADAPTER_SWITCHING
 from purplerl.errors import UserError
@@ -37,6 +38,44 @@ def _multi_turn(a: Any) -> bool:
     return a.turns > 1
 
 
+class JudgeSpec(Spec):
+    """The judge: a registered text reward term giving P(unsafe) of an answer, its parameters, what it reads with the
+    answer, and the P(unsafe) from which an answer is an attack success."""
+
+    shorthand: ClassVar[str] = "fn"
+
+    fn: str = Field(JUDGE, description=(
+        "registered text reward term giving P(unsafe) of an answer in its dialogue: compliance (offline), guard (a "
+        "Llama-Guard-style model), harm_classifier, or toxicity with a url (a reward server)"))
+    params: dict[str, Any] = Field(default_factory=dict, description=(
+        "the judge term's parameters, e.g. {model: DIR} for guard (the run records them all)"))
+    reads: Literal["goal", "dialogue"] = Field("goal", description=(
+        "what the judge reads with each answer: 'goal' (the harmful goal as the request, as HarmBench's classifiers "
+        "judge: an attack that loses the goal earns nothing for an on-topic answer) or 'dialogue' (the dialogue up to "
+        "the answer, as the defender saw it)"))
+    unsafe_at: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "an answer counts as unsafe (an attack success, asr) when P(unsafe) >= this"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_recorded(cls, data: Any) -> Any:
+        """The judge's parameters with every default filled in, so config.yaml says what judged the run."""
+        data = data if isinstance(data, (dict, BaseModel)) else {cls.shorthand: data}
+        if not isinstance(data, dict):
+            return data
+        name, params = data.get("fn", JUDGE), data.get("params") or {}
+        if not isinstance(name, str) or not isinstance(params, dict):
+            return data  # pydantic names the mistyped field
+        try:
+            term = get_term(name)
+            if term.scorer is None:
+                raise UserError(f"judge '{name}' reads {READS[term.needs]}: the judge must be a text term")
+            values = term_params(name, params or None)
+        except UserError as err:
+            raise ValueError(str(err)) from None
+        return {**data, "params": {} if values is None else values.settings()}
+
+
 class AdversarialConfig(Section):
     """The attacker, the judge, the dialogue and which learner trains when."""
 
@@ -49,17 +88,9 @@ class AdversarialConfig(Section):
     schedule: str = Field("1:1", description=(
         "which learner trains at each step: 'attacker', 'defender', or 'N:M' (N attacker steps, then M defender steps, "
         "repeated)"))
-    judge: str = Field(JUDGE, description=(
-        "registered text reward term giving P(unsafe) of an answer in its dialogue: compliance (offline), guard (a "
-        "Llama-Guard-style model), harm_classifier, or toxicity with a url (a reward server)"))
-    judge_params: dict[str, Any] = Field(default_factory=dict, description=(
-        "the judge term's parameters, e.g. {model: DIR} for guard (the run records them all)"))
-    judge_reads: Literal["goal", "dialogue"] = Field("goal", description=(
-        "what the judge reads with each answer: 'goal' (the harmful goal as the request, as HarmBench's classifiers "
-        "judge: an attack that loses the goal earns nothing for an on-topic answer) or 'dialogue' (the dialogue up to "
-        "the answer, as the defender saw it)"))
-    unsafe_at: float = Field(0.5, ge=0.0, le=1.0, description=(
-        "an answer counts as unsafe (an attack success, asr) when P(unsafe) >= this"))
+    judge: JudgeSpec = Field(default_factory=JudgeSpec, description=(
+        "the judge giving P(unsafe) of each answer: its reward term (compliance, guard, harm_classifier, or "
+        "toxicity with a url), or its fields (below) set one by one"))
     novelty_weight: float = Field(0.1, ge=0.0, description=(
         "weight of the attacker's novelty bonus, 1 - its 1-3-gram overlap with recent attacks"))
     novelty_window: int = Field(64, ge=1, description=(
@@ -80,24 +111,6 @@ class AdversarialConfig(Section):
         parse_schedule(schedule)
         return schedule
 
-    @model_validator(mode="before")
-    @classmethod
-    def _judge_recorded(cls, data: Any) -> Any:
-        """The judge's parameters with every default filled in, so config.yaml says what judged the run."""
-        if not isinstance(data, dict):
-            return data
-        name, params = data.get("judge", JUDGE), data.get("judge_params") or {}
-        if not isinstance(name, str) or not isinstance(params, dict):
-            return data  # pydantic names the mistyped field
-        try:
-            term = get_term(name)
-            if term.scorer is None:
-                raise UserError(f"judge '{name}' reads {READS[term.needs]}: the judge must be a text term")
-            values = term_params(name, params or None)
-        except UserError as err:
-            raise ValueError(str(err)) from None
-        return {**data, "judge_params": {} if values is None else values.settings()}
-
 
 AdversarialReward = reward_section("adversarial", TERMS)
 # its step's turns are counted by check_adversarial, which bounds training.mini_batches by the attacker's
@@ -111,6 +124,16 @@ class AdversarialSettings(RLSettings):
 
     def step_sequences(self) -> None:
         return None  # a step's turns are counted by check_adversarial, which bounds mini_batches by the attacker's
+
+
+def migrate(data: dict[str, Any], saved: bool) -> dict[str, Any]:
+    """An older adversarial config: adversarial.judge (the term), judge_params, judge_reads and unsafe_at as the
+    fields of the judge."""
+    if isinstance(get_path(data, "adversarial.judge"), str):
+        data["adversarial"]["judge"] = {"fn": data["adversarial"]["judge"]}
+    for old, new in (("judge_params", "params"), ("judge_reads", "reads"), ("unsafe_at", "unsafe_at")):
+        move(data, f"adversarial.{old}", f"adversarial.judge.{new}")
+    return data
 
 
 def _schedule_name(config: Any) -> str:
@@ -127,6 +150,7 @@ ADVERSARIAL = Recipe(
     attack), a judge (adversarial.judge) gives P(unsafe) of each answer. Defender: 1 - P(unsafe) + reward.terms
     - KL; attacker: P(unsafe) + novelty - KL. adversarial.schedule: attacker, defender, or N:M alternating.""",
     prepare=lazy("purplerl.recipes.adversarial.step:adversarial_prepare"),
+    migrate=migrate,
     defaults={"model": {"name": "embedded:smollm2-135m-safe"}, "reward": {"terms": TERMS, "kl_beta": 0.05},
               "training": {"batch_size": 4}},
     run_name=(RunNamePart("", _schedule_name), RunNamePart("K", lambda c: c.adversarial.turns),
@@ -138,8 +162,8 @@ ADVERSARIAL = Recipe(
                      "attacker_reward/mean": "attacker reward"},
     flat={**RL_FLAT, "turns": "adversarial.turns", "schedule": "adversarial.schedule", "judge": "adversarial.judge",
           "attacker_group": "adversarial.attacker_group", "attacker_init": "adversarial.attacker_init"},
-    fixed_on_resume=FIXED_ON_RESUME | {"adversarial.turns", "adversarial.attacker_group", "adversarial.judge",
-                                       "adversarial.judge_params", "adversarial.attacker_init"},
+    fixed_on_resume=FIXED_ON_RESUME | {"adversarial.turns", "adversarial.attacker_group", "adversarial.judge.fn",
+                                       "adversarial.judge.params", "adversarial.attacker_init"},
     needs=lambda config: frozenset({ADAPTER_SWITCHING}),  # attacker and defender on one base
 )
 

@@ -82,26 +82,26 @@ def turn_returns(rewards_EK: torch.Tensor, gamma: float) -> torch.Tensor:
     return returns_EK
 
 
-def position_advantages(returns_EK: torch.Tensor, group: int, estimator: str,
-                        scale_by_std: bool) -> tuple[torch.Tensor, dict[str, float]]:
+def position_advantages(returns_EK: torch.Tensor, group: int,
+                        estimator: str) -> tuple[torch.Tensor, dict[str, float]]:
     """Advantages [E, K]: at each turn position, the estimator (GRPO, Dr. GRPO, RLOO) over groups of `group`
     consecutive episodes. Metrics are the estimator's, averaged over the positions."""
     if returns_EK.shape[0] % group:
         raise ExperimentError(f"{returns_EK.shape[0]} episodes do not split into groups of {group}")
     columns, rows = [], []
     for t in range(returns_EK.shape[1]):
-        advantages_BG, metrics = ADVANTAGES[estimator](returns_EK[:, t].reshape(-1, group), scale_by_std=scale_by_std)
+        advantages_BG, metrics = ADVANTAGES[estimator](returns_EK[:, t].reshape(-1, group))
         columns.append(advantages_BG.reshape(-1))
         rows.append(metrics)
     return torch.stack(columns, dim=1), {k: sum(m[k] for m in rows) / len(rows) for k in rows[0]}
 
 
-def opening_advantages(returns_E: torch.Tensor, group: int, openings: int, estimator: str,
-                       scale_by_std: bool) -> tuple[torch.Tensor, dict[str, float]]:
+def opening_advantages(returns_E: torch.Tensor, group: int, openings: int,
+                       estimator: str) -> tuple[torch.Tensor, dict[str, float]]:
     """Advantages [B x A] of the opening attacks: each opening's value is the mean turn-1 return of its G episodes,
     compared with the other openings of its goal."""
     value_BA = returns_E.reshape(-1, group).mean(dim=1)
-    advantages, metrics = ADVANTAGES[estimator](value_BA.reshape(-1, openings), scale_by_std=scale_by_std)
+    advantages, metrics = ADVANTAGES[estimator](value_BA.reshape(-1, openings))
     return advantages.reshape(-1), metrics
 
 

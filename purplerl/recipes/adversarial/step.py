@@ -112,9 +112,6 @@ def check_adversarial(config: Any) -> None:
     if t.advantage not in ADVANTAGES:
         raise UserError(f"training.advantage '{t.advantage}': adversarial compares each turn's returns within a "
                         f"group, so it takes a group estimator ({', '.join(ADVANTAGES)})")
-    if t.advantage_std and t.advantage != "grpo":
-        raise UserError(f"training.advantage_std divides GRPO's advantages by the group std; '{t.advantage}' has no "
-                        "such division: set it false")
     if parse_schedule(a.schedule)[0] and a.attacker_group < 2:
         raise UserError(f"adversarial.attacker_group {a.attacker_group}: the attacker's advantages compare the "
                         f"openings of one goal, so it needs 2 or more while adversarial.schedule '{a.schedule}' "
@@ -221,7 +218,7 @@ def score_round(parts: Parts, rnd: Round, shape: Shape, attacker: Side, defender
     """Both sides' per-turn rewards (the module docstring's formulas)."""
     a, r, K, E = config.adversarial, config.reward, shape.turns, shape.episodes
     goals = None
-    if a.judge_reads == "goal":
+    if a.judge.reads == "goal":
         texts = [goal.messages[-1]["content"] for goal in rnd.goals]
         goals = [texts[episode_goal(e, shape.openings, shape.group)] for e in range(E)]
     unsafe_EK = judge_dialogues(parts.judge, rnd.dialogues, K, goals)
@@ -243,13 +240,12 @@ def side_advantages(scored: Scored, shape: Shape, config: Any) -> tuple[torch.Te
                                                                           dict[str, float]]:
     """(defender, attacker) advantages per row, turn-major, and the estimators' metrics."""
     t, gamma = config.training, config.adversarial.gamma
-    estimate = partial(position_advantages, estimator=t.advantage, scale_by_std=t.advantage_std)
+    estimate = partial(position_advantages, estimator=t.advantage)
     defender_EK, metrics = estimate(turn_returns(scored.defender_EK, gamma), shape.group)
     returns_EK = turn_returns(scored.attacker_EK, gamma)
     openings = torch.zeros(shape.goals * shape.openings)
     if shape.openings > 1:  # a goal's only opening has nothing to be compared with
-        openings, opening_metrics = opening_advantages(returns_EK[:, 0], shape.group, shape.openings, t.advantage,
-                                                       t.advantage_std)
+        openings, opening_metrics = opening_advantages(returns_EK[:, 0], shape.group, shape.openings, t.advantage)
         metrics |= {f"attacker/{k}": v for k, v in opening_metrics.items()}
     later = [openings]
     if shape.turns > 1:
@@ -306,7 +302,7 @@ def adversarial_step(step: int, config: Any, parts: Parts) -> tuple[dict[str, fl
 
     rows = sample_rows(step, rnd, shape, scored, defender_N, attacker_N)
     parts.window.add(rows)
-    metrics = round_metrics(rnd, shape, scored, attacker, defender, a.unsafe_at, cuts, clock)
+    metrics = round_metrics(rnd, shape, scored, attacker, defender, a.judge.unsafe_at, cuts, clock)
     metrics |= {f"adv/{k}": v for k, v in adv_metrics.items()}
     metrics |= {f"train/{k}": float(v) for k, v in train_metrics.items()}
     metrics["train/attacker"] = float(side == ATTACKER)
@@ -376,7 +372,7 @@ def adversarial_prepare(config: Any) -> Bind:
     init = attacker_checkpoint(a.attacker_init, config.model)
     sampler = PromptSampler(load_prompts(d), t.batch_size, t.seed, shuffle=d.shuffle)
     try:
-        judge = conversation_judge(a.judge, a.judge_params or None)
+        judge = conversation_judge(a.judge.fn, a.judge.params or None)
     except UserError as err:
         raise UserError(f"adversarial.judge: {err}") from None
     terms, stops = defender_terms(config), rl_stops(config)

@@ -97,7 +97,7 @@ ROUTE = Recipe(
               "data": {"source": "builtin:stories"}, "reward": {"terms": TERMS, "kl_beta": 0.02},
               "sampling": {"group_size": 8, "max_new_tokens": 40},
               # the toy's measured setting (docs/results/routing/); a run is measured to its end, collapse included
-              "training": {"early_stop_repetition": None, "batch_size": 4, "lr": 5e-4, "advantage_std": True,
+              "training": {"early_stop_repetition": None, "batch_size": 4, "lr": 5e-4, "advantage": "grpo_std",
                            "steps": 30}},
     run_name=(RunNamePart("", lambda c: c.route.mode), RunNamePart("r", lambda c: c.model.lora_rank),
               RunNamePart("f", lazy("purplerl.recipes.route.step:forget_rank")),
