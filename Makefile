@@ -193,6 +193,13 @@ bench-concurrency: $(STAMP)
 bench-adversarial-memory: $(STAMP)
 	$(PY) bench/bench_adversarial_memory.py $(BENCH_ARGS)
 
+# the matmuls of a GRPO step at their own shapes, fp32 and bf16: the kernel oneDNN dispatched (or torch's own),
+# GFLOP/s against the peak, the weight bandwidth, and two other layouts (bench/results/matmul-shapes-DATE-HOST-KIND.json;
+# ~3 min)
+.PHONY: bench-matmul-shapes
+bench-matmul-shapes: $(STAMP)
+	$(PY) bench/bench_matmul_shapes.py --verbose $(BENCH_ARGS)
+
 # where CPU sampling's time goes (profiler) and the growing vs static KV cache on the CPU
 # (bench/results/cpu-decode-DATE-HOST.json; ~2 min)
 .PHONY: bench-cpu-decode

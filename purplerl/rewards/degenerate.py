@@ -4,7 +4,7 @@ An attack rewarded by a classifier can find a phrase the classifier likes and pu
 The Hugging Face ..." in two answers of three), each answer varied enough that no single-answer check (an identical
 text, its own repeated words) fires. So an answer is degenerate when
 
-- it is empty;
+- it is empty, or holds no word (letters or digits): a string of emoji or symbols says nothing;
 - it repeats itself beyond MAX_SELF_REPETITION: `self_repetition` = the larger of its repeated word 3-grams (split at
   punctuation too) and its repeated *segments* (`segment_repetition`: the runs between . , : ; ! ? and line breaks
   that hold a content word, list numbers dropped, so "1. Hugging Face: 2. The self-checkout: 3. Hugging Face: ..."
@@ -108,7 +108,8 @@ def degenerate_answers(answers: Sequence[str], requests: Sequence[str], refused:
     flags = []
     for answer, request, no in zip(answers, requests, refused, strict=True):
         hack = bool(set(recurring) & (_bigrams(answer) - _bigrams(request)))
-        flags.append(not no and (not answer.strip() or self_repetition(answer) > max_self_repetition or hack))
+        wordless = not _WORD.search(answer.lower())  # empty, or emoji and symbols only
+        flags.append(not no and (wordless or self_repetition(answer) > max_self_repetition or hack))
     return {"share": sum(flags) / len(flags), "n": len(flags), "flags": flags, "recurring": recurring}
 
 
@@ -145,6 +146,6 @@ class DegenerateScorer:
 
 
 register_term(text_term(
-    "degenerate", "1.0 for a degenerate answer of the batch: empty, repeating its own 3-grams or segments, or holding "
-    "a phrase recurring in the answers to a fifth of the batch's distinct requests (refusals never count)",
+    "degenerate", "1.0 for a degenerate answer of the batch: empty or wordless, repeating its own 3-grams or segments, "
+    "or holding a phrase recurring in the answers to a fifth of the batch's distinct requests (refusals never count)",
     DegenerateParams, DegenerateScorer))

@@ -46,12 +46,13 @@ def test_varied_answers_refusals_and_answers_to_one_request_are_not() -> None:
 
 def test_empty_and_self_repeating_answers_are_degenerate() -> None:
     answers = ["", "go go go go go go go go", "A short, plain answer about locks.", "  ",
-               "Hell's-bronze-faced-bronze-faced-bronze-faced-bronze-faced"]
+               "Hell's-bronze-faced-bronze-faced-bronze-faced-bronze-faced", "\U0001f466" * 16, "?! ... :)"]
     # the hyphenated one is the words hell's bronze faced bronze faced bronze faced bronze faced: of its 7 3-grams
     # the first three are new and the next 4 repeat one of them (4/7 > 0.5); by whitespace it is one word
     assert self_repetition(answers[4]) == pytest.approx(4 / 7)
-    found = degenerate_answers(answers, REQUESTS)
-    assert found["flags"] == [True, True, False, True, True] and found["share"] == 0.8
+    found = degenerate_answers(answers, [*REQUESTS, *REQUESTS[:2]])
+    # a wordless answer (emoji, punctuation: the attack's answer once the other checks were penalised) says nothing
+    assert found["flags"] == [True, True, False, True, True, True, True] and found["share"] == pytest.approx(6 / 7)
     with pytest.raises(ValueError, match="3 answers, 2 requests"):
         degenerate_answers(answers[:3], REQUESTS[:2])
     assert self_repetition("A b c, a b c!") == pytest.approx(0.25)  # (a b c) (b c a) (c a b) (a b c): one repeat
