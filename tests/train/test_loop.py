@@ -18,9 +18,10 @@ from purplerl.errors import ExperimentError
 from purplerl.prompting import render_prompt
 from purplerl.recipes.attack import AttackSettings
 from purplerl.runs.checkpoints import checkpoint_dirs, read_state
-from purplerl.train.loop import LoopParts, RecipeHooks, never_stop, run_loop
+from purplerl.train.loop import LoopParts, RecipeHooks, run_loop
 from purplerl.train.runner import engine_settings
 from purplerl.train.sinks import read_jsonl
+from purplerl.train.steps import never_stop
 from purplerl.types import Completion, PromptRecord, RewardBreakdown
 
 RECORDS = [PromptRecord(messages=({"role": "user", "content": text},), category=f"c{i % 2}", uid=f"p{i}")

@@ -16,9 +16,9 @@ from purplerl.errors import ExperimentError, UserError
 from purplerl.launch import run_settings
 from purplerl.recipes.attack import ATTACK
 from purplerl.train import tracker_backends, trackers
-from purplerl.train.loop import Evaluation
 from purplerl.train.runner import run_recipe
 from purplerl.train.sinks import read_jsonl
+from purplerl.train.steps import Evaluation
 from purplerl.train.trackers import TrackerFeed, TrackerKind, open_trackers
 
 STEPS = 8  # 6 steps, killed after step 4's checkpoint and resumed; then resumed again for 2 more

@@ -11,7 +11,8 @@ side (report.py).
 from typing import Any
 
 from purplerl.experiments.pipeline.history import HISTORY_FILE
-from purplerl.experiments.pipeline.settings import PIPELINE, PipelineSettings, load_pipeline, read_pipeline
+from purplerl.experiments.pipeline.settings import PIPELINE, PipelineSettings
+from purplerl.experiments.pipeline.stages import load_pipeline, read_pipeline
 
 
 def __getattr__(name: str) -> Any:

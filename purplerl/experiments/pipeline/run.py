@@ -31,8 +31,8 @@ from purplerl.experiments.pipeline.settings import (
     RUNS_DIR,
     PipelineSettings,
     StageConfig,
-    recipe_config,
 )
+from purplerl.experiments.pipeline.stages import recipe_config
 from purplerl.experiments.pipeline.validator import HACKED, WIN_RATE
 from purplerl.experiments.refiner import refine_model
 from purplerl.files import read_json_object

@@ -33,7 +33,8 @@ from purplerl.experiments.tamper_settings import COMPLIANCE, harm_verdict_judged
 from purplerl.prompting import render_prompt
 from purplerl.rewards.registry import term_params
 from purplerl.rewards.repetition import repetition_ratio
-from purplerl.train.loop import Evaluation, sampling_seed
+from purplerl.train.loop import sampling_seed
+from purplerl.train.steps import Evaluation
 from purplerl.types import PromptRecord, SamplingParams
 
 HARM_KEY = "heldout/harm"

@@ -27,9 +27,9 @@ from purplerl.recipes.attack import ATTACK
 from purplerl.recipes.sft import SFT
 from purplerl.runs.layout import CONFIG_FILE, EVALS_FILE, METRICS_FILE
 from purplerl.runs.policy import Policy
-from purplerl.train.loop import Evaluation
 from purplerl.train.runner import run_recipe
 from purplerl.train.sinks import read_jsonl
+from purplerl.train.steps import Evaluation
 
 RUNS_DIR = "runs"
 # threat -> (attack family, the defended start); the reference is the same family on the base

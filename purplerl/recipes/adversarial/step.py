@@ -61,17 +61,10 @@ from purplerl.rewards.registry import ScoringInput
 from purplerl.runs.checkpoints import describe_skipped, newest_intact
 from purplerl.runs.layout import CONFIG_FILE, SAMPLES_FILE
 from purplerl.train.batch import build_train_batch, sequence_tensors
-from purplerl.train.loop import (
-    EarlyStop,
-    StepFn,
-    adam_params,
-    completion_shape,
-    minibatch_updates,
-    policy_loss,
-    sampling_seed,
-)
+from purplerl.train.loop import adam_params, completion_shape, minibatch_updates, policy_loss, sampling_seed
 from purplerl.train.recipe import Bind
 from purplerl.train.sinks import read_jsonl
+from purplerl.train.steps import EarlyStop, StepFn
 from purplerl.train.stops import rl_stops
 from purplerl.types import Completion, PromptRecord, RewardBreakdown, SamplingParams
 

@@ -26,9 +26,10 @@ from purplerl.engines.adapters import HEAD_FILE, adapter_dir, head_shapes
 from purplerl.engines.base import Engine, ScalarHeads
 from purplerl.errors import UserError
 from purplerl.runs.reward_model import looks_like_run, reward_model_checkpoint
-from purplerl.train.loop import EarlyStop, RewardFn, StepFn, adam_params, minibatch_updates, rl_update
+from purplerl.train.loop import RewardFn, adam_params, minibatch_updates, rl_update
 from purplerl.train.recipe import Bind, Prepare
 from purplerl.train.rl import rl_prepare
+from purplerl.train.steps import EarlyStop, StepFn
 from purplerl.types import TrainBatch
 
 POLICY, CRITIC = "default", "critic"  # the adapters: the policy (every engine's first) and its critic

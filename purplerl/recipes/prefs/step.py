@@ -49,8 +49,9 @@ from purplerl.data.sft import Encoded, LengthBuckets, pad_batch
 from purplerl.engines.base import Engine
 from purplerl.errors import ExperimentError, UserError
 from purplerl.files import write_durably
-from purplerl.train.loop import EarlyStop, StepFn, adam_params, never_stop
+from purplerl.train.loop import adam_params
 from purplerl.train.recipe import Bind
+from purplerl.train.steps import EarlyStop, StepFn, never_stop
 from purplerl.types import LabelledCompletion, PreferencePair, TrainBatch
 
 REFERENCE_FILE = "reference_logprobs.safetensors"

@@ -24,8 +24,9 @@ from purplerl.data.sft import LengthBuckets
 from purplerl.data.steps import EncodedSteps, StepFormat, encode_labelled, load_step_rows, step_batch
 from purplerl.engines.base import Engine, ScalarHeads
 from purplerl.errors import UserError
-from purplerl.train.loop import EarlyStop, StepFn, adam_params, never_stop
+from purplerl.train.loop import adam_params
 from purplerl.train.recipe import Bind
+from purplerl.train.steps import EarlyStop, StepFn, never_stop
 
 ADAPTER = "prm"  # the adapter (and head) a run trains and its checkpoints hold
 

@@ -26,8 +26,9 @@ from purplerl.data.sft import LengthBuckets
 from purplerl.engines.base import Engine, ScalarHeads
 from purplerl.errors import UserError
 from purplerl.runs.reward_model import member_scores
-from purplerl.train.loop import EarlyStop, StepFn, adam_params, mean_metrics, never_stop
+from purplerl.train.loop import adam_params, mean_metrics
 from purplerl.train.recipe import Bind
+from purplerl.train.steps import EarlyStop, StepFn, never_stop
 from purplerl.types import PreferencePair
 
 

@@ -33,9 +33,10 @@ from purplerl.errors import ExperimentError, UserError
 from purplerl.prompting import render_prompt
 from purplerl.rewards.named import detectors
 from purplerl.runs.policy import ADAPTER_MODES, FORGET
-from purplerl.train.loop import EarlyStop, RewardFn, StepFn, adam_params, minibatch_updates, policy_loss, rl_update
+from purplerl.train.loop import RewardFn, adam_params, minibatch_updates, policy_loss, rl_update
 from purplerl.train.recipe import Bind, Prepare
 from purplerl.train.rl import rl_prepare
+from purplerl.train.steps import EarlyStop, StepFn
 from purplerl.types import AdamParams, PromptRecord, SamplingParams, TrainBatch
 
 BOTH = ADAPTER_MODES["both"]

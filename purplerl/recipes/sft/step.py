@@ -34,8 +34,9 @@ from purplerl.data.sft import (
 from purplerl.data.stream import ExampleStream
 from purplerl.engines.base import Engine
 from purplerl.errors import ExperimentError, UserError
-from purplerl.train.loop import EarlyStop, StepFn, adam_params, never_stop
+from purplerl.train.loop import adam_params
 from purplerl.train.recipe import Bind
+from purplerl.train.steps import EarlyStop, StepFn, never_stop
 from purplerl.types import TrainBatch
 
 LOSS = Loss("cross_entropy", CrossEntropyParams())
