@@ -149,11 +149,14 @@ class TrainBatch:
     # long [N, T], packed rows only: each token's position inside its own sequence, 0 where one starts (padding too
     # restarts at 0); None: one sequence per row, at positions 0..T-1
     position_ids_NT: torch.Tensor | None = None
+    # long [N, T], gist rows only (purplerl.data.gist): the first column of its row each query may attend (earlier
+    # turns are read through the gist tokens after them); None: from its row's (or packed sequence's) start
+    first_key_NT: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.input_ids_NT.shape)
         for name in ("attention_mask_NT", "loss_mask_NT", "sampling_logprobs_NT", "advantages_NT", "ref_logprobs_NT",
-                     "old_values_NT", "returns_NT", "step_labels_NT", "position_ids_NT"):
+                     "old_values_NT", "returns_NT", "step_labels_NT", "position_ids_NT", "first_key_NT"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape:
                 raise ValueError(f"TrainBatch.{name} has shape {tuple(value.shape)}, expected {shape}")
@@ -161,6 +164,9 @@ class TrainBatch:
             raise ValueError(f"TrainBatch.pairs_P2 has shape {tuple(self.pairs_P2.shape)}, expected [P, 2]")
         if self.position_ids_NT is not None:
             self._check_packed()
+        first = self.first_key_NT
+        if first is not None and bool(((first < 0) | (first > first.new_ones(shape[1]).cumsum(0) - 1)).any()):
+            raise ValueError("TrainBatch.first_key_NT must name, for each query, a column from 0 up to its own")
         sequences = (self.num_sequences,)
         labels = self.kto_labels_N
         if labels is not None and tuple(labels.shape) != sequences:
@@ -203,7 +209,8 @@ class TrainBatch:
         return TrainBatch(self.input_ids_NT[rows], self.attention_mask_NT[rows], self.loss_mask_NT[rows],
                           pick(self.sampling_logprobs_NT), pick(self.advantages_NT), pick(self.ref_logprobs_NT),
                           old_values_NT=pick(self.old_values_NT), returns_NT=pick(self.returns_NT),
-                          is_rh_N=pick(self.is_rh_N), step_labels_NT=pick(self.step_labels_NT))
+                          is_rh_N=pick(self.is_rh_N), step_labels_NT=pick(self.step_labels_NT),
+                          first_key_NT=pick(self.first_key_NT))
 
     def inputs(self) -> dict[str, torch.Tensor]:
         """The loss inputs present, by name (with the loss mask)."""

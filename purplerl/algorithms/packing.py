@@ -23,13 +23,33 @@ def block_ids(position_ids_NT: torch.Tensor) -> torch.Tensor:
     return torch.cumsum((position_ids_NT == 0).long(), dim=-1)
 
 
+def first_key_mask(first_key_NT: torch.Tensor) -> torch.Tensor:
+    """bool [N, 1, T, T]: query q may attend key k when first_key[q] <= k <= q. Every mask purplerl trains under is
+    of this form, causal with a first key per query: a packed row's (its sequence's start) and a gist row's (the
+    gist block before its segment, purplerl.data.gist)."""
+    width = first_key_NT.shape[-1]
+    keys_T = torch.arange(width, device=first_key_NT.device)
+    causal_TT = keys_T[None, :] <= keys_T[:, None]
+    return (causal_TT & (keys_T[None, None, :] >= first_key_NT[:, :, None]))[:, None]
+
+
+def sequence_starts(position_ids_NT: torch.Tensor) -> torch.Tensor:
+    """long [N, T]: the column where each token's sequence starts (its column minus its position)."""
+    return torch.arange(position_ids_NT.shape[-1], device=position_ids_NT.device) - position_ids_NT
+
+
 def block_causal_mask(position_ids_NT: torch.Tensor) -> torch.Tensor:
     """bool [N, 1, T, T]: query q may attend key k when both are in one block and k <= q."""
-    blocks_NT = block_ids(position_ids_NT)
-    width = position_ids_NT.shape[-1]
-    causal_TT = torch.ones(width, width, dtype=torch.bool, device=position_ids_NT.device).tril()
-    same_NTT = blocks_NT[:, :, None] == blocks_NT[:, None, :]
-    return (same_NTT & causal_TT)[:, None]
+    return first_key_mask(sequence_starts(position_ids_NT))
+
+
+def first_keys(position_ids_NT: torch.Tensor | None, first_key_NT: torch.Tensor | None) -> torch.Tensor | None:
+    """long [N, T]: the first key of each query under both constraints (its packed sequence's start, a gist row's
+    first key), or None when the rows are plain causal."""
+    if position_ids_NT is None:
+        return first_key_NT
+    starts_NT = sequence_starts(position_ids_NT)
+    return starts_NT if first_key_NT is None else torch.maximum(starts_NT, first_key_NT)
 
 
 def additive_mask(allowed_N1TT: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -74,6 +74,7 @@ def pack_batch(batch: TrainBatch, budget: int, pad_id: int) -> TrainBatch:
     per_token = {name: getattr(batch, name) for name in ("loss_mask_NT", *_PER_TOKEN)
                  if getattr(batch, name) is not None}
     packed = {name: torch.zeros(shape, dtype=t.dtype) for name, t in per_token.items()}
+    first_key = None if batch.first_key_NT is None else torch.zeros(shape, dtype=torch.long)
     for r, row in enumerate(rows):
         start = 0
         for i in row:
@@ -83,6 +84,8 @@ def pack_batch(batch: TrainBatch, budget: int, pad_id: int) -> TrainBatch:
             positions[r, start:end] = torch.arange(n)
             for name, t in per_token.items():
                 packed[name][r, start:end] = t[i, :n]
+            if first_key is not None:  # a gist row's first keys are columns of its row: they move with it
+                first_key[r, start:end] = batch.first_key_NT[i, :n] + start
             packed["loss_mask_NT"][r, start] = 0  # the token before a sequence's first is not its own
             start = end
         positions[r, start:] = torch.arange(width - start)  # padding: a block of its own
@@ -92,4 +95,4 @@ def pack_batch(batch: TrainBatch, budget: int, pad_id: int) -> TrainBatch:
                     if getattr(batch, name) is not None}
     pairs = None if batch.pairs_P2 is None else new_index[batch.pairs_P2]
     return dataclasses.replace(batch, input_ids_NT=ids, attention_mask_NT=attention, position_ids_NT=positions,
-                               pairs_P2=pairs, **packed, **per_sequence)
+                               first_key_NT=first_key, pairs_P2=pairs, **packed, **per_sequence)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from purplerl.config import SFTConfig, SFTDataConfig
+from purplerl.data.gist import first_keys, gist_token_id, insert_gists
 from purplerl.data.sources import read_rows
 from purplerl.data.stream import stream_rows
 from purplerl.errors import UserError
@@ -39,6 +40,10 @@ class Encoded:
     ids: tuple[int, ...]  # the rendered conversation's tokens
     mask: tuple[float, ...]  # 1.0 on tokens of assistant turns (targets), else 0.0
     uid: str
+    answer_from: int = 0  # the column where the last assistant turn starts
+    # with gist tokens (purplerl.data.gist): the column where each gist block starts, and each token's first key
+    gist_blocks: tuple[int, ...] = ()
+    first_key: tuple[int, ...] | None = None
 
 
 def chat_messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
@@ -146,8 +151,10 @@ def _spans(tokenizer, messages: list[dict[str, str]], template: str) -> tuple[st
 
 
 def encode(tokenizer, conversation: Conversation, template: str, system_prompt: str | None,
-           max_tokens: int) -> Encoded | None:
-    """Tokens and assistant mask of one conversation, cut to max_tokens (None when nothing trainable is left)."""
+           max_tokens: int, gist_tokens: int = 0) -> Encoded | None:
+    """Tokens and assistant mask of one conversation, cut to max_tokens (None when nothing trainable is left). With
+    `gist_tokens` K > 0, K gist tokens follow each earlier assistant turn, and each token's first key says what it
+    may attend (purplerl.data.gist)."""
     messages = with_system_prompt(conversation.messages, system_prompt)
     text, spans = _spans(tokenizer, messages, template)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -156,10 +163,19 @@ def encode(tokenizer, conversation: Conversation, template: str, system_prompt: 
     mask = [1.0 if any(s <= start and end <= e and end > start for s, e in spans) else 0.0 for start, end in offsets]
     if template == "base" and bos is not None and tokenizer(text, add_special_tokens=True)["input_ids"][:1] == [bos]:
         ids, mask = [bos, *ids], [0.0, *mask]
+    shift = len(ids) - len(offsets)  # the base template's bos
+    columns = [sum(1 for _, end in offsets if end <= span_end) + shift for _, span_end in spans]
+    answer_from = sum(1 for _, end in offsets if end <= spans[-1][0]) + shift
+    blocks: list[int] = []
+    if gist_tokens:
+        ids, mask, blocks = insert_gists(ids, mask, columns[:-1], gist_tokens, gist_token_id(tokenizer))
+        answer_from += gist_tokens * len(blocks)
     ids, mask = ids[:max_tokens], mask[:max_tokens]
     if not any(mask[1:]):  # position 0 is never a target
         return None
-    return Encoded(tuple(ids), tuple(mask), conversation.uid)
+    blocks = [b for b in blocks if b + gist_tokens <= len(ids)]
+    first_key = tuple(first_keys(len(ids), blocks, gist_tokens)) if gist_tokens else None
+    return Encoded(tuple(ids), tuple(mask), conversation.uid, min(answer_from, len(ids)), tuple(blocks), first_key)
 
 
 def pad_batch(examples: list[Encoded], pad_id: int) -> TrainBatch:
@@ -168,11 +184,15 @@ def pad_batch(examples: list[Encoded], pad_id: int) -> TrainBatch:
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(examples), width), dtype=torch.long)
     mask = torch.zeros((len(examples), width), dtype=torch.float32)
+    gist = any(e.first_key is not None for e in examples)
+    first_key = torch.zeros((len(examples), width), dtype=torch.long) if gist else None
     for i, e in enumerate(examples):
         ids[i, :len(e.ids)] = torch.tensor(e.ids)
         attn[i, :len(e.ids)] = 1
         mask[i, 1:len(e.ids)] = torch.tensor(e.mask[1:])  # targets: position 0 is never predicted
-    return TrainBatch(ids, attn, mask)
+        if first_key is not None and e.first_key is not None:  # padding attends from 0: it is never read
+            first_key[i, :len(e.ids)] = torch.tensor(e.first_key)
+    return TrainBatch(ids, attn, mask, first_key_NT=first_key)
 
 
 class LengthBuckets:

@@ -163,3 +163,15 @@ class AdapterMixing(Engine, Protocol):
     def adapter_scales(self) -> dict[str, float]:
         """The acting adapters and their scales ({active_adapter: 1.0} when one adapter acts)."""
         ...
+
+
+class GistAttention(Engine, Protocol):
+    """An engine that scores rows whose queries attend from a first key on: gist rows, where later turns read the
+    earlier ones only through the gist tokens after them (purplerl.data.gist; engines.capabilities:
+    gist_attention). Its `forward_backward` trains a TrainBatch with first_key_NT under the same mask."""
+
+    def gist_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, first_key_NT: torch.Tensor,
+                      *, reference: bool = False, temperature: float = 1.0,
+                      targets_NT: torch.Tensor | None = None) -> torch.Tensor:
+        """`Engine.logprobs` of gist rows: query q attends the keys first_key_NT[n, q] .. q of its row."""
+        ...

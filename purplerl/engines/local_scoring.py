@@ -14,7 +14,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from purplerl.algorithms.logprobs import selective_log_softmax
-from purplerl.algorithms.packing import additive_mask, block_causal_mask
+from purplerl.algorithms.packing import additive_mask, first_key_mask, first_keys
+from purplerl.errors import ExperimentError
 
 # Bytes of one fp32 LM-head chunk [rows, V]. Under glibc malloc's 32 MiB mmap ceiling, the chunk buffers are
 # reused from the heap; larger ones are mapped fresh and page-faulted on every call, which made the head's
@@ -50,19 +51,26 @@ def attention_for(config, width: int, device: torch.device):
 
 
 def model_inputs(config, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
-                 position_ids_NT: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """The keyword arguments of a forward pass. Packed rows (`position_ids_NT`, purplerl.algorithms.packing) get
-    their position ids and a 4D block-diagonal causal mask in the form the attention in use reads: additive for
-    eager attention (it adds the mask to its scores), boolean for SDPA; an implementation with variable-length
-    kernels (flash attention) gets the position ids alone, from which transformers finds the sequences."""
-    if position_ids_NT is None:
+                 position_ids_NT: torch.Tensor | None, first_key_NT: torch.Tensor | None = None
+                 ) -> dict[str, torch.Tensor]:
+    """The keyword arguments of a forward pass. Packed rows (`position_ids_NT`, purplerl.algorithms.packing) and
+    gist rows (`first_key_NT`: each query's first key, purplerl.data.gist) get a 4D mask, causal from each query's
+    first key, in the form the attention in use reads: additive for eager attention (it adds the mask to its
+    scores), boolean for SDPA. Packed rows alone under an implementation with variable-length kernels (flash
+    attention) get the position ids alone, from which transformers finds the sequences; a gist mask it cannot read
+    is refused."""
+    if position_ids_NT is None and first_key_NT is None:
         return {"input_ids": input_ids_NT, "attention_mask": attention_mask_NT}
+    positions = {} if position_ids_NT is None else {"position_ids": position_ids_NT}
     implementation = getattr(config, "_attn_implementation", None)
     if implementation in ("eager", "sdpa"):
-        allowed = block_causal_mask(position_ids_NT)
+        allowed = first_key_mask(first_keys(position_ids_NT, first_key_NT))
         mask = additive_mask(allowed, torch.float32) if implementation == "eager" else allowed
-        return {"input_ids": input_ids_NT, "attention_mask": mask, "position_ids": position_ids_NT}
-    return {"input_ids": input_ids_NT, "attention_mask": None, "position_ids": position_ids_NT}
+        return {"input_ids": input_ids_NT, "attention_mask": mask, **positions}
+    if first_key_NT is not None:
+        raise ExperimentError(f"gist rows need eager or sdpa attention, which reads a 4D mask; the model runs "
+                              f"{implementation}")
+    return {"input_ids": input_ids_NT, "attention_mask": None, **positions}
 
 
 def micro_batches(attention_mask_NT: torch.Tensor, max_sequences: int, max_tokens: int) -> list[torch.Tensor]:
@@ -88,41 +96,45 @@ def head_chunk_rows(vocab: int) -> int:
 
 
 def full_logits(causal_lm, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, bf16: bool,
-                position_ids_NT: torch.Tensor | None = None) -> torch.Tensor:
+                position_ids_NT: torch.Tensor | None = None, first_key_NT: torch.Tensor | None = None
+                ) -> torch.Tensor:
     """fp32 logits [N, T-1, V] of `causal_lm`: position t predicts token t+1."""
     with autocast(input_ids_NT.device, bf16):
-        inputs = model_inputs(causal_lm.config, input_ids_NT, attention_mask_NT, position_ids_NT)
+        inputs = model_inputs(causal_lm.config, input_ids_NT, attention_mask_NT, position_ids_NT, first_key_NT)
         logits_NTV = causal_lm(**inputs).logits
     return logits_NTV[:, :-1].float()
 
 
 def final_hidden(causal_lm, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, bf16: bool,
-                 decoder=None, position_ids_NT: torch.Tensor | None = None) -> torch.Tensor:
+                 decoder=None, position_ids_NT: torch.Tensor | None = None,
+                 first_key_NT: torch.Tensor | None = None) -> torch.Tensor:
     """The decoder's final hidden states [N, T, H] (after its last norm: what the LM head and a scalar head read).
     `decoder`: the decoder of `causal_lm` to call instead (its compiled form: engine.fast_paths compiled); packed
-    rows with their `position_ids_NT`."""
+    rows with their `position_ids_NT`, gist rows with their `first_key_NT`."""
     device = input_ids_NT.device
     decoder = causal_lm.get_decoder() if decoder is None else decoder
     with autocast(device, bf16), attention_for(causal_lm.config, input_ids_NT.shape[1], device):
-        inputs = model_inputs(causal_lm.config, input_ids_NT, attention_mask_NT, position_ids_NT)
+        inputs = model_inputs(causal_lm.config, input_ids_NT, attention_mask_NT, position_ids_NT, first_key_NT)
         return decoder(**inputs).last_hidden_state
 
 
 def target_logprobs(causal_lm, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
                     targets_NT: torch.Tensor, temperature: float, *, head_only: bool, bf16: bool,
-                    decoder=None, position_ids_NT: torch.Tensor | None = None) -> torch.Tensor:
+                    decoder=None, position_ids_NT: torch.Tensor | None = None,
+                    first_key_NT: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 logprobs [N, T] under `causal_lm` of the tokens where targets_NT is 1 (aligned to targets), 0 elsewhere;
-    packed rows with their `position_ids_NT` (purplerl.algorithms.packing).
+    packed rows with their `position_ids_NT` (purplerl.algorithms.packing), gist rows with their `first_key_NT`.
 
     head_only: the decoder runs once and the LM head and log-softmax only on the scored positions, in chunks (a
     model whose forward transforms its final logits, softcapping or scaling, must be scored through it instead)."""
     device = input_ids_NT.device
     picked_NT = targets_NT[:, 1:].bool()  # the logits at position t-1 score token t
     if not head_only:
-        logits_NTV = full_logits(causal_lm, input_ids_NT, attention_mask_NT, bf16, position_ids_NT)
+        logits_NTV = full_logits(causal_lm, input_ids_NT, attention_mask_NT, bf16, position_ids_NT, first_key_NT)
         logp_NT = selective_log_softmax(logits_NTV, input_ids_NT[:, 1:], temperature=temperature)
         return F.pad(logp_NT * picked_NT, (1, 0))
-    hidden_NTH = final_hidden(causal_lm, input_ids_NT, attention_mask_NT, bf16, decoder, position_ids_NT)
+    hidden_NTH = final_hidden(causal_lm, input_ids_NT, attention_mask_NT, bf16, decoder, position_ids_NT,
+                              first_key_NT)
     rows_RH, tokens_R = hidden_NTH[:, :-1][picked_NT], input_ids_NT[:, 1:][picked_NT]
     head = causal_lm.get_output_embeddings()
     chunk_rows = head_chunk_rows(head.weight.shape[0])

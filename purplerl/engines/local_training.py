@@ -201,11 +201,12 @@ class LocalTrainer:
             yield self._reference_lm
 
     def _target_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor, temperature: float,
-                         causal_lm=None, positions: torch.Tensor | None = None) -> torch.Tensor:
+                         causal_lm=None, layout: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """`layout`: the rows' layout tensors (position_ids_NT of packed rows, first_key_NT of gist rows)."""
         policy = causal_lm is None or causal_lm is self.causal_lm
         return target_logprobs(self.causal_lm if causal_lm is None else causal_lm, ids, attn, targets, temperature,
                                head_only=self.head_only, bf16=self.autocast_bf16,
-                               decoder=self._decoder if policy else None, position_ids_NT=positions)
+                               decoder=self._decoder if policy else None, **(layout or {}))
 
     def micro_batches(self, attention_mask_NT: torch.Tensor) -> list[torch.Tensor]:
         return micro_batches(attention_mask_NT, self.settings.micro_batch_size, self.settings.micro_batch_tokens)
@@ -213,9 +214,11 @@ class LocalTrainer:
     @torch.no_grad()
     def logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, *,
                  reference: bool = False, temperature: float = 1.0,
-                 targets_NT: torch.Tensor | None = None, position_ids_NT: torch.Tensor | None = None) -> torch.Tensor:
+                 targets_NT: torch.Tensor | None = None, position_ids_NT: torch.Tensor | None = None,
+                 first_key_NT: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token logprobs [N, T]; only the `targets_NT` positions are computed (default: every token
-        after its sequence's first), the rest are 0. Packed rows come with their `position_ids_NT`."""
+        after its sequence's first), the rest are 0. Packed rows come with their `position_ids_NT`, gist rows with
+        their `first_key_NT` (the gist_attention capability: `gist_logprobs`)."""
         self.model.eval()
         ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
         if targets_NT is None:
@@ -223,11 +226,11 @@ class LocalTrainer:
             if position_ids_NT is not None:  # a sequence's first token is not scored by the one before it
                 targets_NT = targets_NT * (position_ids_NT != 0)
         targets = targets_NT.to(self.device)
-        positions = None if position_ids_NT is None else position_ids_NT.to(self.device)
+        layout = _layout(position_ids_NT, first_key_NT, self.device)
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
         for rows in self.micro_batches(attn):
             width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
-            part = None if positions is None else positions[rows, :width]
+            part = {name: t[rows, :width] for name, t in layout.items()}
             with self.scorer(reference) as causal_lm:
                 out[rows, :width] = self._target_logprobs(ids[rows, :width], attn[rows, :width],
                                                           targets[rows, :width], temperature, causal_lm, part)
@@ -236,30 +239,37 @@ class LocalTrainer:
             raise ExperimentError(f"non-finite {'reference' if reference else 'policy'} logprobs")
         return out
 
+    def gist_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, first_key_NT: torch.Tensor,
+                      *, reference: bool = False, temperature: float = 1.0,
+                      targets_NT: torch.Tensor | None = None) -> torch.Tensor:
+        """`logprobs` of gist rows: each query attends from its `first_key_NT` on (engines.base.GistAttention)."""
+        return self.logprobs(input_ids_NT, attention_mask_NT, reference=reference, temperature=temperature,
+                             targets_NT=targets_NT, first_key_NT=first_key_NT)
+
     def _values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
-                position_ids_NT: torch.Tensor | None = None) -> torch.Tensor:
+                layout: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """fp32 values [N, T] of the active adapter's head (0 on padding)."""
         head = self._adapters.current.head
         if head is None:
             raise UserError(f"adapter '{self.active_adapter}' has no scalar head (create_adapter(name, head=True) "
                             f"makes one; adapters with a head: {', '.join(self.heads) or 'none'})")
         hidden_NTH = final_hidden(self.causal_lm, input_ids_NT, attention_mask_NT, self.autocast_bf16,
-                                  self._decoder, position_ids_NT)
+                                  self._decoder, **(layout or {}))
         with self.autocast():
             values_NT = head(hidden_NTH.to(head.weight.dtype))[..., 0]
         return values_NT.float() * attention_mask_NT
 
     @torch.no_grad()
     def values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
-               position_ids_NT: torch.Tensor | None = None) -> torch.Tensor:
+               position_ids_NT: torch.Tensor | None = None, first_key_NT: torch.Tensor | None = None) -> torch.Tensor:
         """Values [N, T] of the active adapter's scalar head at every position (0 on padding)."""
         self.model.eval()
         ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
-        positions = None if position_ids_NT is None else position_ids_NT.to(self.device)
+        layout = _layout(position_ids_NT, first_key_NT, self.device)
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
         for rows in self.micro_batches(attn):
             width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
-            part = None if positions is None else positions[rows, :width]
+            part = {name: t[rows, :width] for name, t in layout.items()}
             out[rows, :width] = self._values(ids[rows, :width], attn[rows, :width], part)
         out = out.cpu()
         if not torch.isfinite(out).all():
@@ -273,8 +283,7 @@ class LocalTrainer:
         (pairs and per-row labels couple rows: only the whole-batch losses read them)."""
         tensors = {"input_ids_NT": batch.input_ids_NT, "attention_mask_NT": batch.attention_mask_NT,
                    **{k: v for k, v in batch.inputs().items() if k.endswith("_NT")}}
-        if batch.position_ids_NT is not None:
-            tensors["position_ids_NT"] = batch.position_ids_NT
+        tensors.update(_layout(batch.position_ids_NT, batch.first_key_NT, None))
         for rows in self.micro_batches(batch.attention_mask_NT):
             width = int(batch.attention_mask_NT[rows].sum(-1).max())  # right padding: trim unused columns
             yield rows, width, {name: t[rows, :width].to(self.device) for name, t in tensors.items()}
@@ -293,16 +302,16 @@ class LocalTrainer:
         normalizer = batch.num_loss_tokens
         for rows, _, part in self._parts(batch):
             ids, attn, mask = part["input_ids_NT"], part["attention_mask_NT"], part["loss_mask_NT"]
-            positions = part.get("position_ids_NT")
+            layout, positions = _layout_of(part), part.get("position_ids_NT")
             if definition.consumes == "logits":
                 # per-token tensors start at position 1, where the logits of position 0 predict the first target
                 shifted = {k: v[:, 1:] for k, v in part.items()}
-                logits = full_logits(self.causal_lm, ids, attn, self.autocast_bf16, positions)
+                logits = full_logits(self.causal_lm, ids, attn, self.autocast_bf16, **layout)
                 loss_nt, metrics = definition.fn(logits, shifted, loss.params, targets_NT=ids[:, 1:],
                                                  temperature=loss.temperature, generator=generator)
                 loss_NT = F.pad(loss_nt, (1, 0))
             else:
-                logp_NT = self._target_logprobs(ids, attn, mask, loss.temperature, positions=positions)
+                logp_NT = self._target_logprobs(ids, attn, mask, loss.temperature, layout=layout)
                 loss_NT, metrics = definition.fn(logp_NT, part, loss.params)
             if positions is not None:  # the per-sequence aggregations read one sequence per row
                 loss_NT, mask = unpack(loss_NT, positions, attn), unpack(mask, positions, attn)
@@ -337,10 +346,11 @@ class LocalTrainer:
         targets_NT = (batch.loss_mask_NT != 0).long()
         ids_NT, attn_NT, positions_NT = batch.input_ids_NT, batch.attention_mask_NT, batch.position_ids_NT
         if head:
-            logp_NT = self.values(ids_NT, attn_NT, positions_NT).requires_grad_(True)
+            logp_NT = self.values(ids_NT, attn_NT, positions_NT, batch.first_key_NT).requires_grad_(True)
         else:
             logp_NT = self.logprobs(ids_NT, attn_NT, temperature=temperature, targets_NT=targets_NT,
-                                    position_ids_NT=positions_NT).requires_grad_(True)
+                                    position_ids_NT=positions_NT, first_key_NT=batch.first_key_NT
+                                    ).requires_grad_(True)
         if positions_NT is None:
             out = fn(logp_NT, batch.inputs())
         else:
@@ -355,9 +365,9 @@ class LocalTrainer:
         grad_NT = logp_NT.grad
         self.model.train()
         for rows, width, part in self._parts(batch):
-            ids, attn, positions = part["input_ids_NT"], part["attention_mask_NT"], part.get("position_ids_NT")
-            lp = self._values(ids, attn, positions) if head else self._target_logprobs(
-                ids, attn, targets_NT[rows, :width].to(self.device), temperature, positions=positions)
+            ids, attn, layout = part["input_ids_NT"], part["attention_mask_NT"], _layout_of(part)
+            lp = self._values(ids, attn, layout) if head else self._target_logprobs(
+                ids, attn, targets_NT[rows, :width].to(self.device), temperature, layout=layout)
             (lp * grad_NT[rows, :width].to(self.device)).sum().backward()
             self._adapters.accumulate_master_grads()
         return {"loss": float(value.detach()), **{k: float(v) for k, v in metrics.items()},
@@ -393,3 +403,16 @@ class LocalTrainer:
     def load(self, path: Path) -> None:
         """Restore what save() wrote; adapters the checkpoint has and this engine lacks are created."""
         load_state(self, Path(path))
+
+
+LAYOUT = ("position_ids_NT", "first_key_NT")  # the tensors that say how a batch's rows attend
+
+
+def _layout(position_ids_NT: torch.Tensor | None, first_key_NT: torch.Tensor | None,
+            device: torch.device | None) -> dict[str, torch.Tensor]:
+    given = {"position_ids_NT": position_ids_NT, "first_key_NT": first_key_NT}
+    return {name: t if device is None else t.to(device) for name, t in given.items() if t is not None}
+
+
+def _layout_of(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: part[name] for name in LAYOUT if name in part}

@@ -10,12 +10,13 @@ import pytest
 
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines import ENGINES
-from purplerl.engines.base import AdapterMixing, Engine, ScalarHeads
+from purplerl.engines.base import AdapterMixing, Engine, GistAttention, ScalarHeads
 from purplerl.engines.capabilities import (
     ADAPTER_MIXING,
     ADAPTER_SWITCHING,
     DESCRIBED,
     ENGINE_CAPABILITIES,
+    GIST_ATTENTION,
     PACKED_ROWS,
     SCALAR_HEADS,
     capabilities,
@@ -39,6 +40,7 @@ def test_the_core_protocol_is_small_and_each_capability_is_its_own() -> None:
           f"AdapterMixing adds {sorted(members(AdapterMixing) - core)}")
     assert len(core) <= CORE_LIMIT, sorted(core)
     assert not core & {"values", "use_adapters", "adapter_scales"}
+    assert members(GistAttention) - core == {"gist_logprobs"}
     assert members(ScalarHeads) - core == {"values"} and members(AdapterMixing) - core == {"use_adapters",
                                                                                         "adapter_scales"}
     assert set(ENGINE_CAPABILITIES) == set(ENGINES) and set().union(*ENGINE_CAPABILITIES.values()) <= set(DESCRIBED)
@@ -65,6 +67,7 @@ def test_each_engine_has_the_core_and_exactly_the_capabilities_of_its_row(name: 
     found = capabilities(ModelConfig(), config)
     assert ("values" in attributes) == (SCALAR_HEADS in found)
     assert ("use_adapters" in attributes) == (ADAPTER_MIXING in found)
+    assert ("gist_logprobs" in attributes) == (GIST_ATTENTION in found)
     create = inspect.signature(cls.create_adapter).parameters
     assert ("head" in create) == (SCALAR_HEADS in found) and ("rank" in create) == (ADAPTER_MIXING in found)
     source = inspect.getsource(inspect.getmodule(cls))
@@ -72,11 +75,13 @@ def test_each_engine_has_the_core_and_exactly_the_capabilities_of_its_row(name: 
 
 
 @pytest.mark.parametrize(("kind", "procs", "finetune", "expected"), [
-    ("local", 1, "lora", {SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING, PACKED_ROWS}),
-    ("local", 2, "lora", {SCALAR_HEADS, ADAPTER_SWITCHING, PACKED_ROWS}),  # data parallel: no adapters acting together
-    ("local", 1, "full", {PACKED_ROWS}),  # no frozen base to put adapters on; rows are packed all the same
-    ("vllm", 1, "lora", {PACKED_ROWS}),  # it trains through the local engine's trainer
-    ("vllm", 1, "full", {PACKED_ROWS}),
+    ("local", 1, "lora", {SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING, PACKED_ROWS, GIST_ATTENTION}),
+    # data parallel: no adapters acting together
+    ("local", 2, "lora", {SCALAR_HEADS, ADAPTER_SWITCHING, PACKED_ROWS, GIST_ATTENTION}),
+    # no frozen base to put adapters on; rows are packed and gist-masked all the same
+    ("local", 1, "full", {PACKED_ROWS, GIST_ATTENTION}),
+    ("vllm", 1, "lora", {PACKED_ROWS, GIST_ATTENTION}),  # it trains through the local engine's trainer
+    ("vllm", 1, "full", {PACKED_ROWS, GIST_ATTENTION}),
     ("tinker", 1, "lora", set()),  # a datum is one sequence
 ])
 def test_the_table_narrowed_by_processes_and_full_fine_tuning(kind: str, procs: int, finetune: str,

@@ -125,7 +125,7 @@ class HeldOutEngine:
 
 def test_held_out_loss_is_the_mean_nll_per_assistant_token_by_hand() -> None:
     from purplerl.data.sft import Encoded
-    from purplerl.recipes.sft.step import heldout_loss
+    from purplerl.recipes.sft.step import heldout_metrics
 
     examples = [
         Encoded((5, 6, 7, 8), (0.0, 0.0, 1.0, 1.0), "a"),  # targets 7, 8: NLL 0.7 + 0.8 = 1.5 over 2 tokens
@@ -133,8 +133,12 @@ def test_held_out_loss_is_the_mean_nll_per_assistant_token_by_hand() -> None:
         Encoded((4, 9, 9, 9, 9, 2), (0.0, 0.0, 1.0, 1.0, 1.0, 0.0), "c"),  # 0.9 * 3 = 2.7 over 3
     ]
     # (1.5 + 0.5 + 2.7) / 7 = 0.671429; per token of every row (13) 0.3615, per example 0.6333, per batch of 2 0.7
-    got = heldout_loss(HeldOutEngine(), examples, pad_id=0, batch_size=2)
-    assert got == pytest.approx(4.7 / 7, abs=1e-6)
+    got = heldout_metrics(HeldOutEngine(), examples, pad_id=0, batch_size=2)
+    assert got["eval/loss"] == pytest.approx(4.7 / 7, abs=1e-6)
+    # the last answer starts at column 0 here (answer_from's default): the same tokens; token t is scored from the
+    # query at t - 1, which attends t keys: (2 + 3) + (1 + 2) + (2 + 3 + 4) = 17 over 7
+    assert got["eval/answer_nll"] == pytest.approx(4.7 / 7, abs=1e-6)
+    assert got["eval/answer_keys"] == pytest.approx(17 / 7, abs=1e-6)
 
 
 def test_sft_holds_out_by_the_training_seed_and_never_trains_on_held_out_rows(tiny_tokenizer, tmp_path: Path) -> None:

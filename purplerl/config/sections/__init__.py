@@ -7,6 +7,7 @@ PromptFormatConfig for every prompt renderer). Import the sections from here: th
 
 from purplerl.config.sections.data import (
     DataConfig,
+    DialogueConfig,
     EvalDataConfig,
     PreferenceDataConfig,
     PrefsDataConfig,
@@ -27,5 +28,5 @@ __all__ = [
     "GenerationConfig", "LoggingConfig", "ModelConfig", "ModelLoadConfig", "PreferenceDataConfig", "PrefsDataConfig",
     "PromptFormatConfig", "PromptSourceConfig", "RLSettings", "RLTrainingConfig", "RewardBase", "RewardServerConfig",
     "RowSourceConfig", "RunConfig", "RunSettings", "SFTDataConfig", "SamplingConfig", "ToxicityConfig",
-    "TrainingConfig",
+    "TrainingConfig", "DialogueConfig",
 ]

@@ -127,3 +127,11 @@ class DataConfig(EvalDataConfig):
     """Prompts of an RL recipe: source, format, and the order they are drawn in."""
 
     shuffle: bool = Field(True, description="shuffle prompts each epoch (seeded)")
+
+
+class DialogueConfig(Section):
+    """How a multi-turn conversation's earlier turns are read."""
+
+    gist_tokens: int = Field(0, ge=0, le=64, description=(
+        "K gist tokens after each earlier assistant turn, through which alone later turns read it (Mu et al. 2023; "
+        "purplerl.data.gist): history costs K keys instead of its length; 0: every turn reads the whole dialogue"))

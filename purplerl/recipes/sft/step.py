@@ -18,6 +18,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
 from purplerl.algorithms.registry import CrossEntropyParams, Loss
 from purplerl.data.packing import pack_batch
 from purplerl.data.sft import (
@@ -42,9 +45,12 @@ from purplerl.types import TrainBatch
 LOSS = Loss("cross_entropy", CrossEntropyParams())
 
 
-def _encode_all(engine: Engine, conversations: list[Conversation], config: Any, what: str) -> list[Encoded]:
+def _encode_all(engine: Engine, conversations: list[Conversation], config: Any, what: str,
+                gist_tokens: int | None = None) -> list[Encoded]:
     d = config.data
-    encoded = [encode(engine.tokenizer, c, d.template, d.system_prompt, config.sft.max_tokens) for c in conversations]
+    gist_tokens = config.dialogue.gist_tokens if gist_tokens is None else gist_tokens
+    encoded = [encode(engine.tokenizer, c, d.template, d.system_prompt, config.sft.max_tokens,
+                      gist_tokens) for c in conversations]
     kept = [e for e in encoded if e is not None]
     if not kept and conversations:
         raise UserError(f"no {what} conversation keeps an assistant token within sft.max_tokens="
@@ -52,15 +58,37 @@ def _encode_all(engine: Engine, conversations: list[Conversation], config: Any, 
     return kept
 
 
-def heldout_loss(engine: Engine, examples: list[Encoded], pad_id: int, batch_size: int) -> float:
-    """Mean NLL per assistant token of the held-out conversations under the current policy."""
-    total, tokens = 0.0, 0.0
+def _answer_mask(batch: TrainBatch, examples: list[Encoded]) -> torch.Tensor:
+    """The loss mask on each row's last assistant turn only."""
+    columns_T = torch.arange(batch.loss_mask_NT.shape[1])
+    starts_N1 = torch.tensor([e.answer_from for e in examples])[:, None]
+    return batch.loss_mask_NT * (columns_T[None] >= starts_N1)
+
+
+def heldout_metrics(engine: Engine, examples: list[Encoded], pad_id: int, batch_size: int,
+                    suffix: str = "") -> dict[str, float]:
+    """eval/loss: mean NLL per assistant token of the held-out conversations under the current policy;
+    eval/answer_nll: the same over each one's last answer; eval/answer_keys: the keys an answer token attends, on
+    average (gist rows: their last gist block and the answer's own turn, purplerl.data.gist)."""
+    total = answer = tokens = answer_tokens = keys = 0.0
     for start in range(0, len(examples), batch_size):
-        batch = pad_batch(examples[start:start + batch_size], pad_id)
-        logp_NT = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+        part = examples[start:start + batch_size]
+        batch = pad_batch(part, pad_id)
+        if batch.first_key_NT is None:
+            logp_NT = engine.logprobs(batch.input_ids_NT, batch.attention_mask_NT, targets_NT=batch.loss_mask_NT)
+        else:
+            logp_NT = engine.gist_logprobs(batch.input_ids_NT, batch.attention_mask_NT, batch.first_key_NT,
+                                           targets_NT=batch.loss_mask_NT)
+        answer_NT = _answer_mask(batch, part)
         total += float(-(logp_NT * batch.loss_mask_NT).sum())
-        tokens += float(batch.loss_mask_NT.sum())
-    return total / tokens
+        answer += float(-(logp_NT * answer_NT).sum())
+        tokens, answer_tokens = tokens + float(batch.loss_mask_NT.sum()), answer_tokens + float(answer_NT.sum())
+        first_NT = batch.first_key_NT if batch.first_key_NT is not None else torch.zeros_like(batch.input_ids_NT)
+        # token t is scored from the query at t - 1, which attends keys first_key .. t - 1
+        reach_NT = torch.arange(batch.input_ids_NT.shape[1])[None] - F.pad(first_NT, (1, 0))[:, :-1]
+        keys += float((reach_NT * answer_NT).sum())
+    return {f"eval/loss{suffix}": total / tokens, f"eval/answer_nll{suffix}": answer / max(answer_tokens, 1.0),
+            f"eval/answer_keys{suffix}": keys / max(answer_tokens, 1.0)}
 
 
 def _pad_id(engine: Engine) -> int:
@@ -68,7 +96,19 @@ def _pad_id(engine: Engine) -> int:
     return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
 
 
-def _train(engine: Engine, examples: list[Encoded], config: Any, held: list[Encoded], step: int) -> dict[str, float]:
+HeldOut = dict[str, list[Encoded]]  # metric suffix -> the held-out conversations, encoded for it
+
+
+def held_encodings(engine: Engine, conversations: list[Conversation], config: Any) -> HeldOut:
+    """The held-out conversations as the run reads them ("": its metrics), and with gist tokens read whole too
+    ("_full_context": what the compression costs and saves, on the same conversations)."""
+    held = {"": _encode_all(engine, conversations, config, "held-out")}
+    if config.dialogue.gist_tokens:
+        held["_full_context"] = _encode_all(engine, conversations, config, "held-out", gist_tokens=0)
+    return held
+
+
+def _train(engine: Engine, examples: list[Encoded], config: Any, held: HeldOut, step: int) -> dict[str, float]:
     """One step on `examples` (packed when data.packing), with the held-out loss when it is due."""
     pad_id = _pad_id(engine)
     batch: TrainBatch = pad_batch(examples, pad_id)
@@ -78,21 +118,23 @@ def _train(engine: Engine, examples: list[Encoded], config: Any, held: list[Enco
     out = {f"train/{k}": float(v) for k, v in metrics.items()}
     out.update({"tokens/padded": float(batch.input_ids_NT.numel()), "tokens/trained": float(batch.loss_mask_NT.sum())})
     s = config.sft
-    if held and s.eval_every and (step % s.eval_every == 0 or step == config.training.steps):
-        out["eval/loss"] = heldout_loss(engine, held, pad_id, config.training.batch_size)
+    if held.get("") and s.eval_every and (step % s.eval_every == 0 or step == config.training.steps):
+        for suffix, examples in held.items():
+            out.update(heldout_metrics(engine, examples, pad_id, config.training.batch_size, suffix))
     return out
 
 
 class StreamedSteps:
     """The steps of a streamed run: a step function with the stream's position (purplerl.train.position)."""
 
-    def __init__(self, engine: Engine, config: Any, stream: ExampleStream[Conversation], held: list[Encoded]) -> None:
+    def __init__(self, engine: Engine, config: Any, stream: ExampleStream[Conversation], held: HeldOut) -> None:
         self.engine, self.config, self.stream, self.held = engine, config, stream, held
 
     def __call__(self, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         conversations = self.stream.take(self.config.training.batch_size)
         d, max_tokens = self.config.data, self.config.sft.max_tokens
-        encoded = [encode(self.engine.tokenizer, c, d.template, d.system_prompt, max_tokens) for c in conversations]
+        encoded = [encode(self.engine.tokenizer, c, d.template, d.system_prompt, max_tokens,
+                          self.config.dialogue.gist_tokens) for c in conversations]
         examples = [e for e in encoded if e is not None]
         if not examples:
             raise ExperimentError(f"none of this step's {len(conversations)} conversations keeps an assistant token "
@@ -126,7 +168,7 @@ def _streamed_prepare(config: Any) -> Bind:
     def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:
         stream = ExampleStream(train_items, d.shuffle_buffer, seed, f"{d.source} (split '{d.split}')",
                                engine.world.rank, engine.world.size)
-        return StreamedSteps(engine, config, stream, _encode_all(engine, evaluation, config, "held-out")), never_stop
+        return StreamedSteps(engine, config, stream, held_encodings(engine, evaluation, config)), never_stop
 
     return bind
 
@@ -145,7 +187,7 @@ def sft_prepare(config: Any) -> Bind:
 
     def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:
         examples = _encode_all(engine, train, config, "training")
-        held = _encode_all(engine, evaluation, config, "held-out")
+        held = held_encodings(engine, evaluation, config)
         buckets = LengthBuckets([len(e.ids) for e in examples], config.training.batch_size, config.training.seed)
 
         def step_fn(step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
