@@ -90,3 +90,18 @@ def unpack_inputs(inputs: Mapping[str, torch.Tensor], position_ids_NT: torch.Ten
     per-sequence ones (pairs_P2, kto_labels_N, ...) already index sequences and stay as they are."""
     return {name: unpack(value, position_ids_NT, attention_mask_NT) if name.endswith("_NT") else value
             for name, value in inputs.items()}
+
+
+LAYOUT = ("position_ids_NT", "first_key_NT")  # the tensors that say how a batch's rows attend
+
+
+def row_layout(position_ids_NT: torch.Tensor | None, first_key_NT: torch.Tensor | None,
+               device: torch.device | None) -> dict[str, torch.Tensor]:
+    """The layout tensors given, by name (on `device` unless None): how the rows of a batch attend."""
+    given = {"position_ids_NT": position_ids_NT, "first_key_NT": first_key_NT}
+    return {name: t if device is None else t.to(device) for name, t in given.items() if t is not None}
+
+
+def layout_of(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The layout tensors among a micro-batch's tensors."""
+    return {name: part[name] for name in LAYOUT if name in part}

@@ -54,7 +54,7 @@ class LocalEngine:
 
     def gist_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, first_key_NT: torch.Tensor,
                       **kwargs) -> torch.Tensor:
-        return self.trainer.gist_logprobs(input_ids_NT, attention_mask_NT, first_key_NT, **kwargs)
+        return self.trainer.logprobs(input_ids_NT, attention_mask_NT, first_key_NT=first_key_NT, **kwargs)
 
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         return self.trainer.forward_backward(batch, loss)

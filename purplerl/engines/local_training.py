@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from purplerl.algorithms.losses import aggregate_loss
-from purplerl.algorithms.packing import unpack, unpack_inputs
+from purplerl.algorithms.packing import layout_of, row_layout, unpack, unpack_inputs
 from purplerl.algorithms.registry import CustomLoss, Loss
 from purplerl.config import ModelConfig
 from purplerl.engines.adapters import AdapterSet, FullWeights, lora_config
@@ -218,7 +218,7 @@ class LocalTrainer:
                  first_key_NT: torch.Tensor | None = None) -> torch.Tensor:
         """Per-token logprobs [N, T]; only the `targets_NT` positions are computed (default: every token
         after its sequence's first), the rest are 0. Packed rows come with their `position_ids_NT`, gist rows with
-        their `first_key_NT` (the gist_attention capability: `gist_logprobs`)."""
+        their `first_key_NT` (the gist_attention capability)."""
         self.model.eval()
         ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
         if targets_NT is None:
@@ -226,7 +226,7 @@ class LocalTrainer:
             if position_ids_NT is not None:  # a sequence's first token is not scored by the one before it
                 targets_NT = targets_NT * (position_ids_NT != 0)
         targets = targets_NT.to(self.device)
-        layout = _layout(position_ids_NT, first_key_NT, self.device)
+        layout = row_layout(position_ids_NT, first_key_NT, self.device)
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
         for rows in self.micro_batches(attn):
             width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
@@ -238,13 +238,6 @@ class LocalTrainer:
         if not torch.isfinite(out).all():
             raise ExperimentError(f"non-finite {'reference' if reference else 'policy'} logprobs")
         return out
-
-    def gist_logprobs(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor, first_key_NT: torch.Tensor,
-                      *, reference: bool = False, temperature: float = 1.0,
-                      targets_NT: torch.Tensor | None = None) -> torch.Tensor:
-        """`logprobs` of gist rows: each query attends from its `first_key_NT` on (engines.base.GistAttention)."""
-        return self.logprobs(input_ids_NT, attention_mask_NT, reference=reference, temperature=temperature,
-                             targets_NT=targets_NT, first_key_NT=first_key_NT)
 
     def _values(self, input_ids_NT: torch.Tensor, attention_mask_NT: torch.Tensor,
                 layout: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -265,7 +258,7 @@ class LocalTrainer:
         """Values [N, T] of the active adapter's scalar head at every position (0 on padding)."""
         self.model.eval()
         ids, attn = input_ids_NT.to(self.device), attention_mask_NT.to(self.device)
-        layout = _layout(position_ids_NT, first_key_NT, self.device)
+        layout = row_layout(position_ids_NT, first_key_NT, self.device)
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
         for rows in self.micro_batches(attn):
             width = int(attn[rows].sum(-1).max())  # right padding: trim unused columns
@@ -283,7 +276,7 @@ class LocalTrainer:
         (pairs and per-row labels couple rows: only the whole-batch losses read them)."""
         tensors = {"input_ids_NT": batch.input_ids_NT, "attention_mask_NT": batch.attention_mask_NT,
                    **{k: v for k, v in batch.inputs().items() if k.endswith("_NT")}}
-        tensors.update(_layout(batch.position_ids_NT, batch.first_key_NT, None))
+        tensors.update(row_layout(batch.position_ids_NT, batch.first_key_NT, None))
         for rows in self.micro_batches(batch.attention_mask_NT):
             width = int(batch.attention_mask_NT[rows].sum(-1).max())  # right padding: trim unused columns
             yield rows, width, {name: t[rows, :width].to(self.device) for name, t in tensors.items()}
@@ -302,7 +295,7 @@ class LocalTrainer:
         normalizer = batch.num_loss_tokens
         for rows, _, part in self._parts(batch):
             ids, attn, mask = part["input_ids_NT"], part["attention_mask_NT"], part["loss_mask_NT"]
-            layout, positions = _layout_of(part), part.get("position_ids_NT")
+            layout, positions = layout_of(part), part.get("position_ids_NT")
             if definition.consumes == "logits":
                 # per-token tensors start at position 1, where the logits of position 0 predict the first target
                 shifted = {k: v[:, 1:] for k, v in part.items()}
@@ -365,7 +358,7 @@ class LocalTrainer:
         grad_NT = logp_NT.grad
         self.model.train()
         for rows, width, part in self._parts(batch):
-            ids, attn, layout = part["input_ids_NT"], part["attention_mask_NT"], _layout_of(part)
+            ids, attn, layout = part["input_ids_NT"], part["attention_mask_NT"], layout_of(part)
             lp = self._values(ids, attn, layout) if head else self._target_logprobs(
                 ids, attn, targets_NT[rows, :width].to(self.device), temperature, layout=layout)
             (lp * grad_NT[rows, :width].to(self.device)).sum().backward()
@@ -403,16 +396,3 @@ class LocalTrainer:
     def load(self, path: Path) -> None:
         """Restore what save() wrote; adapters the checkpoint has and this engine lacks are created."""
         load_state(self, Path(path))
-
-
-LAYOUT = ("position_ids_NT", "first_key_NT")  # the tensors that say how a batch's rows attend
-
-
-def _layout(position_ids_NT: torch.Tensor | None, first_key_NT: torch.Tensor | None,
-            device: torch.device | None) -> dict[str, torch.Tensor]:
-    given = {"position_ids_NT": position_ids_NT, "first_key_NT": first_key_NT}
-    return {name: t if device is None else t.to(device) for name, t in given.items() if t is not None}
-
-
-def _layout_of(part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {name: part[name] for name in LAYOUT if name in part}

@@ -71,8 +71,9 @@ PPO = Recipe(
     help="""PPO with a critic (the classic RLHF loop): GAE advantages from a value head on its own adapter over the
     policy's base, the KL to the base in the per-token rewards, the clipped surrogate and a clipped value loss.
 
-    The reward is any registered terms (--reward.terms); a trained reward model: --reward.terms '{reward_model: 1}'
-    --reward.terms.reward_model.params.run RUN. The critic trains on the local engine only.""",
+    The reward is any registered terms (the reward.terms setting). For a trained reward model, use the term
+    reward_model and set its params.run to the reward model's run dir (docs/recipes/ppo.md shows the two options).
+    The critic trains on the local engine only.""",
     prepare=prepare,
     defaults={"model": {"name": "embedded:smollm2-135m-safe"},
               "training": {"advantage": "gae", "loss": "ppo_clip", "ppo_epochs": 4},
