@@ -29,6 +29,7 @@ from purplerl.config import ModelConfig
 from purplerl.engines.adapters import AdapterSet, FullWeights, lora_config
 from purplerl.engines.base import EngineSettings, check_batch
 from purplerl.engines.fused_lora import install_fused_lora
+from purplerl.engines.host_memory import release_free_memory
 from purplerl.engines.loading import (
     load_causal_lm,
     load_peft_adapter,
@@ -280,6 +281,7 @@ class LocalTrainer:
         for rows in self.micro_batches(batch.attention_mask_NT):
             width = int(batch.attention_mask_NT[rows].sum(-1).max())  # right padding: trim unused columns
             yield rows, width, {name: t[rows, :width].to(self.device) for name, t in tensors.items()}
+            release_free_memory()  # the pass's activations are freed now: hand their pages back
 
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         """Accumulate the gradient of a registered loss on the batch into the active adapter."""
