@@ -638,11 +638,13 @@ def test_leaf_field_counts_per_command():
     # command).
     counts = {name: len(_leaf_fields(command.schema)) for name, command in COMMANDS.items()}
     # logging.print_samples became logging.progress N (-1 for every command with a logging section). eval.baselines
-    # (issue 38): the models whose compliance a reading quotes beside the run's (+1 eval).
+    # (issue 38): the models whose compliance a reading quotes beside the run's (+1 eval). adversarial's
+    # dialogue.gist_tokens (issue 36: +1; its novelty_weight and novelty_window became the fields of
+    # adversarial.novelty, which --help lists as one row).
     assert counts == {"attack": 76, "defend": 80, "tamper-test": 104, "sft": 58, "eval": 48, "sample": 16,
                       "data prepare": 12, "align": 3, "verl export": 85,
                       "prefs": 64, "reward-model": 54, "prm": 52, "ppo": 79, "sweep": 21, "route": 82,
-                      "adversarial": 87}
+                      "adversarial": 88}
 
 
 def test_one_max_new_tokens_default_for_every_sampler():

@@ -77,6 +77,14 @@ def attended_keys(first_key: Sequence[int], columns: Sequence[int]) -> float:
     return sum(q + 1 - first_key[q] for q in columns) / max(1, len(columns))
 
 
+def row_keys(loss_mask_NT: torch.Tensor, first_key_NT: torch.Tensor | None = None) -> torch.Tensor:
+    """float [N]: the mean keys each row's target tokens attend, q + 1 - first_key[q] (first key 0 without gist
+    tokens; rows start at column 0): the attention's cost per answer token."""
+    columns_NT = torch.arange(loss_mask_NT.shape[1], dtype=torch.float32)[None] + 1
+    keys_NT = columns_NT - (0.0 if first_key_NT is None else first_key_NT.float())
+    return (keys_NT * loss_mask_NT).sum(-1) / loss_mask_NT.sum(-1).clamp(min=1)
+
+
 @torch.no_grad()
 def compressed_logits(causal_lm, ids: Sequence[int], blocks: Sequence[int], k: int) -> torch.Tensor:
     """fp32 logits [T, V] of a gist row computed segment by segment, keeping only the last gist block's keys and

@@ -175,3 +175,14 @@ class GistAttention(Engine, Protocol):
                       targets_NT: torch.Tensor | None = None) -> torch.Tensor:
         """`Engine.logprobs` of gist rows: query q attends the keys first_key_NT[n, q] .. q of its row."""
         ...
+
+
+class GistSampling(Engine, Protocol):
+    """An engine that samples from gist prompts in this process (engines.capabilities: gist_sampling): the
+    adversarial recipe's defender with dialogue.gist_tokens."""
+
+    def gist_sample(self, prompt_tokens: list[list[int]], first_keys: list[list[int]], n: int,
+                    sampling: SamplingParams) -> list[list[Completion]]:
+        """`Engine.sample` of gist prompts: prompt token q attends the keys first_keys[b][q] .. q, the completion
+        those from its prompt's last first key on (the last gist block), so it decodes over K keys of history."""
+        ...

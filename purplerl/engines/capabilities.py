@@ -12,6 +12,7 @@ ADAPTER_MIXING = "adapter_mixing"  # engines.base.AdapterMixing: adapters acting
 ADAPTER_SWITCHING = "adapter_switching"  # several learners' adapters trained in turn on one base in this process
 PACKED_ROWS = "packed_rows"  # batches of packed rows (TrainBatch.position_ids_NT): `data.packing`
 GIST_ATTENTION = "gist_attention"  # engines.base.GistAttention: gist rows (TrainBatch.first_key_NT)
+GIST_SAMPLING = "gist_sampling"  # engines.base.GistSampling: decoding from gist prompts
 ADAPTER_CAPABILITIES = frozenset({SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING})  # they need a frozen base
 
 DESCRIBED = {  # each capability in words, for the refusal
@@ -20,13 +21,15 @@ DESCRIBED = {  # each capability in words, for the refusal
     ADAPTER_SWITCHING: "two learners' adapters switched on one base model held in this process",
     PACKED_ROWS: "packed rows, several sequences each attending only to itself (data.packing)",
     GIST_ATTENTION: "gist rows, earlier turns read only through gist tokens (dialogue.gist_tokens)",
+    GIST_SAMPLING: "sampling from gist prompts, the history read through gist tokens (dialogue.gist_tokens)",
 }
 
 # vLLM samples with one LoRA slot of model.lora_rank and holds no heads (it trains through the local engine's
 # trainer, which packs); Tinker's adapters are separate training clients on the service, it returns no hidden
-# states for a head, and its datums are one sequence each.
+# states for a head, and its datums are one sequence each. Only the local decode loop samples under a gist mask.
 ENGINE_CAPABILITIES: dict[str, frozenset[str]] = {
-    "local": frozenset({SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING, PACKED_ROWS, GIST_ATTENTION}),
+    "local": frozenset({SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING, PACKED_ROWS, GIST_ATTENTION,
+                        GIST_SAMPLING}),
     "vllm": frozenset({PACKED_ROWS, GIST_ATTENTION}),
     "tinker": frozenset(),
 }

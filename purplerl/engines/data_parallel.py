@@ -90,6 +90,11 @@ class DataParallelEngine:
         return self.inner.sample(prompt_tokens, n, dataclasses.replace(sampling, seed=rank_seed(sampling.seed,
                                                                                                  self.world.rank)))
 
+    def gist_sample(self, prompt_tokens: list[list[int]], first_keys: list[list[int]], n: int,
+                    sampling: SamplingParams) -> list[list[Completion]]:
+        return self.inner.gist_sample(prompt_tokens, first_keys, n,
+                                      dataclasses.replace(sampling, seed=rank_seed(sampling.seed, self.world.rank)))
+
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         return self._global(batch, normalizer_count(batch, loss), lambda: self.inner.forward_backward(batch, loss))
 

@@ -49,10 +49,12 @@ class DynamicDecoder:
                          **{self.cache_kwarg: self.cache}, **self.last_logits)
         return out.logits[:, -1, :]
 
-    def prefill(self, ids_BP: torch.Tensor, position_BP: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+    def prefill(self, ids_BP: torch.Tensor, position_BP: torch.Tensor, repeats: int = 1,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B·repeats, V] after the B (left-padded) distinct prompts, prompt b continued by rows
-        b·repeats to b·repeats + repeats - 1 (the rows of the attention mask given at construction)."""
-        logits_BV = self._forward(ids_BP, self.attn[::repeats], position_BP)
+        b·repeats to b·repeats + repeats - 1 (the rows of the attention mask given at construction). `mask`: a
+        4D mask [B, 1, P, P] for the prompts instead (gist prompts, engines.local_scoring.model_inputs)."""
+        logits_BV = self._forward(ids_BP, self.attn[::repeats] if mask is None else mask, position_BP)
         if repeats == 1:
             return logits_BV
         if all(hasattr(layer, "batch_repeat_interleave") for layer in getattr(self.cache, "layers", [self.cache])):
@@ -60,7 +62,23 @@ class DynamicDecoder:
             return logits_BV.repeat_interleave(repeats, dim=0)
         # a cache layer that cannot repeat its batch (a linear-attention state): every row is prefilled instead
         self.cache = self._new_cache(type(self.cache), self.model)
-        return self._forward(ids_BP.repeat_interleave(repeats, 0), self.attn, position_BP.repeat_interleave(repeats, 0))
+        return self._forward(ids_BP.repeat_interleave(repeats, 0),
+                             self.attn if mask is None else mask.repeat_interleave(repeats, 0),
+                             position_BP.repeat_interleave(repeats, 0))
+
+    def keep_from(self, first_N: torch.Tensor) -> None:
+        """After a gist prompt's prefill: row n attends only its keys from column first_N[n] on (the last gist
+        block's start), so the columns before every row's first are cut from the cache and the others masked. The
+        decode then reads K keys of history, not the history's length; the outputs are those of the masked forward.
+        """
+        cut = int(first_N.min())
+        layers = getattr(self.cache, "layers", None)
+        if layers is None or not all(hasattr(layer, "keys") for layer in layers):
+            raise RuntimeError("gist decoding needs a cache of key/value layers")  # a model purplerl does not run
+        for layer in layers:
+            layer.keys, layer.values = layer.keys[:, :, cut:], layer.values[:, :, cut:]
+        columns = torch.arange(cut, self.attn.shape[1], device=self.attn.device)
+        self.attn = self.attn[:, cut:] * (columns[None, :] >= first_N[:, None]).to(self.attn.dtype)
 
     def step(self, tok_N: torch.Tensor, position_N1: torch.Tensor) -> torch.Tensor:
         """Logits [N, V] after appending one token per row at `position_N1`."""

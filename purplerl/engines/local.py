@@ -56,6 +56,10 @@ class LocalEngine:
                       **kwargs) -> torch.Tensor:
         return self.trainer.logprobs(input_ids_NT, attention_mask_NT, first_key_NT=first_key_NT, **kwargs)
 
+    def gist_sample(self, prompt_tokens: list[list[int]], first_keys: list[list[int]], n: int,
+                    sampling: SamplingParams) -> list[list[Completion]]:
+        return self.sampler.sample(prompt_tokens, n, sampling, first_keys=first_keys)
+
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         return self.trainer.forward_backward(batch, loss)
 

@@ -17,6 +17,7 @@ import torch
 
 from purplerl.engines.base import check_prompts
 from purplerl.engines.decoding import DynamicDecoder, StaticDecoder
+from purplerl.engines.local_scoring import model_inputs
 from purplerl.engines.local_training import LocalTrainer
 from purplerl.errors import ExperimentError, UserError
 from purplerl.types import Completion, SamplingParams
@@ -37,6 +38,16 @@ def truncate_probs(scaled_NV: torch.Tensor, top_p: float, top_k: int) -> torch.T
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs_NV = torch.zeros_like(probs_NV).scatter(-1, order, sorted_p)
     return probs_NV
+
+
+def check_first_keys(prompt_tokens: list[list[int]], first_keys: list[list[int]]) -> None:
+    """Gist prompts' first keys: one per prompt token, each a column from 0 up to its own (ExperimentError: a
+    caller's mistake, not the user's)."""
+    if len(first_keys) != len(prompt_tokens):
+        raise ExperimentError(f"{len(first_keys)} first-key lists for {len(prompt_tokens)} prompts")
+    for i, (prompt, keys) in enumerate(zip(prompt_tokens, first_keys, strict=True)):
+        if len(keys) != len(prompt) or any(not 0 <= k <= q for q, k in enumerate(keys)):
+            raise ExperimentError(f"prompt {i}: its first keys must be one per token, each from 0 up to its column")
 
 
 def draw(probs_NV: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -70,12 +81,17 @@ class LocalSampler:
         self.last_logits = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     @torch.no_grad()
-    def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+    def sample(self, prompt_tokens: list[list[int]], n: int, sampling: SamplingParams,
+               first_keys: list[list[int]] | None = None) -> list[list[Completion]]:
+        """n completions per prompt; with `first_keys` (gist prompts, one first key per prompt token) each prompt
+        token attends from its first key on and the completion from its last token's (`gist_mask`)."""
         check_prompts(prompt_tokens, n)
+        if first_keys is not None:
+            check_first_keys(prompt_tokens, first_keys)
         generator = torch.Generator(device=self.trainer.device).manual_seed(sampling.seed)
         expanded = [p for p in prompt_tokens for _ in range(n)]
         tokens_NC, logprobs_NC, entropies_NC, lengths_N, stopped_N = self._decode(prompt_tokens, n, sampling,
-                                                                                  generator)
+                                                                                  generator, first_keys)
         completions = []
         for i, prompt in enumerate(expanded):
             c = int(lengths_N[i])
@@ -126,11 +142,14 @@ class LocalSampler:
             self._sync()
         return self.merged
 
-    def decoder(self, model, attn_NP: torch.Tensor, max_new_tokens: int):
+    def decoder(self, model, attn_NP: torch.Tensor, max_new_tokens: int, gist: bool = False):
         """The KV-cache strategy of one decode (purplerl.engines.decoding): on CUDA a static cache whose step is
         replayed as a CUDA graph (`engine.cuda_graphs`), elsewhere a growing cache. Autocast keeps the growing
-        cache: its casts would be recorded into the graph and its weight cache freed under it."""
+        cache: its casts would be recorded into the graph and its weight cache freed under it. Gist prompts keep
+        the growing cache, whose history is cut after the prefill (`DynamicDecoder.keep_from`)."""
         settings, device = self.trainer.settings, self.trainer.device
+        if gist:
+            return DynamicDecoder(model, self.cache_kwarg, attn_NP, self.last_logits)
         if self.decode_static is None:
             static = device.type == "cuda" and settings.cuda_graphs and not self.trainer.autocast_bf16
             graphed = static and self.graphs_work
@@ -140,7 +159,22 @@ class LocalSampler:
             return StaticDecoder(model, self.cache_kwarg, attn_NP, max_new_tokens, graphed, self.last_logits)
         return DynamicDecoder(model, self.cache_kwarg, attn_NP, self.last_logits)
 
-    def _decode(self, prompts: list[list[int]], n: int, sampling: SamplingParams, generator: torch.Generator):
+    @staticmethod
+    def _gist_prefill(decoder: DynamicDecoder, ids_BP: torch.Tensor, attn_BP: torch.Tensor, position_BP: torch.Tensor,
+                      n: int, first_keys: list[list[int]]) -> torch.Tensor:
+        """The prefill of left-padded gist prompts: each token attends from its first key; then every row's cache
+        keeps the keys from its last first key on (the last gist block)."""
+        B, P = ids_BP.shape
+        key_BP = torch.zeros((B, P), dtype=torch.long, device=ids_BP.device)
+        for i, keys in enumerate(first_keys):
+            key_BP[i, P - len(keys):] = torch.tensor(keys, device=ids_BP.device) + (P - len(keys))
+        inputs = model_inputs(decoder.model.config, ids_BP, attn_BP, position_BP, key_BP)
+        logits_NV = decoder.prefill(ids_BP, position_BP, n, mask=inputs["attention_mask"])
+        decoder.keep_from(key_BP[:, -1].repeat_interleave(n, 0))
+        return logits_NV
+
+    def _decode(self, prompts: list[list[int]], n: int, sampling: SamplingParams, generator: torch.Generator,
+                first_keys: list[list[int]] | None = None):
         """Left-padded batched decoding with a KV cache of n rows per prompt (rows b·n … b·n + n - 1 continue
         prompt b); returns per-step tokens/logprobs/entropies."""
         model, trainer, device = self.decoding_model(), self.trainer, self.trainer.device
@@ -154,9 +188,10 @@ class LocalSampler:
             attn_BP[i, P - len(p):] = 1
         stop = torch.tensor(trainer.stop_ids, device=device)
         position_BP = (attn_BP.cumsum(-1) - 1).clamp(min=0)
-        decoder = self.decoder(model, attn_BP.repeat_interleave(n, 0), sampling.max_new_tokens)
+        decoder = self.decoder(model, attn_BP.repeat_interleave(n, 0), sampling.max_new_tokens, first_keys is not None)
         with trainer.autocast():
-            logits_NV = decoder.prefill(ids_BP, position_BP, n)
+            logits_NV = decoder.prefill(ids_BP, position_BP, n) if first_keys is None else \
+                self._gist_prefill(decoder, ids_BP, attn_BP, position_BP, n, first_keys)
         next_pos = position_BP[:, -1:].repeat_interleave(n, 0) + 1
         finished_N = torch.zeros(N, dtype=torch.bool, device=device)
         lengths_N = torch.zeros(N, dtype=torch.long, device=device)

@@ -29,6 +29,20 @@ def sequence_tensors(completions: list[Completion], pad_id: int) -> dict[str, to
     return {"input_ids_NT": ids, "attention_mask_NT": attn, "loss_mask_NT": mask, "sampling_logprobs_NT": old}
 
 
+def completion_first_keys(completions: list[Completion], prompt_keys: list[list[int]], width: int) -> torch.Tensor:
+    """long [N, width]: each token's first key in the rows of `sequence_tensors` (gist prompts, purplerl.data.gist):
+    the prompt's own, then its last one for every completion token (the answer reads from the last gist block on);
+    padding 0."""
+    if len(prompt_keys) != len(completions):
+        raise ExperimentError(f"{len(prompt_keys)} first-key lists for {len(completions)} completions")
+    first_NT = torch.zeros((len(completions), width), dtype=torch.long)
+    for i, (c, keys) in enumerate(zip(completions, prompt_keys, strict=True)):
+        if len(keys) != len(c.prompt_tokens):
+            raise ExperimentError(f"completion {i}: {len(keys)} first keys for {len(c.prompt_tokens)} prompt tokens")
+        first_NT[i, :len(keys) + len(c.tokens)] = torch.tensor([*keys, *[keys[-1]] * len(c.tokens)])
+    return first_NT
+
+
 def build_train_batch(tensors: dict[str, torch.Tensor], advantages_N: torch.Tensor,
                       ref_logprobs_NT: torch.Tensor | None = None) -> TrainBatch:
     """Broadcast one advantage per sequence onto its completion tokens."""

@@ -10,13 +10,14 @@ import pytest
 
 from purplerl.config import EngineConfig, ModelConfig
 from purplerl.engines import ENGINES
-from purplerl.engines.base import AdapterMixing, Engine, GistAttention, ScalarHeads
+from purplerl.engines.base import AdapterMixing, Engine, GistAttention, GistSampling, ScalarHeads
 from purplerl.engines.capabilities import (
     ADAPTER_MIXING,
     ADAPTER_SWITCHING,
     DESCRIBED,
     ENGINE_CAPABILITIES,
     GIST_ATTENTION,
+    GIST_SAMPLING,
     PACKED_ROWS,
     SCALAR_HEADS,
     capabilities,
@@ -40,7 +41,7 @@ def test_the_core_protocol_is_small_and_each_capability_is_its_own() -> None:
           f"AdapterMixing adds {sorted(members(AdapterMixing) - core)}")
     assert len(core) <= CORE_LIMIT, sorted(core)
     assert not core & {"values", "use_adapters", "adapter_scales"}
-    assert members(GistAttention) - core == {"gist_logprobs"}
+    assert members(GistAttention) - core == {"gist_logprobs"} and members(GistSampling) - core == {"gist_sample"}
     assert members(ScalarHeads) - core == {"values"} and members(AdapterMixing) - core == {"use_adapters",
                                                                                         "adapter_scales"}
     assert set(ENGINE_CAPABILITIES) == set(ENGINES) and set().union(*ENGINE_CAPABILITIES.values()) <= set(DESCRIBED)
@@ -68,6 +69,7 @@ def test_each_engine_has_the_core_and_exactly_the_capabilities_of_its_row(name: 
     assert ("values" in attributes) == (SCALAR_HEADS in found)
     assert ("use_adapters" in attributes) == (ADAPTER_MIXING in found)
     assert ("gist_logprobs" in attributes) == (GIST_ATTENTION in found)
+    assert ("gist_sample" in attributes) == (GIST_SAMPLING in found)
     create = inspect.signature(cls.create_adapter).parameters
     assert ("head" in create) == (SCALAR_HEADS in found) and ("rank" in create) == (ADAPTER_MIXING in found)
     source = inspect.getsource(inspect.getmodule(cls))
@@ -75,11 +77,12 @@ def test_each_engine_has_the_core_and_exactly_the_capabilities_of_its_row(name: 
 
 
 @pytest.mark.parametrize(("kind", "procs", "finetune", "expected"), [
-    ("local", 1, "lora", {SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING, PACKED_ROWS, GIST_ATTENTION}),
+    ("local", 1, "lora", {SCALAR_HEADS, ADAPTER_MIXING, ADAPTER_SWITCHING, PACKED_ROWS, GIST_ATTENTION,
+                          GIST_SAMPLING}),
     # data parallel: no adapters acting together
-    ("local", 2, "lora", {SCALAR_HEADS, ADAPTER_SWITCHING, PACKED_ROWS, GIST_ATTENTION}),
+    ("local", 2, "lora", {SCALAR_HEADS, ADAPTER_SWITCHING, PACKED_ROWS, GIST_ATTENTION, GIST_SAMPLING}),
     # no frozen base to put adapters on; rows are packed and gist-masked all the same
-    ("local", 1, "full", {PACKED_ROWS, GIST_ATTENTION}),
+    ("local", 1, "full", {PACKED_ROWS, GIST_ATTENTION, GIST_SAMPLING}),
     ("vllm", 1, "lora", {PACKED_ROWS, GIST_ATTENTION}),  # it trains through the local engine's trainer
     ("vllm", 1, "full", {PACKED_ROWS, GIST_ATTENTION}),
     ("tinker", 1, "lora", set()),  # a datum is one sequence

@@ -67,3 +67,55 @@ def test_a_packed_gist_row_trains_as_alone(engine: LocalEngine) -> None:
     assert packed_loss == pytest.approx(alone_loss, abs=logprob_atol(torch.float32, config, 25, 10.0))
     atol = gradient_atol(torch.float32, config, 25, 25, float(alone.abs().max()))
     torch.testing.assert_close(together, alone, rtol=0, atol=atol)
+
+
+def gist_prompt(length: int) -> tuple[list[int], list[int]]:
+    """A prompt of `length` tokens with gist blocks at BLOCKS (the last segment from column 14 on), its first keys."""
+    ids = list(range(40, 40 + length))
+    for start in BLOCKS:
+        ids[start:start + K] = [0] * K
+    return ids, first_keys(length, BLOCKS, K)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_gist_sampling_draws_from_the_masked_forward(engine: LocalEngine, temperature: float) -> None:
+    """Each drawn token's logprob is the gist-masked forward's of the whole sequence (prompts of two lengths, so
+    the left padding differs, two rows each), and differs from the plain causal forward's."""
+    from purplerl.train.batch import sequence_tensors
+    from purplerl.types import SamplingParams
+
+    prompts = [gist_prompt(17), gist_prompt(21)]
+    params = SamplingParams(max_new_tokens=6, temperature=temperature, seed=3)
+    groups = engine.gist_sample([p for p, _ in prompts], [keys for _, keys in prompts], 2, params)
+    rows = [c for group in groups for c in group]
+    tensors = sequence_tensors(rows, PAD)
+    first_NT = torch.zeros_like(tensors["input_ids_NT"])
+    for i, c in enumerate(rows):
+        keys = prompts[i // 2][1]
+        first_NT[i, :len(keys) + len(c.tokens)] = torch.tensor(keys + [keys[-1]] * len(c.tokens))
+    mask_NT = tensors["loss_mask_NT"]
+    scored = engine.gist_logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], first_NT,
+                                  targets_NT=mask_NT)
+    sampled = tensors["sampling_logprobs_NT"]
+    atol = logprob_atol(torch.float32, engine.trainer.causal_lm.config, 27, float(sampled.abs().max()))
+    torch.testing.assert_close(scored * mask_NT, sampled, rtol=0, atol=atol)
+    plain = engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], targets_NT=mask_NT)
+    assert float((plain - sampled).abs().max()) > 100 * atol  # without the mask the history is read whole
+
+
+def test_the_gist_decode_keeps_only_the_last_block_of_history(engine: LocalEngine) -> None:
+    """After the prefill the cache holds, per row, the keys from its last gist block on: the decode reads K keys of
+    history plus its own segment, not the whole prompt."""
+    from purplerl.engines.decoding import DynamicDecoder
+    from purplerl.engines.local_scoring import model_inputs
+
+    ids, keys = gist_prompt(21)
+    model = engine.trainer.causal_lm
+    ids_BP, attn_BP = torch.tensor([ids]), torch.ones((1, 21), dtype=torch.long)
+    position_BP = torch.arange(21)[None]
+    decoder = DynamicDecoder(model, engine.sampler.cache_kwarg, attn_BP)
+    mask = model_inputs(model.config, ids_BP, attn_BP, position_BP, torch.tensor([keys]))["attention_mask"]
+    decoder.prefill(ids_BP, position_BP, mask=mask)
+    decoder.keep_from(torch.tensor([keys[-1]]))
+    assert keys[-1] == BLOCKS[-1] and decoder.cache.get_seq_length() == 21 - BLOCKS[-1]
+    assert decoder.attn.shape == (1, 21 - BLOCKS[-1]) and bool(decoder.attn.all())

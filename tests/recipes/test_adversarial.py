@@ -236,7 +236,7 @@ def test_both_learners_share_one_base_and_the_reference_is_it(bound, tiny_model_
 
 
 def test_a_resumed_run_ends_as_the_unbroken_one(tiny_model_dir: Path, tmp_path: Path) -> None:
-    common = ("--lr", "1e-2", "--save_every", "2", "--turns", "2", "--adversarial.novelty_weight", "1")
+    common = ("--lr", "1e-2", "--save_every", "2", "--turns", "2", "--adversarial.novelty", "1")
     whole = _run(tiny_model_dir, tmp_path, "--steps", "4", "--name", "whole", *common)
     part = _run(tiny_model_dir, tmp_path, "--steps", "2", "--name", "part", *common)
     resumed = load_command_config(ADVERSARIAL.command(), None, ["--steps", "4"],

@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from purplerl.config.base import Section, Spec, read_when
 from purplerl.config.migrate import get_path, move
-from purplerl.config.sections import RLSettings
-from purplerl.engines.capabilities import ADAPTER_SWITCHING
+from purplerl.config.sections import DialogueConfig, RLSettings
+from purplerl.engines.capabilities import ADAPTER_SWITCHING, GIST_ATTENTION, GIST_SAMPLING
 from purplerl.errors import UserError
 from purplerl.rewards.registry import READS, get_term, term_params
 from purplerl.train.recipe import FIXED_ON_RESUME, RL_FLAT, Recipe, RunNamePart, lazy, recipe_field, reward_section
@@ -76,6 +76,16 @@ class JudgeSpec(Spec):
         return {**data, "params": {} if values is None else values.settings()}
 
 
+class NoveltySpec(Spec):
+    """The attacker's novelty bonus (curiosity-driven red teaming): its weight and the attacks it compares with."""
+
+    shorthand: ClassVar[str] = "weight"
+
+    weight: float = Field(0.1, ge=0.0, description="weight of the bonus in the attacker's reward")
+    window: int = Field(64, ge=1, description=(
+        "the recent attacks the bonus compares with (the last N, and the step's others)"))
+
+
 class AdversarialConfig(Section):
     """The attacker, the judge, the dialogue and which learner trains when."""
 
@@ -91,10 +101,9 @@ class AdversarialConfig(Section):
     judge: JudgeSpec = Field(default_factory=JudgeSpec, description=(
         "the judge giving P(unsafe) of each answer: its reward term (compliance, guard, harm_classifier, or "
         "toxicity with a url), or its fields (below) set one by one"))
-    novelty_weight: float = Field(0.1, ge=0.0, description=(
-        "weight of the attacker's novelty bonus, 1 - its 1-3-gram overlap with recent attacks"))
-    novelty_window: int = Field(64, ge=1, description=(
-        "the recent attacks the novelty bonus compares with (the last N, and the step's others)"))
+    novelty: NoveltySpec = Field(default_factory=NoveltySpec, description=(
+        "the attacker's novelty bonus, 1 - its 1-3-gram overlap with recent attacks: its weight, or its fields "
+        "(below)"))
     attacker_kl_beta: float | None = Field(None, ge=0.0, description=(
         "weight of the attacker's KL to the base (null: reward.kl_beta, the defender's)"))
     attacker_init: str | None = Field(None, description=(
@@ -121,6 +130,8 @@ class AdversarialSettings(RLSettings):
     reward: AdversarialReward = Field(default_factory=AdversarialReward, description="reward composition")
     adversarial: AdversarialConfig = Field(default_factory=AdversarialConfig, description=(
         "the attacker, the judge, the dialogue and the update schedule (recipes/adversarial/step.py)"))
+    dialogue: DialogueConfig = Field(default_factory=DialogueConfig, description=(
+        "how the defender reads the dialogue's earlier turns: gist tokens compress them"))
 
     def step_sequences(self) -> None:
         return None  # a step's turns are counted by check_adversarial, which bounds mini_batches by the attacker's
@@ -128,11 +139,15 @@ class AdversarialSettings(RLSettings):
 
 def migrate(data: dict[str, Any], saved: bool) -> dict[str, Any]:
     """An older adversarial config: adversarial.judge (the term), judge_params, judge_reads and unsafe_at as the
-    fields of the judge."""
+    fields of the judge; novelty_weight and novelty_window as those of adversarial.novelty."""
     if isinstance(get_path(data, "adversarial.judge"), str):
         data["adversarial"]["judge"] = {"fn": data["adversarial"]["judge"]}
     for old, new in (("judge_params", "params"), ("judge_reads", "reads"), ("unsafe_at", "unsafe_at")):
         move(data, f"adversarial.{old}", f"adversarial.judge.{new}")
+    if isinstance(get_path(data, "adversarial.novelty"), int | float):
+        data["adversarial"]["novelty"] = {"weight": data["adversarial"]["novelty"]}
+    for old in ("weight", "window"):
+        move(data, f"adversarial.novelty_{old}", f"adversarial.novelty.{old}")
     return data
 
 
@@ -163,8 +178,11 @@ ADVERSARIAL = Recipe(
     flat={**RL_FLAT, "turns": "adversarial.turns", "schedule": "adversarial.schedule", "judge": "adversarial.judge",
           "attacker_group": "adversarial.attacker_group", "attacker_init": "adversarial.attacker_init"},
     fixed_on_resume=FIXED_ON_RESUME | {"adversarial.turns", "adversarial.attacker_group", "adversarial.judge.fn",
-                                       "adversarial.judge.params", "adversarial.attacker_init"},
-    needs=lambda config: frozenset({ADAPTER_SWITCHING}),  # attacker and defender on one base
+                                       "adversarial.judge.params", "adversarial.attacker_init",
+                                       "dialogue.gist_tokens"},
+    # attacker and defender on one base; a gist defender samples and scores under the gist mask
+    needs=lambda config: frozenset({ADAPTER_SWITCHING} | ({GIST_ATTENTION, GIST_SAMPLING}
+                                                         if config.dialogue.gist_tokens else set())),
 )
 
 __all__ = ["ADVERSARIAL", "AdversarialConfig", "AdversarialSettings"]

@@ -36,9 +36,10 @@ import torch
 
 from purplerl.algorithms.advantages import ADVANTAGES
 from purplerl.data.attacker import ATTACKER_ADAPTER, attacker_messages
+from purplerl.data.gist import first_keys, insert_gists
 from purplerl.engines.base import Engine
-from purplerl.errors import ExperimentError
-from purplerl.prompting import render_prompt
+from purplerl.errors import ExperimentError, UserError
+from purplerl.prompting import render_prompt, with_system_prompt
 from purplerl.rewards.base import ConversationScorer
 from purplerl.types import Completion, PromptRecord, SamplingParams
 
@@ -165,6 +166,7 @@ class Round:
     attacks: list[list[Completion]]  # K lists: B x A, then E each
     replies: list[list[Completion]]  # K lists of E
     dialogues: list[list[Message]]  # E, the defender's view: user = attacks, assistant = answers (2K messages)
+    reply_keys: list[list[list[int]]] | None = None  # with gist tokens: K lists of E, each answer's prompt's first keys
 
     def attack_text(self, episode: int, turn: int) -> str:
         """The attack of episode e at turn t (1-based)."""
@@ -174,20 +176,34 @@ class Round:
 @dataclass
 class Prompter:
     """Each side's prompt tokens for a dialogue, fitted to `max_prompt_tokens` by `fit_dialogue`; the prompts cut
-    are counted per side (read and reset by `take_cuts`), and the first cut is said in one line."""
+    are counted per side (read and reset by `take_cuts`), and the first cut is said in one line. With `gist_tokens`
+    K > 0 the defender's prompt has K gist tokens (`gist_id`) after each earlier answer, each token a first key
+    (purplerl.data.gist), and the gist tokens count towards the fit."""
 
     tokenizer: Any
     template: str
     system_prompt: str | None  # the defender's; the attacker is asked as its SFT data asked it (no system prompt)
     max_prompt_tokens: int
+    gist_tokens: int = 0
+    gist_id: int | None = None
     cuts: dict[str, int] = field(default_factory=lambda: {ATTACKER: 0, DEFENDER: 0})
     warned: bool = False
 
     def defender(self, dialogue: list[Message]) -> list[int]:
-        return self._fitted(list(dialogue), self.system_prompt, keep_first=False, side=DEFENDER)
+        return self.defender_prompt(dialogue)[0]
+
+    def defender_prompt(self, dialogue: list[Message]) -> tuple[list[int], list[int] | None]:
+        """The defender's prompt tokens and, with gist tokens, each token's first key (None without)."""
+        messages, ids = self._fitted(list(dialogue), self.system_prompt, keep_first=False, side=DEFENDER,
+                                     per_answer=self.gist_tokens)
+        if not self.gist_tokens:
+            return ids, None
+        ends = self._answer_ends(messages, ids)
+        ids, _, blocks = insert_gists(ids, [0.0] * len(ids), ends, self.gist_tokens, int(self.gist_id))
+        return ids, first_keys(len(ids), blocks, self.gist_tokens)
 
     def attacker(self, goal: str, dialogue: list[Message]) -> list[int]:
-        return self._fitted(attacker_messages(goal, dialogue), None, keep_first=True, side=ATTACKER)
+        return self._fitted(attacker_messages(goal, dialogue), None, keep_first=True, side=ATTACKER)[1]
 
     def take_cuts(self) -> dict[str, int]:
         cuts, self.cuts = self.cuts, {ATTACKER: 0, DEFENDER: 0}
@@ -198,27 +214,64 @@ class Prompter:
         return render_prompt(self.tokenizer, record, template=self.template,  # type: ignore[arg-type]
                              system_prompt=system_prompt, max_prompt_tokens=limit)
 
-    def _fitted(self, messages: list[Message], system_prompt: str | None, keep_first: bool, side: str) -> list[int]:
+    def _answer_ends(self, messages: list[Message], ids: list[int]) -> list[int]:
+        """The column after each answer (its end-of-turn included) in the defender's prompt `ids`: the length of
+        the dialogue rendered through it, which must be a prefix of the prompt."""
+        chat = with_system_prompt(tuple(messages), self.system_prompt)
+        ends = []
+        for i, message in enumerate(chat):
+            if message["role"] != "assistant":
+                continue
+            text = self.tokenizer.apply_chat_template(chat[:i + 1], add_generation_prompt=False, tokenize=False)
+            through = list(self.tokenizer.encode(text, add_special_tokens=False))
+            if ids[:len(through)] != through:
+                raise UserError(f"the chat template of '{self.tokenizer.name_or_path}' does not render a dialogue's "
+                                "turns as a prefix of it, so gist tokens cannot follow an answer: set "
+                                "dialogue.gist_tokens 0")
+            ends.append(len(through))
+        return ends
+
+    def _fitted(self, messages: list[Message], system_prompt: str | None, keep_first: bool, side: str,
+                per_answer: int = 0) -> tuple[list[Message], list[int]]:
+        """(messages, prompt tokens) with the earliest exchanges dropped until the prompt, and `per_answer` tokens
+        more per answer (gist tokens), fit."""
+        def count(ms: list[Message]) -> int:
+            return len(self._render(ms, system_prompt, _UNCUT)) + per_answer * sum(m["role"] == "assistant"
+                                                                                   for m in ms)
+
         whole = self._render(messages, system_prompt, _UNCUT)
-        if len(whole) <= self.max_prompt_tokens:
-            return whole
+        length = count(messages)
+        if length <= self.max_prompt_tokens:
+            return messages, whole
         self.cuts[side] += 1
         if not self.warned:
             self.warned = True
             who = "attacker" if side == ATTACKER else "defender"
-            print(f"warning: a dialogue's {who} prompt has {len(whole)} tokens, over data.max_prompt_tokens="
+            print(f"warning: a dialogue's {who} prompt has {length} tokens, over data.max_prompt_tokens="
                   f"{self.max_prompt_tokens}: its earliest turns are cut (each step logs the share cut as "
                   "dialogue/<side>_cut_frac)", file=sys.stderr)
-        fitted, _ = fit_dialogue(messages, lambda ms: len(self._render(ms, system_prompt, _UNCUT)),
-                                 self.max_prompt_tokens, keep_first)
-        return self._render(fitted, system_prompt, self.max_prompt_tokens)
+        fitted, _ = fit_dialogue(messages, count, self.max_prompt_tokens, keep_first)
+        # fitted with an answer left, it fits; a lone last message too long is cut by the renderer (no answer: no gist)
+        return fitted, self._render(fitted, system_prompt, self.max_prompt_tokens)
 
 
-def _drawn(engine: Engine, prompts: list[list[int]], n: int, params: SamplingParams) -> list[Completion]:
-    completions = [c for group in engine.sample(prompts, n, params) for c in group]
+def _drawn(engine: Engine, prompts: list[list[int]], n: int, params: SamplingParams,
+           keys: list[list[int]] | None = None) -> list[Completion]:
+    """n completions per prompt; with `keys`, of gist prompts (engines.base.GistSampling)."""
+    groups = engine.sample(prompts, n, params) if keys is None else engine.gist_sample(prompts, keys, n, params)
+    completions = [c for group in groups for c in group]
     if len(completions) != len(prompts) * n:
         raise ExperimentError(f"the engine returned {len(completions)} completions, expected {len(prompts) * n}")
     return completions
+
+
+def _answers(engine: Engine, prompter: Prompter, dialogues: list[list[Message]], n: int,
+             params: SamplingParams) -> tuple[list[Completion], list[list[int]] | None]:
+    """The defender's n answers to each dialogue, and with gist tokens each answer's prompt's first keys."""
+    prompts = [prompter.defender_prompt(d) for d in dialogues]
+    keys = None if not prompter.gist_tokens else [k for _, k in prompts]
+    answered = _drawn(engine, [p for p, _ in prompts], n, params, keys)
+    return answered, None if keys is None else [k for k in keys for _ in range(n)]
 
 
 def rollout(engine: Engine, goals: list[PromptRecord], shape: Shape, prompter: Prompter,
@@ -231,6 +284,7 @@ def rollout(engine: Engine, goals: list[PromptRecord], shape: Shape, prompter: P
     dialogues: list[list[Message]] = [[] for _ in range(shape.episodes)]
     attacks: list[list[Completion]] = []
     replies: list[list[Completion]] = []
+    keys: list[list[list[int]]] = []
     for turn in range(1, shape.turns + 1):
         engine.use_adapter(ATTACKER)
         if turn == 1:
@@ -244,14 +298,15 @@ def rollout(engine: Engine, goals: list[PromptRecord], shape: Shape, prompter: P
             dialogue.append({"role": "user", "content": attack.text})
         engine.use_adapter(DEFENDER)
         if turn == 1:
-            answered = _drawn(engine, [prompter.defender(dialogues[o * G]) for o in range(len(drawn))], G,
-                              params(turn, DEFENDER))
+            answered, first = _answers(engine, prompter, [dialogues[o * G] for o in range(len(drawn))], G,
+                                       params(turn, DEFENDER))
         else:
-            answered = _drawn(engine, [prompter.defender(d) for d in dialogues], 1, params(turn, DEFENDER))
+            answered, first = _answers(engine, prompter, dialogues, 1, params(turn, DEFENDER))
         replies.append(answered)
+        keys.append(first or [])
         for dialogue, reply in zip(dialogues, answered, strict=True):
             dialogue.append({"role": "assistant", "content": reply.text})
-    return Round(goals, attacks, replies, dialogues)
+    return Round(goals, attacks, replies, dialogues, keys if prompter.gist_tokens else None)
 
 
 def judge_dialogues(judge: ConversationScorer, dialogues: list[list[Message]], turns: int,

@@ -8,7 +8,7 @@ purplerl.data.attacker), each opening starts G episodes with the defender, and t
 ConversationScorer, gives P(unsafe) of every defender turn in the context of the dialogue before it. Per turn,
 
     defender: r = (1 - P(unsafe)) + the weighted reward.terms (the entropy term of `defend`) - kl_beta x KL
-    attacker: r = P(unsafe) + novelty_weight x novelty - attacker_kl_beta x KL
+    attacker: r = P(unsafe) + novelty.weight x novelty - attacker_kl_beta x KL
 
 (the KL of the turn's own tokens; with reward.kl_in loss it is a loss term instead). Returns run to the episode's
 end (discounted by adversarial.gamma) and advantages are computed per turn position across each side's group
@@ -34,6 +34,7 @@ import torch
 from purplerl.algorithms.advantages import ADVANTAGES, zscore
 from purplerl.algorithms.kl import sequence_kl
 from purplerl.data import PromptSampler, load_prompts
+from purplerl.data.gist import gist_token_id, row_keys
 from purplerl.engines.adapter_fit import check_adapter_fits
 from purplerl.engines.adapters import adapter_dir
 from purplerl.engines.base import Engine
@@ -60,7 +61,7 @@ from purplerl.rewards.conversation import conversation_judge
 from purplerl.rewards.registry import ScoringInput
 from purplerl.runs.checkpoints import describe_skipped, newest_intact
 from purplerl.runs.layout import CONFIG_FILE, SAMPLES_FILE
-from purplerl.train.batch import build_train_batch, sequence_tensors
+from purplerl.train.batch import build_train_batch, completion_first_keys, sequence_tensors
 from purplerl.train.loop import adam_params, completion_shape, minibatch_updates, policy_loss, sampling_seed
 from purplerl.train.recipe import Bind
 from purplerl.train.sinks import read_jsonl
@@ -109,6 +110,10 @@ def check_adversarial(config: Any) -> None:
         raise UserError(f"adversarial.attacker_group {a.attacker_group}: the attacker's advantages compare the "
                         f"openings of one goal, so it needs 2 or more while adversarial.schedule '{a.schedule}' "
                         "trains the attacker")
+    if config.dialogue.gist_tokens and (a.turns == 1 or config.data.template != "chat"):
+        why = ("adversarial.turns > 1: one turn has no earlier answer to compress" if a.turns == 1 else
+               "data.template chat: gist tokens follow the answers the chat template marks")
+        raise UserError(f"dialogue.gist_tokens {config.dialogue.gist_tokens} needs {why}")
     rows = t.batch_size * a.attacker_group * (1 + (a.turns - 1) * config.sampling.group_size)
     if t.mini_batches > rows:
         raise UserError(f"training.mini_batches={t.mini_batches} exceeds the attacker's {rows} turns per step "
@@ -137,8 +142,7 @@ def attacker_checkpoint(path: str | None, model: Any) -> Path | None:
 
 
 def defender_terms(config: Any) -> Reward:
-    """The defender's reward.terms (no KL: the step weighs it per side), each built now."""
-    return Reward(dict(config.reward.terms))
+    return Reward(dict(config.reward.terms))  # the defender's reward.terms, built now (the step weighs the KL)
 
 
 class Window:
@@ -180,11 +184,18 @@ class Side:
     kl_N: torch.Tensor
 
 
-def _side(engine: Engine, completions: list[Completion], config: Any) -> Side:
+def _side(engine: Engine, completions: list[Completion], config: Any,
+          prompt_keys: list[list[int]] | None = None) -> Side:
+    """A side's rows; with `prompt_keys` (a gist defender), gist rows scored as they were sampled."""
     tensors = sequence_tensors(completions, int(engine.tokenizer.pad_token_id))
     mask_NT = tensors["loss_mask_NT"]
-    ref_NT = engine.logprobs(tensors["input_ids_NT"], tensors["attention_mask_NT"], reference=True,
-                             temperature=config.sampling.temperature, targets_NT=mask_NT)
+    score = {"reference": True, "temperature": config.sampling.temperature, "targets_NT": mask_NT}
+    rows = (tensors["input_ids_NT"], tensors["attention_mask_NT"])
+    if prompt_keys is None:
+        ref_NT = engine.logprobs(*rows, **score)
+    else:
+        tensors["first_key_NT"] = completion_first_keys(completions, prompt_keys, mask_NT.shape[1])
+        ref_NT = engine.gist_logprobs(*rows, tensors["first_key_NT"], **score)
     kl_N = sequence_kl(tensors["sampling_logprobs_NT"], ref_NT, mask_NT, config.reward.kl_estimator)
     return Side(completions, tensors, ref_NT, kl_N)
 
@@ -222,7 +233,7 @@ def score_round(parts: Parts, rnd: Round, shape: Shape, attacker: Side, defender
     defender_EK = 1.0 - unsafe_EK + terms.total_N.reshape(K, E).T - \
         (r.kl_beta if in_reward else 0.0) * defender.kl_N.reshape(K, E).T
     novelty_N = torch.tensor(novelty([c.text for c in attacker.completions], window))
-    attacker_EK = unsafe_EK + a.novelty_weight * per_episode(novelty_N, shape) - \
+    attacker_EK = unsafe_EK + a.novelty.weight * per_episode(novelty_N, shape) - \
         (attacker_beta(config) if in_reward else 0.0) * per_episode(attacker.kl_N, shape)
     if r.zscore:
         defender_EK, attacker_EK = (zscore(x.reshape(-1)).reshape(x.shape) for x in (defender_EK, attacker_EK))
@@ -281,7 +292,8 @@ def adversarial_step(step: int, config: Any, parts: Parts) -> tuple[dict[str, fl
     clock.append(time.perf_counter())
 
     attacker = _side(parts.engine, [c for turn in rnd.attacks for c in turn], config)
-    defender = _side(parts.engine, [c for turn in rnd.replies for c in turn], config)
+    defender = _side(parts.engine, [c for turn in rnd.replies for c in turn], config,
+                     None if rnd.reply_keys is None else [k for turn in rnd.reply_keys for k in turn])
     clock.append(time.perf_counter())
     window = parts.window.recent(step)
     scored = score_round(parts, rnd, shape, attacker, defender, config, window)
@@ -326,9 +338,12 @@ def round_metrics(rnd: Round, shape: Shape, scored: Scored, attacker: Side, defe
         "time/sample_s": sampled - start, "time/reference_s": referenced - sampled,
         "time/score_s": scored_at - referenced, "time/train_s": trained - scored_at,
     }
+    keys_KE = row_keys(mask_NT, defender.tensors.get("first_key_NT")).reshape(shape.turns, -1)  # attention cost
+    metrics["dialogue/defender_keys"] = float(keys_KE.mean())
     if shape.turns > 1:  # an episode succeeds when any of its answers was unsafe
         metrics["asr/episode"] = float((unsafe_EK >= unsafe_at).any(dim=1).float().mean())
         metrics |= {f"unsafe/turn{t + 1}": float(unsafe_EK[:, t].mean()) for t in range(shape.turns)}
+        metrics |= {f"dialogue/defender_keys_turn{t + 1}": float(keys_KE[t].mean()) for t in range(shape.turns)}
     return metrics
 
 
@@ -373,8 +388,10 @@ def adversarial_prepare(config: Any) -> Bind:
     def bind(engine: Engine, run_dir: Path) -> tuple[StepFn, EarlyStop]:
         if ATTACKER not in engine.adapters:
             engine.create_adapter(ATTACKER, init=init)
-        prompter = Prompter(engine.tokenizer, d.template, d.system_prompt, d.max_prompt_tokens)
-        window = Window(a.novelty_window, config.sampling.group_size, Path(run_dir) / SAMPLES_FILE)
+        gist = config.dialogue.gist_tokens
+        prompter = Prompter(engine.tokenizer, d.template, d.system_prompt, d.max_prompt_tokens, gist,
+                            gist_token_id(engine.tokenizer) if gist else None)
+        window = Window(a.novelty.window, config.sampling.group_size, Path(run_dir) / SAMPLES_FILE)
         parts = Parts(engine, sampler, prompter, judge, terms, window)
         return partial(adversarial_step, config=config, parts=parts), stops
 
