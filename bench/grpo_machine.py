@@ -101,5 +101,8 @@ def machine_info() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpu": models[0] if models else platform.processor(), "cpus": os.cpu_count(), "gpu": gpu,
+    from purplerl.devices import cpu_kind
+
+    return {"cpu": models[0] if models else platform.processor(), "cpu_kind": cpu_kind(), "cpus": os.cpu_count(),
+            "gpu": gpu,
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(), "versions": versions}
