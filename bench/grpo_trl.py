@@ -40,6 +40,7 @@ from trl import GRPOConfig, GRPOTrainer
 from purplerl.engines.loading import resolve_model_path
 from purplerl.rewards import make_toxicity_scorer
 from purplerl.rewards.base import checked_values
+from purplerl.rewards.registry import term_params
 from purplerl.types import PromptRecord
 
 # recorded with the results: the GRPOConfig fields that define the work and how it is run
@@ -169,7 +170,7 @@ def run_trl(work: Work, bf16: bool, out: Path) -> None:
         trainer = TimedGRPOTrainer(
             model=path, args=args, train_dataset=datasets.Dataset.from_list(rows),
             processing_class=AutoTokenizer.from_pretrained(path, padding_side="left"),
-            reward_funcs=toxicity_reward(recorder, batches, work.group_size, config.reward.toxicity),
+            reward_funcs=toxicity_reward(recorder, batches, work.group_size, term_params("toxicity", None)),
             peft_config=peft_config, recorder=recorder, expected_prompt_ids=rendered_prompts(config, batches))
         trainer.train()
     if len(recorder.steps) != work.steps:
