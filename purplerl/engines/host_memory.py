@@ -17,9 +17,12 @@ def _malloc_trim():
 
 
 def release_free_memory() -> None:
-    """Give the heap's free pages back to the OS, after a training micro-batch has freed its activations. Without it,
-    the peak RSS of a 64 x 256 bf16 step ran 6.3 GiB on one 2-core AMX machine and 8.0 GiB on another, for a working
-    set of 3.7 GiB; with a trim per micro-batch it is 5.2 GiB at the same speed. Nothing to do without glibc."""
+    """Give the heap's free pages back to the OS, between two training micro-batches (after one has freed its
+    activations, before the next maps its own). Without it, the peak RSS of a 64 x 256 bf16 step ran 6.3 GiB on one
+    2-core AMX machine and 8.0 GiB on another, for a working set of 3.7 GiB; with a trim between passes it is 5.1-5.2
+    GiB. Not after a step's last pass: the next phase (sampling, scoring) reuses those pages, and trimming them made
+    it page-fault them afresh (~850k faults, ~1 s of a 4.3 s training phase, bench/NOTES.md). Nothing to do without
+    glibc."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

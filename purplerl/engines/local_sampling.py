@@ -205,7 +205,6 @@ class LocalSampler:
             scaled_NV = logits_NV.float()
             if not greedy and sampling.temperature != 1.0:
                 scaled_NV = scaled_NV / sampling.temperature
-            nonfinite |= ~torch.isfinite(scaled_NV).all()
             logp_NV = torch.log_softmax(scaled_NV, dim=-1)
             p_NV = logp_NV.exp()
             if greedy:
@@ -218,6 +217,9 @@ class LocalSampler:
             toks.append(tok_N)
             lps.append(logp_NV.gather(-1, tok_N[:, None]).squeeze(-1))
             ents.append(-(p_NV * logp_NV).sum(-1))
+            # a row's entropy is finite iff all its logits are: NaN spreads through the log-softmax, +inf gives
+            # inf - inf, -inf gives 0 * -inf; one [N] check instead of a pass over [N, V]
+            nonfinite |= ~torch.isfinite(ents[-1]).all()
             lengths_N += (~finished_N).long()
             finished_N |= torch.isin(tok_N, stop)
             if (step + 1) % self.decode_sync_every == 0 or step + 1 == sampling.max_new_tokens:

@@ -278,10 +278,11 @@ class LocalTrainer:
         tensors = {"input_ids_NT": batch.input_ids_NT, "attention_mask_NT": batch.attention_mask_NT,
                    **{k: v for k, v in batch.inputs().items() if k.endswith("_NT")}}
         tensors.update(row_layout(batch.position_ids_NT, batch.first_key_NT, None))
-        for rows in self.micro_batches(batch.attention_mask_NT):
+        for i, rows in enumerate(self.micro_batches(batch.attention_mask_NT)):
+            if i:  # between passes only: the heap a step's last pass frees is what the next phase allocates from
+                release_free_memory()
             width = int(batch.attention_mask_NT[rows].sum(-1).max())  # right padding: trim unused columns
             yield rows, width, {name: t[rows, :width].to(self.device) for name, t in tensors.items()}
-            release_free_memory()  # the pass's activations are freed now: hand their pages back
 
     def forward_backward(self, batch: TrainBatch, loss: Loss) -> dict[str, float]:
         """Accumulate the gradient of a registered loss on the batch into the active adapter."""

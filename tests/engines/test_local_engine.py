@@ -195,6 +195,25 @@ def test_sampling_logprobs_and_entropies_match_a_full_forward(tiny_model_dir: Pa
         assert torch.allclose(c.logprobs_C, manual_lp, rtol=0, atol=_lp_atol(engine.model, ids, manual_lp))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_one_nonfinite_logit_in_one_row_fails_sampling(tiny_model_dir: Path, bad: float) -> None:
+    """The decode loop's finite check reads each row's entropy: one bad logit of one row at one token is enough."""
+    engine = _engine(tiny_model_dir)
+    calls = []
+
+    def poison(_module, _inputs, logits):
+        calls.append(logits.shape)
+        if len(calls) == 2:  # the first decode step after the prefill
+            logits = logits.clone()
+            logits[1, -1, 7] = bad
+        return logits
+
+    engine.sampler.decoding_model().get_output_embeddings().register_forward_hook(poison)
+    with pytest.raises(ExperimentError, match="sampling produced non-finite logits"):
+        engine.sample(PROMPTS, 1, SamplingParams(max_new_tokens=4))
+    assert len(calls) == 2  # it stopped at the poisoned token
+
+
 def test_sample_rejects_empty_input(tiny_model_dir: Path) -> None:
     engine = _engine(tiny_model_dir)
     with pytest.raises(ExperimentError, match="nothing to sample"):
@@ -305,6 +324,24 @@ def test_micro_batches_accumulate_the_full_batch_gradient(tiny_model_dir: Path, 
         assert set(totals[mbs]) == set(totals[full])
         for key, value in totals[full].items():
             assert totals[mbs][key] == pytest.approx(value, abs=1e-5), (mbs, key)
+
+
+def test_the_heap_is_trimmed_between_micro_batches_not_after_the_last(tiny_model_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trim keeps one pass from mapping pages beside the last one's free heap; after the last pass the next
+    phase reuses those pages, and handing them back would make it fault them in again (engines/host_memory.py)."""
+    import purplerl.engines.local_training as local_training
+
+    engine = _engine(tiny_model_dir)
+    batch = _varied_batch(engine)
+    trims = []
+    monkeypatch.setattr(local_training, "release_free_memory", lambda: trims.append(1))
+    for mbs, passes in ((batch.num_sequences, 1), (2, -(-batch.num_sequences // 2))):
+        engine.settings = dataclasses.replace(engine.settings, micro_batch_size=mbs)
+        trims.clear()
+        engine.forward_backward(batch, Loss("ppo_clip"))
+        assert len(trims) == passes - 1, (mbs, passes)
+        engine.optimizer.zero_grad(set_to_none=True)
 
 
 def test_in_loss_kl_needs_reference_logprobs(tiny_model_dir: Path) -> None:
