@@ -719,7 +719,7 @@ def test_engine_is_a_section_that_a_bare_name_sets(tmp_path: Path):
     old.write_text("engine: local\n")
     assert run_settings("attack", file=old).engine.model_dump() == {
         "kind": "local", "procs": 1,
-        "fast_paths": ["merged_sampler", "cuda_graphs", "fused_lora"], "micro_batch_tokens": 4096,
+        "fast_paths": ["merged_sampler", "cuda_graphs", "fused_lora", "packed_decode"], "micro_batch_tokens": 4096,
         "vllm_kv_cache_gib": 1, "vllm_gpu_memory_utilization": 0.3,
         "vllm_is_correction": True, "vllm_is_cap": 2.0, "tinker_url": None, "tinker_retries": 3,
         "tinker_timeout_s": 600.0, "tinker_loss_reduction": "sum"}

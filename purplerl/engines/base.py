@@ -32,6 +32,7 @@ class EngineSettings:
     merged_sampler: bool = True  # sample from a plain copy of the model with the LoRA update merged in (one more copy)
     cuda_graphs: bool = True  # CUDA: decode over a static KV cache, each token's forward replayed as one CUDA graph
     fused_lora: bool = True  # plain LoRA layers (no dropout) as one accumulating matmul, the scaling folded into B
+    packed_decode: bool = True  # CPU bf16: decode over prepacked oneDNN weights where this machine measures it faster
     compiled: bool = False  # torch.compile of the policy's decoder for training and scoring (never for decoding)
     optimizer: str = "adamw"  # the trained weights' optimizer: 'adamw', or 'adamw_8bit' (8-bit moments, bitsandbytes)
 

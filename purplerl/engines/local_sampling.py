@@ -19,6 +19,7 @@ from purplerl.engines.base import check_prompts
 from purplerl.engines.decoding import DynamicDecoder, StaticDecoder
 from purplerl.engines.local_scoring import model_inputs
 from purplerl.engines.local_training import LocalTrainer
+from purplerl.engines.packed_linear import PackedLinears, packing_available
 from purplerl.errors import ExperimentError, UserError
 from purplerl.types import Completion, SamplingParams
 
@@ -70,6 +71,9 @@ class LocalSampler:
 
     def __init__(self, trainer: LocalTrainer, merged: torch.nn.Module | None = None) -> None:
         self.trainer, self.merged = trainer, merged
+        # CPU bf16: the merged copy's linear layers over prepacked weights, where this machine measures it faster
+        self.packed = PackedLinears(merged) if merged is not None and trainer.settings.packed_decode \
+            and packing_available(trainer.device) else None
         self._synced: int | None = None  # the trainer version whose weights `merged` holds
         self.decode_sync_every = 1 if trainer.device.type == "cpu" else DECODE_SYNC_EVERY
         self.decode_static: str | None = None  # None: chosen by device and settings; "static" / "graph": forced
@@ -132,6 +136,8 @@ class LocalSampler:
             else:
                 target.weight.copy_(merged)
         self._synced = self.trainer.version
+        if self.packed is not None:
+            self.packed.invalidate()
 
     def decoding_model(self):
         """The model that decodes: the merged copy, brought up to the active adapter, or the trainer's model."""
@@ -188,6 +194,8 @@ class LocalSampler:
             attn_BP[i, P - len(p):] = 1
         stop = torch.tensor(trainer.stop_ids, device=device)
         position_BP = (attn_BP.cumsum(-1) - 1).clamp(min=0)
+        if self.packed is not None and model is self.merged:
+            self.packed.prepare(N, sampling.max_new_tokens)
         decoder = self.decoder(model, attn_BP.repeat_interleave(n, 0), sampling.max_new_tokens, first_keys is not None)
         with trainer.autocast():
             logits_NV = decoder.prefill(ids_BP, position_BP, n) if first_keys is None else \

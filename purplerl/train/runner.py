@@ -38,6 +38,7 @@ def engine_settings(config: RunSettings) -> EngineSettings:
     e = config.engine
     return EngineSettings(micro_batch_tokens=e.micro_batch_tokens, merged_sampler=e.fast_path("merged_sampler"),
                           cuda_graphs=e.fast_path("cuda_graphs"), fused_lora=e.fast_path("fused_lora"),
+                          packed_decode=e.fast_path("packed_decode"),
                           compiled=e.fast_path("compiled"), optimizer=config.training.optimizer.name)
 
 

@@ -9,9 +9,10 @@ from pydantic import Field, field_validator, model_validator
 from purplerl.config.base import Section, comma_list, once_each, read_when
 
 ENGINE_KINDS = ("local", "vllm", "tinker")  # purplerl.engines.make_engine builds each
-FAST_PATHS = ("merged_sampler", "cuda_graphs", "fused_lora")  # on by default: each measured faster where it applies
+# on by default: each measured faster where it applies
+FAST_PATHS = ("merged_sampler", "cuda_graphs", "fused_lora", "packed_decode")
 # `compiled` is off by default: measured slower for every run shorter than its compile time (bench/NOTES.md)
-FastPath = Literal["merged_sampler", "cuda_graphs", "fused_lora", "compiled"]
+FastPath = Literal["merged_sampler", "cuda_graphs", "fused_lora", "packed_decode", "compiled"]
 
 
 def _kind(*kinds: str) -> tuple[Any, str]:
@@ -36,9 +37,10 @@ class EngineConfig(Section):
             "same-maths fast paths that are on (leave one out to turn it off): merged_sampler (sample from a copy of "
             "the model with the LoRA update merged in: faster decoding, one extra copy of the weights), cuda_graphs "
             "(CUDA: each decoded token's forward replayed as one captured graph over a static KV cache), fused_lora "
-            "(plain LoRA layers as one accumulating matmul); off by default, compiled (torch.compile of the decoder "
-            "for training and scoring: 5% faster training passes after 3.5 minutes of compiling here, bench/NOTES.md); "
-            "'merged_sampler,fused_lora' works too"))
+            "(plain LoRA layers as one accumulating matmul), packed_decode (CPU, bf16: the merged copy decodes over "
+            "weights prepacked for oneDNN, where a measurement cached per machine finds it faster); off by default, "
+            "compiled (torch.compile of the decoder for training and scoring: 5% faster training passes after 3.5 "
+            "minutes of compiling here, bench/NOTES.md); 'merged_sampler,fused_lora' works too"))
 
     @field_validator("fast_paths", mode="before")
     @classmethod
