@@ -95,3 +95,23 @@ def test_doctor_imports_no_torch_or_backend() -> None:
                           cwd=Path(__file__).parents[1])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_doctor_shows_what_the_sampler_measured_for_packed_weights(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import purplerl.engines.packed_linear as packed_linear
+
+    monkeypatch.setenv("PURPLERL_CACHE", str(tmp_path))
+    timings = {32: packed_linear.PackTiming(0.0321, 0.0236, 0.07), 8: packed_linear.PackTiming(0.0200, 0.0195, 0.07)}
+    monkeypatch.setattr(packed_linear, "measure", lambda linears, rows: timings[rows])
+    layers = [torch.nn.Linear(8, 8).to(torch.bfloat16)]
+    for rows in (32, 8):  # written as the engine writes them
+        packed_linear.machine_timing(layers, rows)
+    lines = invoke_cli("doctor", env={"PURPLERL_CACHE": str(tmp_path)}).stdout.splitlines()
+    shown = [line for line in lines if line.startswith("packed decode")]
+    assert shown == [f"packed decode at 8 rows: 20.0 -> 19.5 ms per token, not used (torch {torch.__version__})",
+                     f"packed decode at 32 rows: 32.1 -> 23.6 ms per token, used (torch {torch.__version__})"]
+    (tmp_path / "machine" / "packed-linear.json").write_text("[1, 2")  # damaged: nothing shown, no traceback
+    assert "packed decode" not in invoke_cli("doctor", env={"PURPLERL_CACHE": str(tmp_path)}).stdout

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from purplerl import __version__
 from purplerl.devices import FAST_BF16_KINDS, cpu_kind
-from purplerl.engines.model_cache import cache_dir, cache_entries
+from purplerl.engines.model_cache import PACKED_CACHE, cache_dir, cache_entries
 
 # what each optional backend gives, by its import name -> (distribution, what it is for)
 BACKENDS = {
@@ -75,9 +76,24 @@ def report(verify: bool = False) -> list[str]:
         found = importlib.util.find_spec(module) is not None
         version = _version(distribution)
         lines.append(f"backend {module}: {(version or 'installed') if found else 'not installed'} -- {use}")
+    lines += packed_decode_lines()
     lines.append(f"model cache: {cache_dir()}")
     entries = cache_entries(hashes=verify)
     lines += [f"  {name}: {_size(size)}, {state}" for name, size, state in entries] or ["  (empty)"]
     if entries and not verify:
         lines.append("  (files checked by size; --verify hashes them, as loading a model does)")
     return lines
+
+
+def packed_decode_lines() -> list[str]:
+    """What this machine measured for the sampler's prepacked bf16 weights (engines/packed_linear.py), one line per
+    model shape and batch size; the cache file is read as JSON, not through the engine, which imports torch."""
+    try:
+        entries = json.loads((cache_dir() / PACKED_CACHE).read_text())
+        rows = [(int(e["rows"]), float(e["plain_s"]), float(e["packed_s"]), bool(e["faster"]), str(e["torch"]))
+                for e in entries.values()]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []  # none measured yet (or an older or damaged file, which the next decode rewrites)
+    return [f"packed decode at {n} rows: {plain * 1e3:.1f} -> {packed * 1e3:.1f} ms per token, "
+            f"{'used' if faster else 'not used'} (torch {version})"
+            for n, plain, packed, faster, version in sorted(rows)]

@@ -41,6 +41,10 @@ def to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+# the sampler's packed-weight measurements (engines/packed_linear.py), which `purplerl doctor` reads without torch
+PACKED_CACHE = "machine/packed-linear.json"
+
+
 def cache_dir() -> Path:
     """$PURPLERL_CACHE (default ~/.cache/purplerl): where models are built and cached. One UserError when it, or
     the nearest of its parents that exists, is no directory (a file, a symlink that leads nowhere): the first

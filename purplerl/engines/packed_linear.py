@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from purplerl.devices import cpu_kind
-from purplerl.engines.model_cache import cache_dir
+from purplerl.engines.model_cache import PACKED_CACHE, cache_dir
 
 PACKED_MAX_ROWS = 128  # a prefill has more rows: there the packed kernel was no faster (slower at 384 rows)
 PACKED_MARGIN = 0.9  # chosen only where it measures at least 10% faster: timing noise must not pick a loser
@@ -160,7 +160,7 @@ def machine_key(linears: list[torch.nn.Linear], rows: int) -> str:
 
 
 def cache_file() -> Path:
-    return cache_dir() / "machine" / "packed-linear.json"
+    return cache_dir() / PACKED_CACHE
 
 
 def _read_cache(path: Path) -> dict:
@@ -181,8 +181,8 @@ def machine_timing(linears: list[torch.nn.Linear], rows: int) -> PackTiming:
     timing = measure(linears, rows)
     with contextlib.suppress(OSError):  # a read-only cache costs a measurement per process, nothing else
         path.parent.mkdir(parents=True, exist_ok=True)
-        entries = {**_read_cache(path), key: {**asdict(timing), "cpu": _cpu_name(), "cpu_kind": cpu_kind(),
-                                               "rows": rows, "torch": torch.__version__}}
+        entries = {**_read_cache(path), key: {**asdict(timing), "faster": timing.pays, "cpu": _cpu_name(),
+                                               "cpu_kind": cpu_kind(), "rows": rows, "torch": torch.__version__}}
         partial = path.with_suffix(f".{os.getpid()}.tmp")
         partial.write_text(json.dumps(entries, indent=1))
         partial.replace(path)  # atomic: a concurrent reader sees the old file or the new one
