@@ -1,6 +1,5 @@
 """The local engine's trainer: a PEFT LoRA model (or, full-parameter, the model itself) held in this process, with
-its named adapters, scoring, gradients, optimizer steps and checkpoints. The local engine and the vLLM engine
-each hold one.
+its named adapters, scoring, gradients, optimizer steps and checkpoints. The local and vLLM engines hold one each.
 
 The PEFT model serves as the LoRA policy (adapter on) and as the frozen base for KL (adapter disabled, never a
 second copy). Scoring (`logprobs`, `forward_backward`) runs through purplerl.engines.local_scoring: the decoder
@@ -273,13 +272,13 @@ class LocalTrainer:
     # ----- training ---------------------------------------------------------------------------------
 
     def _parts(self, batch: TrainBatch):
-        """(rows, width, inputs) per micro-batch: the batch's per-token tensors cut to the rows and trimmed of padding
-        (pairs and per-row labels couple rows: only the whole-batch losses read them)."""
+        """(rows, width, inputs) per micro-batch: per-token tensors cut to the rows, trimmed of padding (pairs and
+        per-row labels couple rows: only the whole-batch losses read them); the heap trimmed between passes."""
         tensors = {"input_ids_NT": batch.input_ids_NT, "attention_mask_NT": batch.attention_mask_NT,
                    **{k: v for k, v in batch.inputs().items() if k.endswith("_NT")}}
         tensors.update(row_layout(batch.position_ids_NT, batch.first_key_NT, None))
         for i, rows in enumerate(self.micro_batches(batch.attention_mask_NT)):
-            if i:  # between passes only: the heap a step's last pass frees is what the next phase allocates from
+            if i:  # between passes only: the next phase reuses the heap the step's last pass frees
                 release_free_memory()
             width = int(batch.attention_mask_NT[rows].sum(-1).max())  # right padding: trim unused columns
             yield rows, width, {name: t[rows, :width].to(self.device) for name, t in tensors.items()}
